@@ -1,0 +1,169 @@
+"""The ``cleaner`` command line (typer).
+
+    cleaner demo                     build + warm up the tiny model if absent, train, show where results are
+    cleaner build-tiny               build the untrained tiny model (tokenizer + Qwen2) from the corpus
+    cleaner warmup                   warm-up SFT of the tiny model into model.path
+    cleaner train [--set k=v]        the Prefect training flow
+    cleaner eval [--checkpoint DIR]  first-call failure and recovery rates, accuracy, SAAR off and on
+    cleaner query "SQL"              query the DuckDB store
+    cleaner sandbox ... / data ...   sandbox benchmark, dataset tools
+
+Every command takes ``--config`` (YAML) and repeatable ``--set key.path=value`` overrides.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path  # noqa: E402
+from typing import Optional  # noqa: E402
+
+import typer  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="CLEANER: RL for tool-using LLMs with SAAR.")
+console = Console()
+
+ConfigOpt = typer.Option(Path("configs/tiny.yaml"), "--config", "-c", help="Run config YAML.")
+SetOpt = typer.Option(None, "--set", "-s", help="Override: key.path=value (repeatable).")
+
+
+def _load(config: Path, overrides: Optional[list[str]]):
+    from flows.config import ConfigError, load_config
+
+    try:
+        return load_config(config, overrides or [])
+    except ConfigError as err:
+        console.print(f"[red]config error:[/red] {err}")
+        raise typer.Exit(2) from None
+
+
+def _mount_optional(name: str, module: str, help_text: str) -> None:
+    import importlib
+
+    try:
+        sub = importlib.import_module(module).app
+    except ImportError:
+        return
+    app.add_typer(sub, name=name, help=help_text)
+
+
+@app.command("build-tiny")
+def build_tiny_cmd(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt) -> None:
+    """Write the SFT corpus and build the untrained tiny model (tokenizer + Qwen2 weights)."""
+    from flows.warmup import build_task, corpus_task
+
+    cfg = _load(config, overrides)
+    out = build_task.fn(cfg, corpus_task.fn(cfg))
+    console.print(f"tiny model (untrained) in [bold]{out}[/bold]")
+
+
+@app.command()
+def warmup(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt) -> None:
+    """Build the tiny model if needed and warm it up by SFT into ``model.path``."""
+    from flows.warmup import warmup_flow
+
+    _load(config, overrides)
+    warmup_flow(str(config), overrides or [])
+
+
+@app.command()
+def train(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt,
+          run_id: Optional[str] = typer.Option(None, help="Run id; an existing one is resumed.")) -> None:
+    """Run the Prefect training flow."""
+    from flows.train import train as train_flow
+
+    _load(config, overrides)
+    result = train_flow(str(config), overrides or [], run_id)
+    console.print(f"run [bold]{result['run_id']}[/bold] finished; final checkpoint {result['final_checkpoint']}")
+
+
+@app.command("eval")
+def eval_cmd(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt,
+             checkpoint: Optional[Path] = typer.Option(None, help="Policy folder (default: model.path)."),
+             n: int = typer.Option(100, help="Held-out prompts."), samples: int = typer.Option(1, help="Samples per prompt.")) -> None:
+    """Evaluate a policy on held-out prompts: SAAR off (the policy alone) and on (recovery after errors)."""
+    from tasks.data import ensure_files, load_prompts
+    from tasks.evaluation import evaluate
+    from tasks.stages import close_live
+
+    cfg = _load(config, overrides)
+    ckpt = str(checkpoint or cfg.model.path)
+    if not Path(ckpt).exists():
+        console.print(f"[red]checkpoint {ckpt} does not exist[/red] (run `cleaner warmup` or pass --checkpoint)")
+        raise typer.Exit(2)
+    ensure_files(cfg.data, cfg.seed)
+    items = list(load_prompts(cfg.data.eval_path))[:n]
+    rollout = cfg.rollout.model_copy(update={"n_samples": samples})
+    try:
+        df = evaluate(ckpt, items, rollout, cfg.engine, cfg.sandbox, cfg.reward, cfg.seed, cfg.model.system_prompt)
+    finally:
+        close_live()
+    _print_eval(df, ckpt, len(items))
+
+
+def _print_eval(df, ckpt: str, n: int) -> None:
+    table = Table(title=f"evaluation of {ckpt} on {n} held-out prompts")
+    rows = [("accuracy (pass@1)", "rollout/accuracy"), ("tool use rate", "rollout/tool_use_rate"),
+            ("first-call failure rate", "tools/first_call_failure_rate"),
+            ("rollbacks triggered", "saar/rollbacks_triggered"), ("rollbacks recovered", "saar/rollbacks_recovered"),
+            ("recovery rate after error", "saar/global_recovery_rate"), ("shallow / deep", None),
+            ("mean turns", "rollout/turns_mean")]
+    table.add_column("metric")
+    for mode in df["mode"]:
+        table.add_column(mode, justify="right")
+    recs = df.to_dicts()
+    for label, key in rows:
+        cells = [f"{int(r['saar/shallow'])} / {int(r['saar/deep'])}" if key is None else f"{r.get(key, 0):.3g}" for r in recs]
+        table.add_row(label, *cells)
+    fails = sorted({k for r in recs for k in r if k.startswith("tools/failures/")})
+    for key in fails:
+        table.add_row(f"failures: {key.rsplit('/', 1)[1]}", *[str(int(r.get(key) or 0)) for r in recs])
+    console.print(table)
+
+
+@app.command()
+def query(sql: str, config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt) -> None:
+    """Run SQL against the DuckDB store and print the result."""
+    import duckdb
+    import polars as pl
+
+    from tasks.store import query as run_query
+
+    cfg = _load(config, overrides)
+    if not Path(cfg.tracking.duckdb_path).exists():
+        console.print(f"[red]{cfg.tracking.duckdb_path} does not exist yet[/red]: train first")
+        raise typer.Exit(2)
+    try:
+        df = run_query(cfg.tracking.duckdb_path, sql)
+    except duckdb.Error as err:
+        console.print(f"[red]query failed:[/red] {err}")
+        raise typer.Exit(2) from None
+    with pl.Config(tbl_rows=50, fmt_str_lengths=60, tbl_width_chars=200):
+        console.print(str(df))
+
+
+@app.command()
+def demo(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt) -> None:
+    """Warm up the tiny model if absent, train it with CLEANER, and say how to browse the results."""
+    cfg = _load(config, overrides)
+    if not Path(cfg.model.path).exists():
+        console.rule("warm-up: building the tiny model")
+        warmup(config, overrides)
+    console.rule("training")
+    train(config, overrides, None)
+    console.rule("results")
+    console.print(
+        f"MLflow UI:  [bold]mlflow ui --backend-store-uri {cfg.tracking.mlflow_uri} --port 5000[/bold]"
+        "  → http://127.0.0.1:5000\n"
+        f"DuckDB:     [bold]{cfg.tracking.duckdb_path}[/bold]  e.g. "
+        "[bold].venv/bin/cleaner query \"SELECT step, kind, count(*) FROM saar_events GROUP BY ALL ORDER BY ALL\"[/bold]"
+    )
+
+
+_mount_optional("sandbox", "flows.cli_sandbox", "Sandbox tools (benchmark).")
+_mount_optional("data", "flows.cli_data", "Dataset tools (inspect, grading benchmark).")

@@ -1,0 +1,158 @@
+"""The run config: per-package slices composed into one pydantic tree, loaded from YAML.
+
+Each package owns its slice (``sandbox.config.SandboxConfig``, ``tasks.rollout.RolloutConfig``,
+``models.trainer.TrainerConfig``, ...); this module only composes them. ``load_config`` reads a
+short YAML file, applies ``--set key.path=value`` overrides (values parsed as YAML), and
+validates: an unknown key or a wrong type is a ``ConfigError`` naming the dotted path.
+
+Leaf code receives its slice (``cfg.rollout``, ``cfg.sandbox``), never the whole tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from models.config import TinyModelConfig, WarmupConfig
+from models.engine import EngineConfig
+from models.trainer import TrainerConfig
+from sandbox.config import SandboxConfig
+from tasks.data import DataConfig
+from tasks.mixing import MixConfig
+from tasks.rewards import RewardConfig
+from tasks.rollout import RolloutConfig
+from tasks.scoring import ScoreConfig
+from tasks.tracking import TrackingConfig
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the key."""
+
+
+class PolicyConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    path: str = "assets/tiny-warm"
+    """``from_pretrained`` folder of the starting policy (weights + tokenizer + chat template)."""
+
+    build_tiny: bool = True
+    """When ``path`` is missing, build the tiny model and warm it up into ``path`` first."""
+
+    system_prompt: str | None = None
+    """System message prepended to every prompt (None: the chat template's default)."""
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    steps: int = Field(10, ge=1)
+    """RL steps of the training flow."""
+
+    keep_checkpoints: int = Field(3, ge=1)
+    """Most recent step checkpoints kept on disk (older ones are deleted)."""
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    name: str = "tiny"
+    """Config name: the MLflow experiment and the prefix of run ids."""
+
+    seed: int = 0
+    """Seed of data order, raw-share draws, sampling and updates."""
+
+    output_dir: str = "runs"
+    """Folder holding one sub-folder per run (step Parquet files, checkpoints)."""
+
+    model: PolicyConfig = PolicyConfig()
+    """The starting policy."""
+
+    tiny: TinyModelConfig = TinyModelConfig()
+    """Architecture of the tiny model (used when it must be built)."""
+
+    warmup: WarmupConfig = WarmupConfig()
+    """Warm-up SFT of the tiny model (used when it must be built)."""
+
+    data: DataConfig = DataConfig()
+    """Prompts."""
+
+    engine: EngineConfig = EngineConfig()
+    """Inference engine for rollouts."""
+
+    rollout: RolloutConfig = RolloutConfig()
+    """Agent loop and SAAR."""
+
+    sandbox: SandboxConfig = SandboxConfig()
+    """Code execution."""
+
+    reward: RewardConfig = RewardConfig()
+    """Outcome graders."""
+
+    score: ScoreConfig = ScoreConfig()
+    """Reward shaping."""
+
+    mix: MixConfig = MixConfig()
+    """Group filters and advantage."""
+
+    trainer: TrainerConfig = TrainerConfig()
+    """Policy update."""
+
+    train: TrainConfig = TrainConfig()
+    """Training loop."""
+
+    tracking: TrackingConfig = TrackingConfig()
+    """MLflow and DuckDB."""
+
+    def hash(self) -> str:
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
+
+
+def _set_path(tree: dict, dotted: str, value) -> None:
+    node = tree
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {dotted}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _describe(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{path}: unknown key")
+        else:
+            lines.append(f"{path}: {e['msg']} (got {e.get('input')!r})")
+    return "; ".join(lines)
+
+
+def build_config(tree: dict, source: str = "config") -> RunConfig:
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(f"{source}: {_describe(err)}") from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Load ``path`` (YAML) and apply ``key.path=value`` overrides."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections")
+    for item in overrides or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected key.path=value")
+        _set_path(tree, key.strip(), yaml.safe_load(raw))
+    return build_config(tree, str(path))

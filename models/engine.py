@@ -1,0 +1,159 @@
+"""Inference engines: generate assistant turns for many live trajectories at once.
+
+An engine takes a batch of ``GenRequest`` (token ids so far, a token budget) and returns,
+per request, the new token ids, their log-probs under the sampling distribution and why
+generation stopped (``stop`` = end-of-turn token, ``length`` = budget used up). Stopping
+is on the end-of-turn id only: a hermes turn ends ``...</tool_call><|im_end|>``.
+
+``TransformersEngine`` runs a ``from_pretrained`` checkpoint in-process (CPU or one GPU),
+left-pads the whole batch and calls ``generate`` once per chunk of ``max_batch``. It is
+the default for the demo and the tests. Engines are built by name from a registry
+(``@register_engine``); an HTTP engine for SGLang servers plugs in the same way.
+
+Simplifications: per-request budgets are honoured by truncating after one batched
+``generate`` with the largest budget (cheap at these sizes); top-k is not offered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Literal, Protocol
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    kind: str = "transformers"
+    """Registered engine name: ``transformers`` (in-process)."""
+
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature for rollouts."""
+
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass (1.0 = off)."""
+
+    max_batch: int = Field(64, ge=1)
+    """Largest number of sequences generated in one forward batch."""
+
+    device: str = "cpu"
+    """Torch device of the in-process engine (``cpu`` or ``cuda``)."""
+
+    threads: int = Field(1, ge=1)
+    """Torch intra-op threads on CPU (one thread is fastest on a busy 2-core machine)."""
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    input_ids: list[int]
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class GenOutput:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: Literal["stop", "length"]
+
+
+class Engine(Protocol):
+    eos_id: int
+
+    def generate(self, requests: list[GenRequest], seed: int) -> list[GenOutput]: ...
+
+    def load_weights(self, path: str | Path) -> None: ...
+
+
+_ENGINES: dict[str, Callable[..., Engine]] = {}
+
+
+def register_engine(name: str):
+    def deco(factory):
+        _ENGINES[name] = factory
+        return factory
+
+    return deco
+
+
+def make_engine(cfg: EngineConfig, model_path: str | Path, eos_id: int, pad_id: int) -> Engine:
+    try:
+        factory = _ENGINES[cfg.kind]
+    except KeyError:
+        raise ValueError(f"engine.kind: unknown engine {cfg.kind!r}; valid: {sorted(_ENGINES)}") from None
+    return factory(cfg, model_path, eos_id, pad_id)
+
+
+def load_causal_lm(path: str | Path, device: str = "cpu"):
+    """``from_pretrained`` in float32 on ``device``, eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    return model.to(device).eval()
+
+
+@register_engine("transformers")
+class TransformersEngine:
+    """In-process batched generation with a transformers causal LM."""
+
+    def __init__(self, cfg: EngineConfig, model_path: str | Path, eos_id: int, pad_id: int):
+        self.cfg = cfg
+        self.eos_id = eos_id
+        self.pad_id = pad_id
+        if cfg.device == "cpu":
+            torch.set_num_threads(cfg.threads)
+        self.model_path = str(model_path)
+        self.model = load_causal_lm(model_path, cfg.device)
+
+    def load_weights(self, path: str | Path) -> None:
+        """Weight sync: load the new checkpoint's parameters into the live model."""
+        if str(path) == self.model_path:
+            return
+        fresh = load_causal_lm(path, "cpu")
+        self.model.load_state_dict(fresh.state_dict())
+        self.model_path = str(path)
+
+    @torch.no_grad()
+    def generate(self, requests: list[GenRequest], seed: int) -> list[GenOutput]:
+        torch.manual_seed(seed)
+        order = sorted(range(len(requests)), key=lambda i: len(requests[i].input_ids))
+        outputs: list[GenOutput | None] = [None] * len(requests)
+        for lo in range(0, len(order), self.cfg.max_batch):
+            chunk = order[lo : lo + self.cfg.max_batch]
+            for i, out in zip(chunk, self._generate_chunk([requests[i] for i in chunk])):
+                outputs[i] = out
+        return outputs  # type: ignore[return-value]
+
+    def _generate_chunk(self, reqs: list[GenRequest]) -> list[GenOutput]:
+        width = max(len(r.input_ids) for r in reqs)
+        ids = torch.full((len(reqs), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for row, r in enumerate(reqs):
+            ids[row, width - len(r.input_ids) :] = torch.tensor(r.input_ids)
+            attn[row, width - len(r.input_ids) :] = 1
+        budget = max(r.max_new_tokens for r in reqs)
+        out = self.model.generate(
+            input_ids=ids.to(self.cfg.device),
+            attention_mask=attn.to(self.cfg.device),
+            max_new_tokens=budget,
+            do_sample=True,
+            temperature=self.cfg.temperature,
+            top_p=self.cfg.top_p,
+            top_k=0,
+            eos_token_id=self.eos_id,
+            pad_token_id=self.pad_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        new = out.sequences[:, width:].cpu()
+        logits = torch.stack(out.logits, dim=1).float().cpu() / self.cfg.temperature
+        lps = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        return [self._trim(new[row].tolist(), lps[row].tolist(), r.max_new_tokens) for row, r in enumerate(reqs)]
+
+    def _trim(self, toks: list[int], lps: list[float], cap: int) -> GenOutput:
+        if self.eos_id in toks[:cap]:
+            end = toks.index(self.eos_id) + 1
+            return GenOutput(toks[:end], lps[:end], "stop")
+        return GenOutput(toks[:cap], lps[:cap], "length")

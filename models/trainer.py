@@ -1,0 +1,202 @@
+"""Policy update: the DAPO loss on final (purified) token sequences, plus checkpoint folders.
+
+One call of ``update`` is one RL step on the policy side:
+
+1. load the policy from a ``save_pretrained`` checkpoint folder (and its optimizer state);
+2. **recompute old log-probs** on the final sequences (no grad) — SAAR changed the context
+   the rollout log-probs were computed in, so they are never used as the old policy;
+3. for each mini-batch: ratio = exp(new - old) on response tokens with mask 1,
+   loss = -min(ratio·A, clip(ratio, 1-ε_low, 1+ε_high)·A), token-mean over the mini-batch,
+   no KL term, gradient-norm clip, AdamW step;
+4. write the next checkpoint folder (weights, tokenizer, optimizer, trainer state) to a
+   temporary folder and rename it, so a crash never leaves a half-written checkpoint.
+
+Simplifications: one process, float32, gradient accumulation over micro-batches.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from models.engine import load_causal_lm
+
+
+class TrainerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    lr: float = Field(1e-4, gt=0)
+    """AdamW learning rate of the RL update."""
+
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+
+    clip_low: float = Field(0.2, ge=0)
+    """DAPO lower clip ε_low: ratio is clipped at 1 - clip_low."""
+
+    clip_high: float = Field(0.28, ge=0)
+    """DAPO upper clip ε_high (clip-higher): ratio is clipped at 1 + clip_high."""
+
+    grad_clip: float = Field(1.0, gt=0)
+    """Max global gradient norm."""
+
+    mini_batches: int = Field(2, ge=1)
+    """Optimizer steps per RL step (the batch is split into this many mini-batches)."""
+
+    epochs: int = Field(1, ge=1)
+    """Passes over the batch per RL step."""
+
+    micro_batch: int = Field(16, ge=1)
+    """Sequences per forward/backward (gradient accumulation inside a mini-batch)."""
+
+    threads: int = Field(1, ge=1)
+    """Torch intra-op threads on CPU."""
+
+    device: str = "cpu"
+    """Torch device for the update."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    advantage: float
+
+
+def _pad_batch(samples: list[Sample], pad_id: int, device: str):
+    """Right-padded ``prompt+response`` ids, attention mask, and per-token response masks."""
+    width = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    rlen = max(len(s.response_ids) for s in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    resp_mask = torch.zeros((len(samples), rlen))
+    starts = []
+    for i, s in enumerate(samples):
+        seq = s.prompt_ids + s.response_ids
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attn[i, : len(seq)] = 1
+        resp_mask[i, : len(s.response_ids)] = torch.tensor(s.response_mask, dtype=torch.float)
+        starts.append(len(s.prompt_ids))
+    return ids.to(device), attn.to(device), resp_mask.to(device), starts, rlen
+
+
+def response_logprobs(model, samples: list[Sample], pad_id: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of each response token under ``model``: ``[B, R]`` tensor and its mask."""
+    ids, attn, resp_mask, starts, rlen = _pad_batch(samples, pad_id, device)
+    logits = model(input_ids=ids, attention_mask=attn).logits.float()
+    lp_all = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    out = torch.zeros((len(samples), rlen), device=lp_all.device)
+    for i, (s, st) in enumerate(zip(samples, starts)):
+        n = len(s.response_ids)
+        out[i, :n] = lp_all[i, st - 1 : st - 1 + n]
+    return out, resp_mask
+
+
+def dapo_loss(new_lp, old_lp, adv, mask, clip_low: float, clip_high: float, n_tokens: float):
+    """Clipped surrogate, summed over masked tokens and divided by the mini-batch's token count."""
+    ratio = torch.exp(new_lp - old_lp)
+    a = adv.unsqueeze(-1)
+    surrogate = torch.minimum(ratio * a, torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * a)
+    loss = -(surrogate * mask).sum() / n_tokens
+    clipped = ((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float()
+    return loss, (clipped * mask).sum(), (ratio * mask).sum()
+
+
+def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: Path, pad_id: int, seed: int) -> dict:
+    """One RL update from ``ckpt_dir`` on ``samples``; writes ``out_dir``; returns ``train/*`` metrics."""
+    torch.manual_seed(seed)
+    if cfg.device == "cpu":
+        torch.set_num_threads(cfg.threads)
+    model = load_causal_lm(ckpt_dir, cfg.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt_path = Path(ckpt_dir) / "optimizer.pt"
+    if opt_path.exists():
+        opt.load_state_dict(torch.load(opt_path, weights_only=True))
+    old = _old_logprobs(model, samples, pad_id, cfg)
+    model.train()
+    totals = {"loss": 0.0, "grad_norm": 0.0, "clipped": 0.0, "ratio": 0.0, "tokens": 0.0}
+    order = list(range(len(samples)))
+    rng = random.Random(seed)
+    n_steps = 0
+    for _ in range(cfg.epochs):
+        rng.shuffle(order)
+        for mb in _split(order, cfg.mini_batches):
+            _minibatch_step(model, opt, [samples[i] for i in mb], [old[i] for i in mb], cfg, pad_id, totals)
+            n_steps += 1
+    model.eval()
+    save_checkpoint(model, ckpt_dir, out_dir, opt)
+    tokens = max(totals["tokens"], 1.0)
+    return {
+        "train/loss": totals["loss"] / max(n_steps, 1),
+        "train/grad_norm": totals["grad_norm"] / max(n_steps, 1),
+        "train/clip_frac": totals["clipped"] / tokens,
+        "train/ratio_mean": totals["ratio"] / tokens,
+        "train/tokens": totals["tokens"] / cfg.epochs,
+        "train/sequences": len(samples),
+        "train/optimizer_steps": n_steps,
+    }
+
+
+def _split(order: list[int], parts: int) -> list[list[int]]:
+    parts = min(parts, len(order))
+    size = -(-len(order) // parts)
+    return [order[i : i + size] for i in range(0, len(order), size)]
+
+
+@torch.no_grad()
+def _old_logprobs(model, samples: list[Sample], pad_id: int, cfg: TrainerConfig) -> list[torch.Tensor]:
+    model.eval()
+    out: list[torch.Tensor] = []
+    for lo in range(0, len(samples), cfg.micro_batch):
+        chunk = samples[lo : lo + cfg.micro_batch]
+        lp, _ = response_logprobs(model, chunk, pad_id, cfg.device)
+        out.extend(lp[i, : len(s.response_ids)].detach() for i, s in enumerate(chunk))
+    return out
+
+
+def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], cfg: TrainerConfig, pad_id: int, totals: dict):
+    n_tokens = float(sum(sum(s.response_mask) for s in mb)) or 1.0
+    opt.zero_grad(set_to_none=True)
+    loss_sum = 0.0
+    for lo in range(0, len(mb), cfg.micro_batch):
+        chunk, old_chunk = mb[lo : lo + cfg.micro_batch], old[lo : lo + cfg.micro_batch]
+        new_lp, mask = response_logprobs(model, chunk, pad_id, cfg.device)
+        old_lp = torch.zeros_like(new_lp)
+        for i, o in enumerate(old_chunk):
+            old_lp[i, : len(o)] = o
+        adv = torch.tensor([s.advantage for s in chunk], device=new_lp.device)
+        loss, clipped, ratio = dapo_loss(new_lp, old_lp, adv, mask, cfg.clip_low, cfg.clip_high, n_tokens)
+        loss.backward()
+        loss_sum += loss.item()
+        totals["clipped"] += clipped.item()
+        totals["ratio"] += ratio.item()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+    totals["loss"] += loss_sum
+    totals["grad_norm"] += float(grad_norm)
+    totals["tokens"] += n_tokens
+
+
+def save_checkpoint(model, src_dir: Path, out_dir: Path, opt=None, extra: dict | None = None) -> Path:
+    """Write ``out_dir`` atomically: weights, tokenizer files of ``src_dir``, optimizer state."""
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    for f in Path(src_dir).iterdir():
+        if f.is_file() and (f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges"))):
+            shutil.copy2(f, tmp / f.name)
+    if opt is not None:
+        torch.save(opt.state_dict(), tmp / "optimizer.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps({"source": str(src_dir), **(extra or {})}, indent=1))
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    return out_dir

@@ -1,0 +1,48 @@
+"""Config slice for code execution (the ``sandbox:`` section of a run config)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SandboxConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    backend: Literal["local", "docker", "auto"] = "local"
+    """Where snippets run: ``local`` (host executor), ``docker`` (isolated container pool) or
+    ``auto`` (docker when an engine and the image are present, else local with a warning)."""
+
+    timeout_s: float = Field(5.0, gt=0)
+    """Wall-clock limit per snippet, in seconds; past it the child is killed (``timeout``)."""
+
+    memory_mb: int = Field(512, ge=32)
+    """Address-space limit per snippet, in MiB; exceeding it gives ``memory``."""
+
+    max_output_bytes: int = Field(65536, ge=256)
+    """Bytes of stdout (and separately stderr) kept per snippet; the rest is dropped and flagged."""
+
+    max_processes: int = Field(64, ge=1)
+    """Process/thread limit for a snippet and its children (RLIMIT_NPROC / pids limit)."""
+
+    file_mb: int = Field(64, ge=1)
+    """Largest file a snippet may write, in MiB (RLIMIT_FSIZE); also the docker tmpfs size."""
+
+    cpus: float = Field(1.0, gt=0)
+    """CPUs each docker container may use (``--cpus``)."""
+
+    workers: int = Field(4, ge=1)
+    """Snippets executed at once (local executor processes or docker containers)."""
+
+    preimport: list[str] = ["math"]
+    """Modules the executor imports once so every forked child inherits them."""
+
+    infra_retries: int = Field(2, ge=0)
+    """Retries of an infrastructure failure (dead executor, lost container) before raising."""
+
+    image: str = "cleaner-sandbox:latest"
+    """Docker image tag (docker backend)."""
+
+    runs_per_container: int = Field(500, ge=1)
+    """A container is replaced after this many snippets (docker backend)."""

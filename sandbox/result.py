@@ -1,0 +1,65 @@
+"""The one result type every sandbox backend returns, and what the model sees of it.
+
+A backend never raises for a failure of the user's code: a SyntaxError, a timeout or a
+memory blow-up is an ``ExecutionResult`` with ``ok=False`` and an ``error_kind``. Only an
+*infrastructure* failure (the executor died, a container vanished, the answer was garbage)
+is different: backends retry it and, when the retries are used up, raise
+``SandboxInfraError``. It never becomes a result, a reward or a SAAR trigger.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+class SandboxInfraError(RuntimeError):
+    """The sandbox itself failed (not the user's code) and retries did not help."""
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    """Outcome of running one snippet.
+
+    ``ok`` is true only when the snippet ran to exit status 0 within its time limit.
+    ``error_kind`` names the failure: the exception type parsed from the traceback
+    (``NameError``, ``SyntaxError``, ...), ``timeout``, ``memory`` , ``output_limit``,
+    ``signal:<NAME>`` for a child killed by a signal, ``exit:<code>`` for a bare non-zero exit.
+    """
+
+    ok: bool
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    error_kind: str | None
+    timed_out: bool
+    memory_exceeded: bool
+    duration_s: float
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+
+    def model_text(self, max_chars: int = 1024) -> str:
+        """The tool response the model sees: stdout, then the error's last line on failure.
+
+        Truncated to ``max_chars`` keeping the head (the reference truncates tool responses
+        the same way). The full stderr stays in the record for people.
+        """
+        out = self.stdout.rstrip("\n")
+        if not self.ok:
+            out = f"{out}\n{self.error_line()}" if out else self.error_line()
+        if len(out) > max_chars:
+            out = out[:max_chars] + "...(truncated)"
+        return out
+
+    def error_line(self) -> str:
+        """One line naming the failure, as the last traceback line or a limit message."""
+        if self.timed_out:
+            return "TimeoutError: execution timed out"
+        if self.memory_exceeded:
+            return "MemoryError: memory limit exceeded"
+        lines = [ln for ln in self.stderr.strip().splitlines() if ln.strip()]
+        if lines:
+            return lines[-1].strip()
+        return f"Error: {self.error_kind or 'execution failed'}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)

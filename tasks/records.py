@@ -1,0 +1,91 @@
+"""Rollout results as tables: the files one RL step's stages hand to each other.
+
+A rollout writes four Parquet files into the step folder; every later stage reads them and
+writes its own file, and the tracking stage loads them into DuckDB as they are::
+
+    trajectories.parquet   one row per trajectory: ids, mask, log-probs, SAAR statistics
+    turns.parquet          one row per message of the final (purified) conversation
+    executions.parquet     one row per sandbox execution, failed attempts included
+    saar_events.parquet    one row per SAAR decision (triggered, shallow, deep, recovered, ...)
+
+Keys: ``(run_id, step, traj_id)`` plus ``turn_idx`` / ``exec_idx`` / ``event_idx``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+
+from tasks.rollout import Trajectory
+
+TABLES = ("trajectories", "turns", "executions", "saar_events")
+
+
+def trajectory_frames(trajs: list[Trajectory], run_id: str, step: int, decode) -> dict[str, pl.DataFrame]:
+    """All four tables of one rollout; ``decode`` turns response ids into text."""
+    key = {"run_id": run_id, "step": step}
+    rows, turns, execs, events = [], [], [], []
+    for t in trajs:
+        rows.append({
+            **key, "traj_id": t.traj_id, "prompt_id": t.item.prompt_id, "sample_idx": t.sample_idx,
+            "raw": t.raw, "data_source": t.item.data_source, "ground_truth": t.item.ground_truth,
+            "prompt_ids": t.prompt_ids, "response_ids": t.response_ids, "response_mask": t.response_mask,
+            "rollout_logprobs": t.logprobs, "response_text": decode(t.response_ids),
+            "messages": json.dumps(t.messages, ensure_ascii=False), "finish_reason": t.finish_reason,
+            "num_turns": t.assistant_turns, **t.stats.scalars(),
+            "failure_reasons": json.dumps(dict(t.stats.failure_reasons)),
+        })
+        for i, m in enumerate(t.messages):
+            turns.append({**key, "traj_id": t.traj_id, "turn_idx": i, "role": m["role"], "content": m["content"]})
+        for i, e in enumerate(t.executions):
+            r = e.result
+            execs.append({
+                **key, "traj_id": t.traj_id, "exec_idx": i, "position": e.position, "attempt": e.attempt,
+                "code": e.code, "ok": r.ok, "error_kind": r.error_kind, "exit_code": r.exit_code,
+                "timed_out": r.timed_out, "memory_exceeded": r.memory_exceeded, "duration_s": r.duration_s,
+                "stdout": r.stdout, "stderr": r.stderr,
+            })
+        for i, ev in enumerate(t.events):
+            events.append({**key, "traj_id": t.traj_id, "event_idx": i, **ev.__dict__})
+    return {
+        "trajectories": pl.DataFrame(rows, schema_overrides=_ID_LISTS),
+        "turns": pl.DataFrame(turns, schema=_TURNS),
+        "executions": pl.DataFrame(execs, schema=_EXECS),
+        "saar_events": pl.DataFrame(events, schema=_EVENTS),
+    }
+
+
+_ID_LISTS = {
+    "prompt_ids": pl.List(pl.Int32), "response_ids": pl.List(pl.Int32),
+    "response_mask": pl.List(pl.Int8), "rollout_logprobs": pl.List(pl.Float32),
+}
+_KEY = {"run_id": pl.String, "step": pl.Int64, "traj_id": pl.String}
+_TURNS = {**_KEY, "turn_idx": pl.Int64, "role": pl.String, "content": pl.String}
+_EXECS = {
+    **_KEY, "exec_idx": pl.Int64, "position": pl.Int64, "attempt": pl.Int64, "code": pl.String, "ok": pl.Boolean,
+    "error_kind": pl.String, "exit_code": pl.Int64, "timed_out": pl.Boolean, "memory_exceeded": pl.Boolean,
+    "duration_s": pl.Float64, "stdout": pl.String, "stderr": pl.String,
+}
+_EVENTS = {
+    **_KEY, "event_idx": pl.Int64, "position": pl.Int64, "attempt": pl.Int64, "kind": pl.String,
+    "similarity": pl.Float64, "error_kind": pl.String, "error_text": pl.String, "failed_turn": pl.String,
+    "new_turn": pl.String,
+}
+
+
+def write_frames(frames: dict[str, pl.DataFrame], folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, df in frames.items():
+        tmp = folder / f".{name}.parquet.tmp"
+        df.write_parquet(tmp)
+        tmp.replace(folder / f"{name}.parquet")
+    return folder
+
+
+def read_table(folder: Path, name: str) -> pl.DataFrame:
+    path = Path(folder) / f"{name}.parquet"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: missing; the stage that writes {name!r} has not run for this step")
+    return pl.read_parquet(path)

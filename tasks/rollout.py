@@ -1,0 +1,307 @@
+"""Multi-turn tool-use rollout with SAAR, as an enum state machine over a batch of trajectories.
+
+Every trajectory is in one ``State``; the driver (``rollout``) generates for all trajectories
+that wait on the engine in one batch, executes all pending tool calls in one sandbox batch,
+and hands each result to the small handler of that state:
+
+    GENERATING ──turn with a call──▶ EXECUTING ──ok──────────────────────▶ GENERATING
+        │                               │ fail, SAAR on, retries left
+        │ no call / caps                ▼
+        ▼                           RETRYING ──regenerated, spliced──▶ EXECUTING
+    TERMINATED ◀── no call in the regenerated turn (SAAR off, recorded as failed)
+
+Token bookkeeping (ids are appended turn by turn, never re-tokenised)::
+
+    prompt_ids   | response_ids
+                 | assistant turn 1      | tool response 1        | assistant turn 2 ...
+    response_mask| 1 1 1 ... 1 <|im_end|>| 0 0 0 ... 0 (injected) | 1 1 ... 1
+    logprobs     | engine log-probs      | 0.0                    | engine log-probs
+
+In RETRYING the engine sees ``prompt + response + error tool turn``, but the error tokens are
+kept aside (``Snapshot.retry_suffix``); the accepted regeneration is spliced over the failed
+turn (``tasks.saar.splice``), so a recovered position carries no error text. Retries do not
+count against the turn budget. Infrastructure failures of the sandbox raise out of the
+rollout (``SandboxInfraError``): they are never a code failure, a SAAR trigger or a reward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field
+from tqdm.auto import tqdm
+
+from models.chat import ChatFormat, ParsedCall, parse_tool_call
+from models.engine import Engine, GenOutput, GenRequest
+from sandbox.result import ExecutionResult
+from tasks.saar import SAARConfig, TrajStats, exhausted_note, is_raw, splice
+
+
+class RolloutConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    n_samples: int = Field(4, ge=1)
+    """Samples per prompt (one GRPO group)."""
+
+    max_turns: int = Field(4, ge=1)
+    """Assistant turns per trajectory (SAAR regenerations do not count)."""
+
+    max_new_tokens: int = Field(128, ge=1)
+    """Token budget of one assistant turn."""
+
+    max_response_tokens: int = Field(512, ge=8)
+    """Token budget of the whole response (assistant + tool tokens); the response is cut there."""
+
+    max_tool_response_chars: int = Field(256, ge=16)
+    """Characters of a tool response the model sees (head kept, rest marked truncated)."""
+
+    saar: SAARConfig = SAARConfig()
+    """SAAR rollback settings."""
+
+
+class State(Enum):
+    GENERATING = "generating"
+    RETRYING = "retrying"
+    EXECUTING = "executing"
+    TERMINATED = "terminated"
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    prompt_id: str
+    messages: list[dict]
+    data_source: str
+    ground_truth: str
+    extra_info: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Execution:
+    position: int
+    attempt: int
+    code: str | None
+    result: ExecutionResult
+
+
+@dataclass(frozen=True)
+class SaarEvent:
+    """One SAAR decision at a position: triggered, shallow, deep, recovered, exhausted, no_call, length."""
+
+    position: int
+    attempt: int
+    kind: str
+    similarity: float | None = None
+    error_kind: str | None = None
+    error_text: str | None = None
+    failed_turn: str | None = None
+    new_turn: str | None = None
+
+
+@dataclass
+class Snapshot:
+    """State kept while a failed position is being retried."""
+
+    turn_start: int
+    retries: int = 0
+    error_kind: str | None = None
+    error_text: str = ""
+    retry_suffix: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Trajectory:
+    traj_id: str
+    item: PromptItem
+    sample_idx: int
+    raw: bool
+    prompt_ids: list[int]
+    messages: list[dict]
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    state: State = State.GENERATING
+    assistant_turns: int = 0
+    saar_on: bool = True
+    snapshot: Snapshot | None = None
+    pending: ParsedCall | None = None
+    pending_start: int = 0
+    finish_reason: str = ""
+    stats: TrajStats = field(default_factory=TrajStats)
+    events: list[SaarEvent] = field(default_factory=list)
+    executions: list[Execution] = field(default_factory=list)
+
+    def append(self, ids: list[int], mask: int, lps: list[float] | None = None) -> None:
+        self.response_ids += ids
+        self.response_mask += [mask] * len(ids)
+        self.logprobs += lps if lps is not None else [0.0] * len(ids)
+
+    def truncate(self, n: int) -> None:
+        del self.response_ids[n:], self.response_mask[n:], self.logprobs[n:]
+
+
+class Rollout:
+    """Runs the state machine for one step's batch (see module docstring)."""
+
+    def __init__(self, cfg: RolloutConfig, engine: Engine, chat: ChatFormat, sandbox):
+        self.cfg = cfg
+        self.engine = engine
+        self.chat = chat
+        self.sandbox = sandbox
+
+    def new_trajectories(self, items: list[PromptItem], seed: int, step: int) -> list[Trajectory]:
+        trajs = []
+        for item in items:
+            messages = self.chat.messages(item.messages)
+            prompt_ids = self.chat.prompt_ids(messages)
+            for k in range(self.cfg.n_samples):
+                raw = is_raw(seed, step, item.prompt_id, k, self.cfg.saar.raw_share)
+                trajs.append(
+                    Trajectory(f"{step}:{item.prompt_id}:{k}", item, k, raw, prompt_ids, list(messages),
+                               saar_on=self.cfg.saar.enabled and not raw)
+                )
+        return trajs
+
+    def run(self, items: list[PromptItem], seed: int, step: int, progress: bool = True) -> list[Trajectory]:
+        trajs = self.new_trajectories(items, seed, step)
+        bar = tqdm(total=len(trajs), desc=f"rollout step {step}", disable=not progress, leave=False)
+        round_ = 0
+        while True:
+            gen = [t for t in trajs if t.state in (State.GENERATING, State.RETRYING)]
+            if gen:
+                outs = self.engine.generate([self._request(t) for t in gen], seed=hash((seed, step, round_)) % 2**31)
+                for t, out in zip(gen, outs):
+                    (self.on_retry_generated if t.state is State.RETRYING else self.on_generated)(t, out)
+            exe = [t for t in trajs if t.state is State.EXECUTING]
+            if exe:
+                for t, res in zip(exe, self._execute([t.pending for t in exe])):
+                    self.on_executed(t, res)
+            bar.update(sum(t.state is State.TERMINATED for t in trajs) - bar.n)
+            if not gen and not exe:
+                break
+            round_ += 1
+        bar.close()
+        for t in trajs:
+            t.truncate(self.cfg.max_response_tokens)
+        return trajs
+
+    def _request(self, t: Trajectory) -> GenRequest:
+        if t.state is State.RETRYING:
+            ctx = t.prompt_ids + t.response_ids + t.snapshot.retry_suffix
+            start = t.snapshot.turn_start
+        else:
+            ctx, start = t.prompt_ids + t.response_ids, len(t.response_ids)
+        return GenRequest(ctx, max(1, min(self.cfg.max_new_tokens, self.cfg.max_response_tokens - start)))
+
+    def _execute(self, calls: list[ParsedCall]) -> list[ExecutionResult]:
+        codes = [c.code for c in calls if c.code is not None]
+        ran = iter(self.sandbox.run_many(codes) if codes else [])
+        return [next(ran) if c.code is not None else _call_failure(c) for c in calls]
+
+    def _terminate(self, t: Trajectory, reason: str) -> None:
+        t.state, t.finish_reason, t.pending = State.TERMINATED, reason, None
+
+    def _saar_active(self, t: Trajectory) -> bool:
+        return t.saar_on and t.stats.tool_rounds <= self.cfg.saar.max_tool_rounds
+
+    # -- handlers, one per state --------------------------------------------------------------
+
+    def on_generated(self, t: Trajectory, out: GenOutput) -> None:
+        """GENERATING: a new assistant turn arrived."""
+        turn_start = len(t.response_ids)
+        text = self.chat.decode(out.token_ids)
+        t.append(out.token_ids, 1, out.logprobs)
+        t.messages.append({"role": "assistant", "content": text})
+        t.assistant_turns += 1
+        call = parse_tool_call(text)
+        if out.finish_reason == "length":
+            return self._terminate(t, "length")
+        if call is None:
+            return self._terminate(t, "stop")
+        if call.code is None and call.error_kind == "malformed_call" and not self.cfg.saar.malformed_call_is_failure:
+            return self._terminate(t, "malformed_call")
+        if t.assistant_turns >= self.cfg.max_turns:
+            return self._terminate(t, "turn_cap")
+        t.pending, t.pending_start, t.state = call, turn_start, State.EXECUTING
+
+    def on_executed(self, t: Trajectory, res: ExecutionResult) -> None:
+        """EXECUTING: the pending call ran (or failed to parse)."""
+        s, snap = t.stats, t.snapshot
+        position, attempt = t.assistant_turns - 1, snap.retries if snap else 0
+        t.executions.append(Execution(position, attempt, t.pending.code, res))
+        s.tool_calls += 1
+        s.tool_rounds += 1
+        if attempt == 0:
+            s.first_attempt_total += 1
+            s.first_attempt_success += int(res.ok)
+        text = res.model_text(self.cfg.max_tool_response_chars)
+        if res.ok:
+            s.tool_success += 1
+            if snap is not None:
+                s.rollbacks_recovered += 1
+                t.events.append(SaarEvent(position, attempt, "recovered"))
+                t.snapshot = None
+            return self._continue_after_tool(t, text)
+        s.failure_reasons[res.error_kind or "unknown"] += 1
+        if snap is None and self._saar_active(t):
+            snap = t.snapshot = Snapshot(turn_start=t.pending_start)
+            s.rollbacks_triggered += 1
+            t.events.append(SaarEvent(position, 0, "triggered", error_kind=res.error_kind, error_text=text))
+        if snap is not None:
+            if snap.retries < self.cfg.saar.max_tool_retries and self._saar_active(t):
+                snap.error_kind, snap.error_text = res.error_kind, text
+                snap.retry_suffix = self.chat.tool_response_ids(text)
+                t.state, t.pending = State.RETRYING, None
+                return None
+            s.rollbacks_failed += 1
+            t.events.append(SaarEvent(position, attempt, "exhausted", error_kind=res.error_kind, error_text=text))
+            text = exhausted_note(text, snap.retries)
+            t.saar_on, t.snapshot = False, None
+        self._continue_after_tool(t, text)
+
+    def on_retry_generated(self, t: Trajectory, out: GenOutput) -> None:
+        """RETRYING: the model regenerated the failed turn after seeing the error."""
+        snap, s = t.snapshot, t.stats
+        snap.retries += 1
+        position = t.assistant_turns - 1
+        new_text = self.chat.decode(out.token_ids)
+        old_ids, old_lps = t.response_ids[snap.turn_start :], t.logprobs[snap.turn_start :]
+        if parse_tool_call(new_text) is None or out.finish_reason == "length":
+            kind = "length" if out.finish_reason == "length" else "no_call"
+            t.append(snap.retry_suffix, 0)
+            t.messages.append({"role": "tool", "content": snap.error_text})
+            t.append(out.token_ids, 1, out.logprobs)
+            t.messages.append({"role": "assistant", "content": new_text})
+            t.assistant_turns += 1
+            s.rollbacks_failed += 1
+            t.events.append(SaarEvent(position, snap.retries, kind, error_kind=snap.error_kind,
+                                      error_text=snap.error_text, new_turn=new_text))
+            t.saar_on, t.snapshot = False, None
+            return self._terminate(t, "stop" if kind == "no_call" else "length")
+        sp = splice(old_ids, old_lps, out.token_ids, out.logprobs, self.chat.call_start(old_ids),
+                    self.chat.call_start(out.token_ids), self.chat.decode, self.cfg.saar.similarity_threshold)
+        t.truncate(snap.turn_start)
+        t.append(sp.ids, 1, sp.logprobs)
+        spliced_text = self.chat.decode(sp.ids)
+        t.messages[-1] = {"role": "assistant", "content": spliced_text}
+        setattr(s, sp.decision, getattr(s, sp.decision) + 1)
+        s.similarities.append(sp.similarity)
+        t.events.append(SaarEvent(position, snap.retries, sp.decision, sp.similarity, snap.error_kind,
+                                  snap.error_text, self.chat.decode(old_ids), new_text))
+        t.pending, t.pending_start, t.state = parse_tool_call(spliced_text), snap.turn_start, State.EXECUTING
+
+    def _continue_after_tool(self, t: Trajectory, text: str) -> None:
+        t.append(self.chat.tool_response_ids(text), 0)
+        t.messages.append({"role": "tool", "content": text})
+        t.pending = None
+        if len(t.response_ids) >= self.cfg.max_response_tokens:
+            return self._terminate(t, "length")
+        t.state = State.GENERATING
+
+
+def _call_failure(call: ParsedCall) -> ExecutionResult:
+    """A call that could not be run (malformed JSON, unknown tool): a failure of its own kind."""
+    return ExecutionResult(
+        ok=False, exit_code=None, stdout="", stderr=call.error_text or "", error_kind=call.error_kind,
+        timed_out=False, memory_exceeded=False, duration_s=0.0,
+    )

@@ -1,0 +1,162 @@
+"""SAAR (Similarity-Aware Adaptive Rollback): the rules, free of any engine or sandbox.
+
+This module is the single implementation of the SAAR decisions; the pipeline's rollout
+(``tasks/rollout.py``) calls it. What it decides (DESIGN §3):
+
+* ``similarity(old, new)``: ``difflib.SequenceMatcher(None, old, new).ratio()`` of the decoded
+  segments from the first ``<tool_call>`` to the end of the failed and of the regenerated turn.
+* ``splice(...)``: ratio >= threshold → **shallow** (old reasoning ids before ``<tool_call>`` +
+  the new turn's ids from its ``<tool_call>`` on); ratio < threshold, or either side without a
+  call → **deep** (the new turn replaces the old one whole). Ids and log-probs are spliced,
+  never re-tokenised; the call boundary is found in one pass over ids (``ChatFormat.call_start``).
+* ``exhausted_note(...)``: the reference's note appended to the last error when 2+ retries failed.
+* ``is_raw(...)``: whether a sample is rolled out raw (no SAAR) — a deterministic function of
+  (seed, step, prompt id, sample index), unlike the reference's unseeded ``random``.
+* ``TrajStats``: per-trajectory counters, aggregated per step by ``aggregate_stats``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SAARConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    enabled: bool = True
+    """Turn SAAR on (CLEANER) or off (plain DAPO baseline: errors stay in trajectories)."""
+
+    raw_share: float = Field(0.3, ge=0, le=1)
+    """Share of samples rolled out raw (no SAAR), so the policy keeps its error-recovery skill."""
+
+    similarity_threshold: float = Field(0.5, ge=0, le=1)
+    """Ratio at or above which a fix is spliced shallow (old reasoning kept); below → deep."""
+
+    max_tool_retries: int = Field(3, ge=1)
+    """Regenerations per failed position (so at most ``max_tool_retries + 1`` executions)."""
+
+    max_tool_rounds: int = Field(30, ge=1)
+    """Safety switch: after this many tool rounds in a trajectory (retries included) SAAR turns off."""
+
+    malformed_call_is_failure: bool = True
+    """Treat an unparseable call as a failure SAAR handles (here); False = reference: the call is
+    dropped and the trajectory ends."""
+
+
+Decision = Literal["shallow", "deep"]
+
+
+@dataclass(frozen=True)
+class Splice:
+    """Result of splicing a regenerated turn over a failed one."""
+
+    decision: Decision
+    similarity: float
+    ids: list[int]
+    logprobs: list[float]
+    kept_old_prefix: int
+    """How many ids of the old turn were kept (the reasoning before ``<tool_call>``; 0 for deep)."""
+
+
+def similarity(old: str, new: str) -> float:
+    return difflib.SequenceMatcher(None, old, new).ratio()
+
+
+def splice(
+    old_ids: list[int],
+    old_lps: list[float],
+    new_ids: list[int],
+    new_lps: list[float],
+    old_call: int | None,
+    new_call: int | None,
+    decode,
+    threshold: float,
+) -> Splice:
+    """Decide shallow vs deep and build the spliced turn (ids + log-probs).
+
+    ``old_call``/``new_call`` are the token indices where ``<tool_call>`` starts in each turn
+    (``None`` when absent); ``decode`` turns ids into text for the similarity.
+    """
+    if old_call is None or new_call is None:
+        return Splice("deep", 0.0, list(new_ids), list(new_lps), 0)
+    ratio = similarity(decode(old_ids[old_call:]), decode(new_ids[new_call:]))
+    if ratio >= threshold:
+        ids = old_ids[:old_call] + new_ids[new_call:]
+        lps = old_lps[:old_call] + new_lps[new_call:]
+        return Splice("shallow", ratio, ids, lps, old_call)
+    return Splice("deep", ratio, list(new_ids), list(new_lps), 0)
+
+
+def exhausted_note(error_text: str, retries: int) -> str:
+    """The tool text left at an exhausted position: the last error, plus the reference's note."""
+    if retries < 2:
+        return error_text
+    return (
+        f"{error_text}\n\nNote: This approach has been attempted {retries} times with the same type of error. "
+        "Consider trying a different algorithm, method, or approach to solve this problem."
+    )
+
+
+def is_raw(seed: int, step: int, prompt_id: str, sample_idx: int, raw_share: float) -> bool:
+    """Whether this sample is rolled out without SAAR; reproducible across reruns."""
+    return random.Random(f"{seed}:{step}:{prompt_id}:{sample_idx}").random() < raw_share
+
+
+@dataclass
+class TrajStats:
+    """SAAR and tool statistics of one trajectory (failures are counted per failure)."""
+
+    tool_calls: int = 0
+    tool_success: int = 0
+    first_attempt_total: int = 0
+    first_attempt_success: int = 0
+    rollbacks_triggered: int = 0
+    rollbacks_recovered: int = 0
+    rollbacks_failed: int = 0
+    shallow: int = 0
+    deep: int = 0
+    tool_rounds: int = 0
+    failure_reasons: Counter = field(default_factory=Counter)
+    similarities: list[float] = field(default_factory=list)
+
+    def scalars(self) -> dict[str, int]:
+        return {k: v for k, v in self.__dict__.items() if isinstance(v, int)}
+
+
+def _rate(num: float, den: float) -> float:
+    return num / den if den else 0.0
+
+
+def aggregate_stats(stats: list[TrajStats], raw_flags: list[bool]) -> dict[str, float]:
+    """Per-step metrics (names follow the reference where it has one: recovery rate, success rate)."""
+    tot = Counter()
+    reasons = Counter()
+    sims: list[float] = []
+    for s in stats:
+        tot.update(s.scalars())
+        reasons.update(s.failure_reasons)
+        sims.extend(s.similarities)
+    out = {
+        "tools/calls": tot["tool_calls"],
+        "tools/success_rate": _rate(tot["tool_success"], tot["tool_calls"]),
+        "tools/first_attempt_total": tot["first_attempt_total"],
+        "tools/first_attempt_success_rate": _rate(tot["first_attempt_success"], tot["first_attempt_total"]),
+        "saar/rollbacks_triggered": tot["rollbacks_triggered"],
+        "saar/rollbacks_recovered": tot["rollbacks_recovered"],
+        "saar/rollbacks_failed": tot["rollbacks_failed"],
+        "saar/global_recovery_rate": _rate(tot["rollbacks_recovered"], tot["rollbacks_triggered"]),
+        "saar/shallow": tot["shallow"],
+        "saar/deep": tot["deep"],
+        "saar/similarity_mean": sum(sims) / len(sims) if sims else 0.0,
+        "rollout/raw_share": _rate(sum(raw_flags), len(raw_flags)),
+        "rollout/tool_rounds_mean": _rate(tot["tool_rounds"], len(stats)),
+    }
+    for kind, n in sorted(reasons.items()):
+        out[f"tools/failures/{kind}"] = n
+    return out

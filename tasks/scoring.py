@@ -1,0 +1,76 @@
+"""Score stage: outcome reward per trajectory, plus DAPO overlong shaping.
+
+Reads ``trajectories.parquet`` of a step, grades each response with the reward registry
+(``tasks.rewards.compute_reward``, keyed by ``data_source``), adds the overlong penalty and
+writes ``scores.parquet`` (keys + ``score``, ``correct``, ``overlong_penalty``, ``reward``,
+``graded``). A grader that raises is counted (``score/grader_errors``) and its trajectory is
+marked ``graded = false`` so it never trains — it is not scored 0.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.records import read_table
+from tasks.rewards import GraderError, RewardConfig, compute_reward, overlong_penalty
+
+
+class ScoreConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    overlong_buffer: int = Field(0, ge=0)
+    """DAPO overlong shaping: penalty ramps over the last ``overlong_buffer`` response tokens (0 = off)."""
+
+    overlong_penalty_factor: float = Field(1.0, ge=0)
+    """Penalty at the full response budget."""
+
+
+def score_rows(trajs: pl.DataFrame, reward_cfg: RewardConfig, cfg: ScoreConfig, max_response_tokens: int,
+               sandbox=None) -> tuple[pl.DataFrame, dict[str, float]]:
+    """Grade every trajectory; returns the scores table and ``score/*`` metrics."""
+    rows, errors = [], 0
+    for t in trajs.iter_rows(named=True):
+        base = {"run_id": t["run_id"], "step": t["step"], "traj_id": t["traj_id"]}
+        try:
+            res = compute_reward(t["data_source"], t["response_text"], t["ground_truth"], None,
+                                 sandbox=sandbox, cfg=reward_cfg)
+        except GraderError:
+            errors += 1
+            rows.append({**base, "score": None, "correct": None, "overlong_penalty": 0.0, "reward": None,
+                         "graded": False, "reward_metrics": "{}"})
+            continue
+        pen = 0.0
+        if cfg.overlong_buffer:
+            pen = overlong_penalty(len(t["response_ids"]), max_response_tokens, cfg.overlong_buffer,
+                                   cfg.overlong_penalty_factor)
+        rows.append({**base, "score": res.reward, "correct": res.correct, "overlong_penalty": pen,
+                     "reward": res.reward + pen, "graded": True, "reward_metrics": json.dumps(res.metrics)})
+    df = pl.DataFrame(rows, schema={"run_id": pl.String, "step": pl.Int64, "traj_id": pl.String,
+                                    "score": pl.Float64, "correct": pl.Boolean, "overlong_penalty": pl.Float64,
+                                    "reward": pl.Float64, "graded": pl.Boolean, "reward_metrics": pl.String})
+    joined = trajs.join(df, on=["run_id", "step", "traj_id"])
+    graded = joined.filter(pl.col("graded"))
+    metrics = {"score/grader_errors": errors, "rollout/reward_mean": _mean(graded["reward"]),
+               "rollout/accuracy": _mean(graded["correct"].cast(pl.Float64)),
+               "rollout/response_tokens_mean": _mean(joined["response_ids"].list.len()),
+               "rollout/turns_mean": _mean(joined["num_turns"])}
+    for raw, name in ((True, "raw"), (False, "saar")):
+        part = graded.filter(pl.col("raw") == raw)
+        if part.height:
+            metrics[f"rollout/accuracy_{name}"] = _mean(part["correct"].cast(pl.Float64))
+    return df, metrics
+
+
+def _mean(s: pl.Series) -> float:
+    return float(s.mean()) if s.len() else 0.0
+
+
+def score_step(step_dir: Path, reward_cfg: RewardConfig, cfg: ScoreConfig, max_response_tokens: int,
+               sandbox=None) -> dict[str, float]:
+    df, metrics = score_rows(read_table(step_dir, "trajectories"), reward_cfg, cfg, max_response_tokens, sandbox)
+    df.write_parquet(Path(step_dir) / "scores.parquet")
+    return metrics

@@ -1,0 +1,175 @@
+"""The stages of one RL step as plain functions over files: what the Prefect tasks call.
+
+Every stage reads the step folder, writes its own files there, and records its metrics and
+wall time in ``<stage>.metrics.json``; it returns only paths or small dicts, never tensors.
+
+    rollout   → trajectories / turns / executions / saar_events .parquet
+    score     → scores.parquet
+    mix       → mix.parquet
+    advantage → advantages.parquet
+    update    → the next checkpoint folder
+    log       → DuckDB rows + MLflow metrics and artifacts
+
+The in-process engine and the sandbox pool are kept per process (``_live``) and reused by
+later steps; the engine receives each new checkpoint's weights (the weight sync).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import polars as pl
+
+from models.chat import ChatFormat
+from models.engine import EngineConfig, make_engine
+from models.trainer import Sample, TrainerConfig, save_checkpoint, update
+from sandbox.base import make_sandbox
+from sandbox.config import SandboxConfig
+from tasks import store, tracking
+from tasks.data import DataConfig, batch_for_step, load_prompts
+from tasks.mixing import MixConfig, advantage_step, mix_step
+from tasks.records import read_table, trajectory_frames, write_frames
+from tasks.reporting import sample_texts
+from tasks.rewards import RewardConfig
+from tasks.rollout import Rollout, RolloutConfig
+from tasks.saar import aggregate_stats
+from tasks.scoring import ScoreConfig, score_step
+
+_live: dict[str, object] = {}
+
+
+@contextmanager
+def _timed(step_dir: Path, stage: str, metrics: dict):
+    t0 = time.perf_counter()
+    yield
+    metrics[f"time/{stage}_s"] = time.perf_counter() - t0
+    (Path(step_dir) / f"{stage}.metrics.json").write_text(json.dumps(metrics, indent=1))
+
+
+def get_chat(ckpt: str, system_prompt: str | None) -> ChatFormat:
+    from transformers import AutoTokenizer
+
+    key = f"chat:{ckpt}:{system_prompt}"
+    if key not in _live:
+        _live[key] = ChatFormat(AutoTokenizer.from_pretrained(ckpt), system_prompt)
+    return _live[key]  # type: ignore[return-value]
+
+
+def get_engine(cfg: EngineConfig, ckpt: str, chat: ChatFormat):
+    key = "engine:" + cfg.model_dump_json()
+    if key not in _live:
+        pad = chat.tokenizer.pad_token_id if chat.tokenizer.pad_token_id is not None else chat.eos_id
+        _live[key] = make_engine(cfg, ckpt, chat.eos_id, pad)
+    engine = _live[key]
+    engine.load_weights(ckpt)
+    return engine
+
+
+def get_sandbox(cfg: SandboxConfig):
+    key = "sandbox:" + cfg.model_dump_json()
+    if key not in _live:
+        box = make_sandbox(cfg)
+        atexit.register(box.close)
+        _live[key] = box
+    return _live[key]
+
+
+def close_live() -> None:
+    for key in [k for k in _live if k.startswith("sandbox:")]:
+        _live.pop(key).close()
+
+
+def rollout_stage(step_dir: Path, step: int, seed: int, ckpt: str, run_id: str, system_prompt: str | None,
+                  data: DataConfig, rollout: RolloutConfig, engine: EngineConfig, sandbox: SandboxConfig) -> Path:
+    metrics: dict = {}
+    with _timed(step_dir, "rollout", metrics):
+        chat = get_chat(ckpt, system_prompt)
+        items = batch_for_step(load_prompts(data.train_path), data.prompts_per_step, seed, step)
+        runner = Rollout(rollout, get_engine(engine, ckpt, chat), chat, get_sandbox(sandbox))
+        trajs = runner.run(items, seed, step)
+        write_frames(trajectory_frames(trajs, run_id, step, chat.decode), Path(step_dir))
+        metrics.update(aggregate_stats([t.stats for t in trajs], [t.raw for t in trajs]))
+    return Path(step_dir)
+
+
+def score_stage(step_dir: Path, reward: RewardConfig, score: ScoreConfig, max_response_tokens: int,
+                sandbox: SandboxConfig) -> Path:
+    metrics: dict = {}
+    with _timed(step_dir, "score", metrics):
+        metrics.update(score_step(step_dir, reward, score, max_response_tokens, get_sandbox(sandbox)))
+    return Path(step_dir)
+
+
+def mix_stage(step_dir: Path, mix: MixConfig) -> Path:
+    metrics: dict = {}
+    with _timed(step_dir, "mix", metrics):
+        metrics.update(mix_step(step_dir, mix))
+    return Path(step_dir)
+
+
+def advantage_stage(step_dir: Path, mix: MixConfig) -> Path:
+    metrics: dict = {}
+    with _timed(step_dir, "advantage", metrics):
+        metrics.update(advantage_step(step_dir, mix))
+    return Path(step_dir)
+
+
+def update_stage(step_dir: Path, ckpt: str, out_ckpt: Path, trainer: TrainerConfig, seed: int) -> Path:
+    """Train on the kept rows; with none kept the policy is unchanged (copied) and ``train/skipped`` = 1."""
+    metrics: dict = {}
+    with _timed(step_dir, "update", metrics):
+        keys = ["run_id", "step", "traj_id"]
+        df = read_table(step_dir, "trajectories").join(read_table(step_dir, "advantages"), on=keys)
+        df = df.join(read_table(step_dir, "mix"), on=keys).filter(pl.col("kept"))
+        samples = [Sample(r["prompt_ids"], r["response_ids"], r["response_mask"], r["advantage"])
+                   for r in df.iter_rows(named=True) if sum(r["response_mask"])]
+        pad = get_chat(ckpt, None).tokenizer.pad_token_id or 0
+        if samples:
+            metrics.update(update(Path(ckpt), samples, trainer, Path(out_ckpt), pad, seed))
+            metrics["train/skipped"] = 0
+        else:
+            from models.engine import load_causal_lm
+
+            save_checkpoint(load_causal_lm(ckpt), Path(ckpt), Path(out_ckpt))
+            optim = Path(ckpt) / "optimizer.pt"
+            if optim.exists():
+                (Path(out_ckpt) / "optimizer.pt").write_bytes(optim.read_bytes())
+            metrics["train/skipped"] = 1
+    return Path(out_ckpt)
+
+
+def stage_metrics(step_dir: Path) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for f in sorted(Path(step_dir).glob("*.metrics.json")):
+        out.update(json.loads(f.read_text()))
+    return out
+
+
+def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, tracking_cfg: tracking.TrackingConfig) -> dict:
+    """Write the step's rows to DuckDB (replacing any earlier attempt) and its metrics to MLflow."""
+    t0 = time.perf_counter()
+    metrics = stage_metrics(step_dir)
+    keys = ["run_id", "step", "traj_id"]
+    trajs = (read_table(step_dir, "trajectories").join(read_table(step_dir, "scores"), on=keys)
+             .join(read_table(step_dir, "mix"), on=keys).join(read_table(step_dir, "advantages"), on=keys))
+    metric_rows = pl.DataFrame({"run_id": run_id, "step": step, "key": list(metrics),
+                                "value": [float(v) for v in metrics.values()]})
+    frames = {
+        "trajectories": trajs, "turns": read_table(step_dir, "turns"),
+        "tool_executions": read_table(step_dir, "executions"), "saar_events": read_table(step_dir, "saar_events"),
+        "metrics": metric_rows,
+        "steps": pl.DataFrame({"run_id": [run_id], "step": [step], "checkpoint": [ckpt], "policy_version": [Path(ckpt).name],
+                               "seconds": [sum(v for k, v in metrics.items() if k.startswith("time/"))]}),
+    }
+    con = store.connect(tracking_cfg.duckdb_path)
+    try:
+        store.replace_step(con, run_id, step, frames)
+    finally:
+        con.close()
+    metrics["time/log_s"] = time.perf_counter() - t0
+    tracking.log_step(tracking_cfg, mlrun, step, metrics, sample_texts(trajs, step, tracking_cfg.sample_trajectories))
+    return metrics

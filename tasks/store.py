@@ -1,0 +1,111 @@
+"""DuckDB store: every run, step, trajectory, turn, tool execution, SAAR event and metric.
+
+Schema (primary keys in brackets)::
+
+    runs            [run_id]                                  name, config, MLflow run id, status
+    steps           [run_id, step]                            checkpoint, policy version, seconds
+    trajectories    [run_id, step, traj_id]                   ids, mask, reward, advantage, SAAR stats
+    turns           [run_id, step, traj_id, turn_idx]         final (purified) conversation
+    tool_executions [run_id, step, traj_id, exec_idx]         every execution, failed attempts included
+    saar_events     [run_id, step, traj_id, event_idx]        triggered / shallow / deep / recovered / ...
+    metrics         [run_id, step, key]                       every logged metric
+
+A step's rows are replaced in one transaction (a rerun of step N never duplicates rows);
+rows go in as Arrow batches (``INSERT ... BY NAME``), never one by one. One writer process:
+a file held by another writer fails with an error that names it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id VARCHAR PRIMARY KEY, name VARCHAR, config JSON, mlflow_run_id VARCHAR,
+    status VARCHAR, created_at TIMESTAMP DEFAULT current_timestamp);
+CREATE TABLE IF NOT EXISTS steps (
+    run_id VARCHAR, step BIGINT, checkpoint VARCHAR, policy_version VARCHAR, seconds DOUBLE,
+    logged_at TIMESTAMP DEFAULT current_timestamp, PRIMARY KEY (run_id, step));
+CREATE TABLE IF NOT EXISTS trajectories (
+    run_id VARCHAR, step BIGINT, traj_id VARCHAR, prompt_id VARCHAR, sample_idx BIGINT, raw BOOLEAN,
+    data_source VARCHAR, ground_truth VARCHAR, prompt_ids INTEGER[], response_ids INTEGER[],
+    response_mask TINYINT[], rollout_logprobs FLOAT[], response_text VARCHAR, messages JSON,
+    finish_reason VARCHAR, num_turns BIGINT, tool_calls BIGINT, tool_success BIGINT,
+    first_attempt_total BIGINT, first_attempt_success BIGINT, rollbacks_triggered BIGINT,
+    rollbacks_recovered BIGINT, rollbacks_failed BIGINT, shallow BIGINT, deep BIGINT, tool_rounds BIGINT,
+    failure_reasons JSON, score DOUBLE, correct BOOLEAN, overlong_penalty DOUBLE, reward DOUBLE,
+    graded BOOLEAN, reward_metrics JSON, kept BOOLEAN, advantage DOUBLE,
+    PRIMARY KEY (run_id, step, traj_id));
+CREATE TABLE IF NOT EXISTS turns (
+    run_id VARCHAR, step BIGINT, traj_id VARCHAR, turn_idx BIGINT, role VARCHAR, content VARCHAR,
+    PRIMARY KEY (run_id, step, traj_id, turn_idx));
+CREATE TABLE IF NOT EXISTS tool_executions (
+    run_id VARCHAR, step BIGINT, traj_id VARCHAR, exec_idx BIGINT, position BIGINT, attempt BIGINT,
+    code VARCHAR, ok BOOLEAN, error_kind VARCHAR, exit_code BIGINT, timed_out BOOLEAN,
+    memory_exceeded BOOLEAN, duration_s DOUBLE, stdout VARCHAR, stderr VARCHAR,
+    PRIMARY KEY (run_id, step, traj_id, exec_idx));
+CREATE TABLE IF NOT EXISTS saar_events (
+    run_id VARCHAR, step BIGINT, traj_id VARCHAR, event_idx BIGINT, position BIGINT, attempt BIGINT,
+    kind VARCHAR, similarity DOUBLE, error_kind VARCHAR, error_text VARCHAR, failed_turn VARCHAR,
+    new_turn VARCHAR, PRIMARY KEY (run_id, step, traj_id, event_idx));
+CREATE TABLE IF NOT EXISTS metrics (
+    run_id VARCHAR, step BIGINT, key VARCHAR, value DOUBLE, PRIMARY KEY (run_id, step, key));
+"""
+
+STEP_TABLES = ("trajectories", "turns", "tool_executions", "saar_events", "metrics", "steps")
+
+
+class StoreLockedError(RuntimeError):
+    """The DuckDB file is held by another writer process."""
+
+
+def connect(path: str | Path) -> duckdb.DuckDBPyConnection:
+    """Open (and create) the store; a file locked by another process is a clear error."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        con = duckdb.connect(str(path))
+    except duckdb.IOException as err:
+        if "lock" in str(err).lower():
+            raise StoreLockedError(
+                f"DuckDB file {path} is held by another writer process ({err}); stop it or set tracking.duckdb_path"
+            ) from err
+        raise
+    con.execute(SCHEMA)
+    return con
+
+
+def upsert_run(con, run_id: str, name: str, config: dict, mlflow_run_id: str, status: str) -> None:
+    con.execute(
+        "INSERT OR REPLACE INTO runs (run_id, name, config, mlflow_run_id, status) VALUES (?, ?, ?, ?, ?)",
+        [run_id, name, json.dumps(config), mlflow_run_id, status],
+    )
+
+
+def replace_step(con, run_id: str, step: int, frames: dict[str, pl.DataFrame]) -> None:
+    """Replace every row of (run_id, step) by ``frames`` (table name → rows) in one transaction."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for table in STEP_TABLES:
+            con.execute(f"DELETE FROM {table} WHERE run_id = ? AND step = ?", [run_id, step])
+        for table, df in frames.items():
+            if df.height:
+                con.register("_batch", df.to_arrow())
+                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _batch")
+                con.unregister("_batch")
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+
+
+def query(path: str | Path, sql: str) -> pl.DataFrame:
+    """Run read-only SQL against the store."""
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return con.execute(sql).pl()
+    finally:
+        con.close()

@@ -1,0 +1,118 @@
+"""MLflow tracking: one experiment per config name, one run per training run, resumed by tag.
+
+* ``open_run`` finds the MLflow run tagged ``cleaner.run_id`` = our run id (a rerun continues it)
+  or creates it, logging the flattened config as params once and the resolved config as JSON.
+* ``log_step`` logs a step's metrics in one batch with ``step=`` and its artifacts.
+* A tracking server that is down is a clear error before any work (``check_server``).
+
+The default store is ``sqlite:///mlflow.db`` with artifacts in ``./mlartifacts``; browse it
+with ``mlflow ui --backend-store-uri sqlite:///mlflow.db``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+RUN_TAG = "cleaner.run_id"
+
+
+class TrackingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    mlflow_uri: str = "sqlite:///mlflow.db"
+    """MLflow tracking URI: a sqlite file (default) or a tracking server ``http://host:port``."""
+
+    artifact_root: str = "mlartifacts"
+    """Folder for MLflow artifacts of new experiments (sqlite store only)."""
+
+    experiment: str | None = None
+    """MLflow experiment name; defaults to the run config's ``name``."""
+
+    duckdb_path: str = "cleaner.duckdb"
+    """DuckDB file receiving every row."""
+
+    sample_trajectories: int = Field(4, ge=0)
+    """Trajectories of each kind (raw, purified) logged as artifacts per step."""
+
+
+class TrackingUnavailable(RuntimeError):
+    """The MLflow tracking server does not answer."""
+
+
+def check_server(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail fast with a clear message when an HTTP tracking server is down."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        httpx.get(uri.rstrip("/") + "/health", timeout=timeout_s).raise_for_status()
+    except httpx.HTTPError as err:
+        raise TrackingUnavailable(f"tracking.mlflow_uri: MLflow server {uri} is unreachable ({err})") from err
+
+
+def _client(cfg: TrackingConfig):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=cfg.mlflow_uri)
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = json.dumps(v) if isinstance(v, (list, tuple)) else str(v)
+    return out
+
+
+def open_run(cfg: TrackingConfig, experiment: str, run_id: str, config: dict, tags: dict[str, str]) -> str:
+    """The MLflow run id for our ``run_id``: resumed when it exists, else created with params."""
+    from mlflow.entities import Param, RunTag
+
+    check_server(cfg.mlflow_uri)
+    client = _client(cfg)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        location = None if cfg.mlflow_uri.startswith("http") else Path(cfg.artifact_root).resolve().as_uri()
+        exp_id = client.create_experiment(experiment, artifact_location=location)
+    else:
+        exp_id = exp.experiment_id
+    found = client.search_runs([exp_id], filter_string=f"tags.`{RUN_TAG}` = '{run_id}'", max_results=1)
+    if found:
+        mlrun = found[0].info.run_id
+        client.update_run(mlrun, status="RUNNING")
+        return mlrun
+    mlrun = client.create_run(exp_id, run_name=run_id, tags={RUN_TAG: run_id, **tags}).info.run_id
+    params = [Param(k, v[:6000]) for k, v in flatten(config).items()]
+    for lo in range(0, len(params), 100):
+        client.log_batch(mlrun, params=params[lo : lo + 100])
+    client.log_batch(mlrun, tags=[RunTag("mlflow.note.content", f"CLEANER run `{run_id}`")])
+    client.log_text(mlrun, json.dumps(config, indent=2), "config/resolved_config.json")
+    return mlrun
+
+
+def log_step(cfg: TrackingConfig, mlrun: str, step: int, metrics: dict[str, float], texts: dict[str, str]) -> None:
+    """Metrics of one step in one batch, plus text artifacts (path → content)."""
+    from mlflow.entities import Metric
+
+    client = _client(cfg)
+    now = int(time.time() * 1000)
+    batch = [Metric(k, float(v), now, step) for k, v in sorted(metrics.items())]
+    for lo in range(0, len(batch), 1000):
+        client.log_batch(mlrun, metrics=batch[lo : lo + 1000])
+    for path, text in texts.items():
+        client.log_text(mlrun, text, path)
+
+
+def log_file(cfg: TrackingConfig, mlrun: str, local: Path, artifact_dir: str) -> None:
+    _client(cfg).log_artifact(mlrun, str(local), artifact_dir)
+
+
+def finish_run(cfg: TrackingConfig, mlrun: str, status: str = "FINISHED") -> None:
+    _client(cfg).set_terminated(mlrun, status=status)
