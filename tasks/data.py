@@ -13,7 +13,6 @@ import random
 from functools import lru_cache
 from pathlib import Path
 
-import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.rollout import PromptItem
@@ -56,29 +55,21 @@ def ensure_files(cfg: DataConfig, seed: int) -> None:
 
 @lru_cache(maxsize=8)
 def load_prompts(path: str) -> tuple[PromptItem, ...]:
-    """All rows of a verl RL parquet as ``PromptItem`` (errors name the file, row and column)."""
-    df = pl.read_parquet(path)
-    missing = {"prompt", "data_source", "reward_model"} - set(df.columns)
-    if missing:
-        raise ValueError(f"{path}: missing column(s) {sorted(missing)}; verl RL format needs prompt, data_source, reward_model")
-    items = []
-    for i, row in enumerate(df.iter_rows(named=True)):
-        prompt, rm = row["prompt"], row["reward_model"]
-        if isinstance(rm, str):
-            rm = json.loads(rm)
-        if not isinstance(prompt, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
-            raise ValueError(f"{path}: row {i}, column 'prompt': expected a list of {{role, content}} messages")
-        if not isinstance(rm, dict) or "ground_truth" not in rm:
-            raise ValueError(f"{path}: row {i}, column 'reward_model': expected a struct with 'ground_truth'")
-        extra = row.get("extra_info") or {}
-        if isinstance(extra, str):
-            extra = json.loads(extra)
-        pid = f"{extra.get('split', Path(path).stem)}-{extra.get('index', i)}"
-        messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
-        items.append(PromptItem(pid, messages, row["data_source"], str(rm["ground_truth"]), dict(extra)))
-    if not items:
+    """All rows of a task file (verl RL parquet, AIME, GPQA, LiveCodeBench) as ``PromptItem``.
+
+    Parsing and validation are ``tasks.datasets.load_tasks``'s: a malformed row is an error
+    naming the file, row and column.
+    """
+    from tasks.datasets import load_tasks
+
+    rows = load_tasks(path)
+    if not rows:
         raise ValueError(f"{path}: no rows")
-    return tuple(items)
+    return tuple(
+        PromptItem(r.id, r.prompt, r.data_source,
+                   r.ground_truth if isinstance(r.ground_truth, str) else json.dumps(r.ground_truth), dict(r.extra_info))
+        for r in rows
+    )
 
 
 def batch_for_step(items: tuple[PromptItem, ...], n: int, seed: int, step: int) -> list[PromptItem]:

@@ -11,7 +11,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = Path(__file__).resolve().parents[1]
-WARM = ROOT / "assets" / "tiny-warm"
+WARM = Path(os.environ.get("CLEANER_TEST_MODEL", ROOT / "assets" / "tiny-warm"))
 
 
 @pytest.fixture(scope="session")

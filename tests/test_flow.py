@@ -1,0 +1,82 @@
+"""A 2-step run of the Prefect ``train`` flow on the warm tiny model, checked in both stores."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import pytest
+from mlflow.tracking import MlflowClient
+
+from flows.train import train
+from tasks.tracking import RUN_TAG
+
+TABLES_PER_STEP = ["trajectories", "turns", "tool_executions", "metrics", "steps"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(prefect_harness, warm_model_dir, tmp_path_factory):
+    work = tmp_path_factory.mktemp("flow")
+    overrides = [
+        f"model.path={warm_model_dir}", f"output_dir={work / 'runs'}",
+        f"data.train_path={work / 'train.parquet'}", f"data.eval_path={work / 'eval.parquet'}",
+        "data.n_train=64", "data.n_eval=8", "data.prompts_per_step=4", "rollout.n_samples=4",
+        "train.steps=2", f"tracking.mlflow_uri=sqlite:///{work / 'mlflow.db'}",
+        f"tracking.artifact_root={work / 'mlartifacts'}", f"tracking.duckdb_path={work / 'cleaner.duckdb'}",
+    ]
+    result = train("configs/tiny.yaml", overrides, "flowtest")
+    return work, overrides, result
+
+
+def test_flow_fills_duckdb_for_every_step(finished_run):
+    work, _, result = finished_run
+    con = duckdb.connect(str(work / "cleaner.duckdb"), read_only=True)
+    for table in TABLES_PER_STEP:
+        steps = {r[0] for r in con.execute(f"SELECT DISTINCT step FROM {table} WHERE run_id = 'flowtest'").fetchall()}
+        assert steps == {0, 1}, table
+    assert con.execute("SELECT count(*) FROM trajectories WHERE step = 0").fetchone()[0] == 16
+    status = con.execute("SELECT status FROM runs WHERE run_id = 'flowtest'").fetchone()[0]
+    assert status == "finished"
+    masks_ok = con.execute(
+        "SELECT bool_and(len(response_ids) = len(response_mask) AND len(response_ids) = len(rollout_logprobs)) FROM trajectories"
+    ).fetchone()[0]
+    assert masks_ok
+    con.close()
+    assert (work / "runs" / "flowtest" / "checkpoints" / "policy_000002" / "config.json").exists()
+    assert result["final_checkpoint"].endswith("policy_000002")
+
+
+def test_flow_logs_one_mlflow_run_with_step_metrics(finished_run):
+    work, _, result = finished_run
+    client = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tiny")
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`{RUN_TAG}` = 'flowtest'")
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.data.params["rollout.saar.raw_share"] == "0.3"
+    for key in ["rollout/accuracy", "tools/first_attempt_success_rate", "saar/rollbacks_triggered",
+                "saar/shallow", "saar/deep", "rollout/raw_share", "time/rollout_s", "time/update_s"]:
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+        assert sorted(steps) == [0, 1], key
+    arts = {a.path for a in client.list_artifacts(run.info.run_id, "samples")}
+    assert "samples/step_000000.md" in arts and "samples/step_000001.json" in arts
+    config = json.loads(client.download_artifacts(run.info.run_id, "config/resolved_config.json", str(work)) and
+                        (work / "config" / "resolved_config.json").read_text())
+    assert config["rollout"]["saar"]["max_tool_retries"] == 3
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "plots")} == {"plots/summary.png"}
+
+
+def test_rerun_of_finished_run_skips_steps_and_duplicates_nothing(finished_run):
+    work, overrides, _ = finished_run
+    con = duckdb.connect(str(work / "cleaner.duckdb"), read_only=True)
+    before = con.execute("SELECT count(*) FROM trajectories").fetchone()[0]
+    con.close()
+    train("configs/tiny.yaml", overrides, "flowtest")
+    con = duckdb.connect(str(work / "cleaner.duckdb"), read_only=True)
+    assert con.execute("SELECT count(*) FROM trajectories").fetchone()[0] == before
+    con.close()
+    client = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tiny")
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 1
+    assert len(client.get_metric_history(runs[0].info.run_id, "rollout/accuracy")) == 2
