@@ -17,6 +17,7 @@ import os
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 from pathlib import Path  # noqa: E402
 from typing import Optional  # noqa: E402
@@ -167,3 +168,7 @@ def demo(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt) -> N
 
 _mount_optional("sandbox", "flows.cli_sandbox", "Sandbox tools (benchmark).")
 _mount_optional("data", "flows.cli_data", "Dataset tools (inspect, grading benchmark).")
+
+
+if __name__ == "__main__":
+    app()
