@@ -4,7 +4,8 @@
     cleaner build-tiny               build the untrained tiny model (tokenizer + Qwen2) from the corpus
     cleaner warmup                   warm-up SFT of the tiny model into model.path
     cleaner train [--set k=v]        the Prefect training flow
-    cleaner eval [--checkpoint DIR]  first-call failure and recovery rates, accuracy, SAAR off and on
+    cleaner resume RUN               rerun a crashed run: finished stages are skipped
+    cleaner eval [--checkpoint DIR]  the evaluate flow: pass@k, first-call failures, recovery, SAAR off and on
     cleaner query "SQL"              query the DuckDB store
     cleaner sandbox ... / data ...   sandbox benchmark, dataset tools
 
@@ -83,48 +84,54 @@ def train(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt,
     console.print(f"run [bold]{result['run_id']}[/bold] finished; final checkpoint {result['final_checkpoint']}")
 
 
+@app.command()
+def resume(run_id: str, output_dir: Path = typer.Option(Path("runs"), help="Folder holding the run folders.")) -> None:
+    """Rerun a crashed or stopped run: finished stages are skipped, training continues where it stopped."""
+    from flows.train import train as train_flow
+
+    config = output_dir / run_id / "config.json"
+    if not config.exists():
+        console.print(f"[red]no run {run_id!r}[/red]: {config} does not exist")
+        raise typer.Exit(2)
+    _load(config, None)
+    result = train_flow(str(config), [], run_id)
+    console.print(f"run [bold]{result['run_id']}[/bold] finished; final checkpoint {result['final_checkpoint']}")
+
+
 @app.command("eval")
 def eval_cmd(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt,
-             checkpoint: Optional[Path] = typer.Option(None, help="Policy folder (default: model.path)."),
-             n: int = typer.Option(100, help="Held-out prompts."), samples: int = typer.Option(1, help="Samples per prompt.")) -> None:
+             checkpoint: Optional[Path] = typer.Option(None, help="Policy folder (default: model.path).")) -> None:
     """Evaluate a policy on held-out prompts: SAAR off (the policy alone) and on (recovery after errors)."""
-    from tasks.data import ensure_files, load_prompts
-    from tasks.evaluation import evaluate
-    from tasks.stages import close_live
+    from flows.evaluate import evaluate_flow
 
     cfg = _load(config, overrides)
     ckpt = str(checkpoint or cfg.model.path)
     if not Path(ckpt).exists():
         console.print(f"[red]checkpoint {ckpt} does not exist[/red] (run `cleaner warmup` or pass --checkpoint)")
         raise typer.Exit(2)
-    ensure_files(cfg.data, cfg.seed)
-    items = list(load_prompts(cfg.data.eval_path))[:n]
-    rollout = cfg.rollout.model_copy(update={"n_samples": samples})
-    try:
-        df = evaluate(ckpt, items, rollout, cfg.engine, cfg.sandbox, cfg.reward, cfg.seed, cfg.model.system_prompt)
-    finally:
-        close_live()
-    _print_eval(df, ckpt, len(items))
+    metrics = evaluate_flow(str(config), overrides or [], ckpt)
+    console.print(eval_table(metrics, cfg.eval.modes, f"{ckpt}: {cfg.eval.n_prompts} held-out prompts × {cfg.eval.samples}"))
 
 
-def _print_eval(df, ckpt: str, n: int) -> None:
-    table = Table(title=f"evaluation of {ckpt} on {n} held-out prompts")
-    rows = [("accuracy (pass@1)", "rollout/accuracy"), ("tool use rate", "rollout/tool_use_rate"),
-            ("first-call failure rate", "tools/first_call_failure_rate"),
-            ("rollbacks triggered", "saar/rollbacks_triggered"), ("rollbacks recovered", "saar/rollbacks_recovered"),
-            ("recovery rate after error", "saar/global_recovery_rate"), ("shallow / deep", None),
-            ("mean turns", "rollout/turns_mean")]
+EVAL_ROWS = [("pass@1", "all/pass_at_1"), ("tool use rate", "rollout/tool_use_rate"),
+             ("first-call failure rate", "tools/first_call_failure_rate"),
+             ("rollbacks triggered", "saar/rollbacks_triggered"), ("rollbacks recovered", "saar/rollbacks_recovered"),
+             ("recovery rate after error", "saar/global_recovery_rate"), ("shallow", "saar/shallow"),
+             ("deep", "saar/deep"), ("error-and-retry loop share", "rollout/retry_loop_share"),
+             ("mean turns", "rollout/turns_mean"), ("mean response tokens", "rollout/response_tokens_mean")]
+
+
+def eval_table(metrics: dict, modes: list[str], title: str) -> Table:
+    table = Table(title=title)
     table.add_column("metric")
-    for mode in df["mode"]:
+    for mode in modes:
         table.add_column(mode, justify="right")
-    recs = df.to_dicts()
-    for label, key in rows:
-        cells = [f"{int(r['saar/shallow'])} / {int(r['saar/deep'])}" if key is None else f"{r.get(key, 0):.3g}" for r in recs]
-        table.add_row(label, *cells)
-    fails = sorted({k for r in recs for k in r if k.startswith("tools/failures/")})
-    for key in fails:
-        table.add_row(f"failures: {key.rsplit('/', 1)[1]}", *[str(int(r.get(key) or 0)) for r in recs])
-    console.print(table)
+    keys = [(label, key) for label, key in EVAL_ROWS]
+    keys += [(k.split("/", 2)[2], k.split("/", 2)[2]) for k in sorted(metrics)
+             if k.startswith(f"eval/{modes[0]}/") and ("pass_at_" in k or "failures/" in k) and k.split("/", 2)[2] != "all/pass_at_1"]
+    for label, key in keys:
+        table.add_row(label, *[f"{metrics.get(f'eval/{m}/{key}', 0):.3g}" for m in modes])
+    return table
 
 
 @app.command()

@@ -21,6 +21,7 @@ from models.engine import EngineConfig
 from models.trainer import TrainerConfig
 from sandbox.config import SandboxConfig
 from tasks.data import DataConfig
+from tasks.evaluation import EvalConfig
 from tasks.mixing import MixConfig
 from tasks.rewards import RewardConfig
 from tasks.rollout import RolloutConfig
@@ -53,6 +54,9 @@ class TrainConfig(BaseModel):
 
     keep_checkpoints: int = Field(3, ge=1)
     """Most recent step checkpoints kept on disk (older ones are deleted)."""
+
+    eval_every: int = Field(0, ge=0)
+    """Evaluate the policy on held-out prompts every this many steps, and at the start and end (0 = never)."""
 
 
 class RunConfig(BaseModel):
@@ -105,6 +109,9 @@ class RunConfig(BaseModel):
 
     tracking: TrackingConfig = TrackingConfig()
     """MLflow and DuckDB."""
+
+    eval: EvalConfig = EvalConfig()
+    """Held-out evaluation (``cleaner eval``, the evaluate flow, ``train.eval_every``)."""
 
     def hash(self) -> str:
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]

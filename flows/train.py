@@ -1,9 +1,11 @@
 """Prefect flow ``train``: RL steps of rollout → score → mix → advantage → update → log.
 
 The flow only sequences stages; each task wraps one function of ``tasks.stages`` and hands
-the next one a path (the step folder, a checkpoint folder). A step that finished (its
-``logged.json`` marker exists) is skipped when the same run id is trained again, so a rerun
-of a crashed run continues at the step that failed, from the last checkpoint.
+the next one a path (the step folder, a checkpoint folder). Stage tasks are cached on
+(run, step, stage, config hash, policy version) with persisted results, so training the same
+run id again — ``cleaner resume <run>`` after a crash — skips every finished stage and
+continues at the one that failed, from the last checkpoint (with its optimizer state) and the
+same MLflow run. A cached result counts only while the stage's output files exist.
 
 Run: ``cleaner train --config configs/tiny.yaml`` (ephemeral Prefect; no server needed).
 """
@@ -41,7 +43,7 @@ def ckpt_dir(info: RunInfo, version: int) -> Path:
 
 
 @task(name="prepare-run", cache_policy=NO_CACHE)
-def prepare_run(cfg: RunConfig, run_id: str, flow_run_id: str) -> RunInfo:
+def prepare_run(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run: str | None = None) -> RunInfo:
     """Data files, the starting policy, the MLflow run (resumed by tag) and the DuckDB run row."""
     ensure_files(cfg.data, cfg.seed)
     if not Path(cfg.model.path).exists():
@@ -55,6 +57,8 @@ def prepare_run(cfg: RunConfig, run_id: str, flow_run_id: str) -> RunInfo:
     config = cfg.model_dump(mode="json")
     (run_dir / "config.json").write_text(json.dumps(config, indent=1))
     tags = {"prefect.flow_run_id": flow_run_id, "cleaner.config_hash": cfg.hash(), "git.commit": _git_commit()}
+    if parent_mlflow_run:
+        tags["mlflow.parentRunId"] = parent_mlflow_run
     mlrun = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, run_id, config, tags)
     con = store.connect(cfg.tracking.duckdb_path)
     try:
@@ -73,37 +77,73 @@ def _git_commit() -> str:
         return ""
 
 
-@task(name="rollout", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def rollout_task(cfg: RunConfig, info: RunInfo, step: int, ckpt: str) -> str:
-    return str(stages.rollout_stage(step_dir(info, step), step, cfg.seed, ckpt, info.run_id, cfg.model.system_prompt,
+def stage_key(context, params: dict) -> str:
+    """Cache key of a stage task: (run, step, stage, config hash, policy version)."""
+    cfg, info, step = params["cfg"], params["info"], params["step"]
+    return f"{info.run_id}:{step}:{context.task.name}:{cfg.hash()}:{Path(params['policy']).name}"
+
+
+STAGE = dict(cache_key_fn=stage_key, persist_result=True, retries=1, retry_delay_seconds=2)
+
+
+@task(name="rollout", **STAGE)
+def rollout_task(cfg: RunConfig, info: RunInfo, step: int, policy: str) -> str:
+    return str(stages.rollout_stage(step_dir(info, step), step, cfg.seed, policy, info.run_id, cfg.model.system_prompt,
                                     cfg.data, cfg.rollout, cfg.engine, cfg.sandbox))
 
 
-@task(name="score", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def score_task(cfg: RunConfig, folder: str) -> str:
-    return str(stages.score_stage(Path(folder), cfg.reward, cfg.score, cfg.rollout.max_response_tokens, cfg.sandbox))
+@task(name="score", **STAGE)
+def score_task(cfg: RunConfig, info: RunInfo, step: int, policy: str) -> str:
+    return str(stages.score_stage(step_dir(info, step), cfg.reward, cfg.score, cfg.rollout.max_response_tokens,
+                                  cfg.sandbox))
 
 
-@task(name="mix", cache_policy=NO_CACHE)
-def mix_task(cfg: RunConfig, folder: str) -> str:
-    return str(stages.mix_stage(Path(folder), cfg.mix))
+@task(name="mix", **STAGE)
+def mix_task(cfg: RunConfig, info: RunInfo, step: int, policy: str) -> str:
+    return str(stages.mix_stage(step_dir(info, step), cfg.mix))
 
 
-@task(name="advantage", cache_policy=NO_CACHE)
-def advantage_task(cfg: RunConfig, folder: str) -> str:
-    return str(stages.advantage_stage(Path(folder), cfg.mix))
+@task(name="advantage", **STAGE)
+def advantage_task(cfg: RunConfig, info: RunInfo, step: int, policy: str) -> str:
+    return str(stages.advantage_stage(step_dir(info, step), cfg.mix))
 
 
-@task(name="update", cache_policy=NO_CACHE)
-def update_task(cfg: RunConfig, folder: str, ckpt: str, out_ckpt: str, step: int) -> str:
-    return str(stages.update_stage(Path(folder), ckpt, Path(out_ckpt), cfg.trainer, cfg.seed * 100_003 + step))
+@task(name="update", **STAGE)
+def update_task(cfg: RunConfig, info: RunInfo, step: int, policy: str) -> str:
+    return str(stages.update_stage(step_dir(info, step), policy, ckpt_dir(info, step + 1), cfg.trainer,
+                                   cfg.seed * 100_003 + step))
 
 
-@task(name="log", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def log_task(cfg: RunConfig, info: RunInfo, folder: str, step: int, ckpt: str) -> dict:
-    metrics = stages.log_stage(Path(folder), step, info.run_id, info.mlflow_run_id, ckpt, cfg.tracking)
-    (Path(folder) / "logged.json").write_text(json.dumps({"checkpoint": ckpt, "at": time.time()}))
-    return metrics
+@task(name="log", **STAGE)
+def log_task(cfg: RunConfig, info: RunInfo, step: int, policy: str, new_policy: str) -> dict:
+    return stages.log_stage(step_dir(info, step), step, info.run_id, info.mlflow_run_id, new_policy, cfg.tracking)
+
+
+def eval_key(context, params: dict) -> str:
+    cfg, info = params["cfg"], params["info"]
+    return f"{info.run_id}:eval:{params['version']}:{cfg.hash()}:{Path(params['policy']).name}"
+
+
+@task(name="evaluate", cache_key_fn=eval_key, persist_result=True, retries=1, retry_delay_seconds=2)
+def eval_task(cfg: RunConfig, info: RunInfo, version: int, policy: str) -> dict:
+    return stages.eval_stage(info.run_id, version, policy, info.mlflow_run_id, cfg.seed, cfg.model.system_prompt,
+                             cfg.data, cfg.rollout, cfg.engine, cfg.sandbox, cfg.reward, cfg.eval, cfg.tracking)
+
+
+def _eval_due(cfg: RunConfig, version: int) -> bool:
+    every = cfg.train.eval_every
+    return bool(every) and (version % every == 0 or version == cfg.train.steps)
+
+
+STEP_TASKS = {"rollout": rollout_task, "score": score_task, "mix": mix_task, "advantage": advantage_task,
+              "update": update_task}
+
+
+def run_stage(name: str, cfg: RunConfig, info: RunInfo, step: int, policy: str, *extra):
+    """Run a stage task; its cached result is reused only while the stage's output files exist."""
+    task_ = log_task if name == "log" else STEP_TASKS[name]
+    marker = step_dir(info, step) / ("logged.json" if name == "log" else f"{name}.metrics.json")
+    return task_.with_options(refresh_cache=not marker.exists())(cfg, info, step, policy, *extra)
 
 
 @task(name="finish-run", cache_policy=NO_CACHE)
@@ -130,29 +170,26 @@ def _prune(info: RunInfo, keep: int, current: Path) -> None:
 
 
 @flow(name="train", log_prints=True)
-def train(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = None, run_id: str | None = None) -> dict:
+def train(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = None, run_id: str | None = None,
+          parent_mlflow_run: str | None = None) -> dict:
     """Train a policy with CLEANER; returns the run id, MLflow run id and final checkpoint."""
     from prefect.runtime import flow_run
 
     cfg = load_config(config_path, overrides)
     run_id = run_id or f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    info = prepare_run(cfg, run_id, str(flow_run.get_id() or ""))
+    info = prepare_run(cfg, run_id, str(flow_run.get_id() or ""), parent_mlflow_run)
     ckpt = info.start_ckpt
+    if _eval_due(cfg, 0):
+        eval_task(cfg, info, 0, ckpt)
     for step in range(cfg.train.steps):
-        folder = step_dir(info, step)
-        marker = folder / "logged.json"
-        if marker.exists():
-            ckpt = json.loads(marker.read_text())["checkpoint"]
-            print(f"step {step}: already logged, skipped (checkpoint {ckpt})")
-            continue
-        folder.mkdir(parents=True, exist_ok=True)
-        f = rollout_task(cfg, info, step, ckpt)
-        f = score_task(cfg, f)
-        f = mix_task(cfg, f)
-        f = advantage_task(cfg, f)
-        new_ckpt = update_task(cfg, f, ckpt, str(ckpt_dir(info, step + 1)), step)
-        metrics = log_task(cfg, info, f, step, new_ckpt)
+        step_dir(info, step).mkdir(parents=True, exist_ok=True)
+        for stage in ("rollout", "score", "mix", "advantage"):
+            run_stage(stage, cfg, info, step, ckpt)
+        new_ckpt = run_stage("update", cfg, info, step, ckpt)
+        metrics = run_stage("log", cfg, info, step, ckpt, new_ckpt)
         ckpt = new_ckpt
+        if _eval_due(cfg, step + 1):
+            eval_task(cfg, info, step + 1, ckpt)
         _prune(info, cfg.train.keep_checkpoints, Path(ckpt))
         print(_summary(step, metrics))
     png = finish_task(cfg, info)

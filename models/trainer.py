@@ -109,8 +109,13 @@ def dapo_loss(new_lp, old_lp, adv, mask, clip_low: float, clip_high: float, n_to
     return loss, (clipped * mask).sum(), (ratio * mask).sum()
 
 
-def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: Path, pad_id: int, seed: int) -> dict:
-    """One RL update from ``ckpt_dir`` on ``samples``; writes ``out_dir``; returns ``train/*`` metrics."""
+def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: Path, pad_id: int, seed: int,
+           state: dict | None = None, on_step=None) -> dict:
+    """One RL update from ``ckpt_dir`` on ``samples``; writes ``out_dir``; returns ``train/*`` metrics.
+
+    ``state`` is stored in the checkpoint's ``trainer_state.json``; ``on_step`` is called after
+    every optimizer step (fault injection uses it).
+    """
     torch.manual_seed(seed)
     if cfg.device == "cpu":
         torch.set_num_threads(cfg.threads)
@@ -130,8 +135,10 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
         for mb in _split(order, cfg.mini_batches):
             _minibatch_step(model, opt, [samples[i] for i in mb], [old[i] for i in mb], cfg, pad_id, totals)
             n_steps += 1
+            if on_step is not None:
+                on_step()
     model.eval()
-    save_checkpoint(model, ckpt_dir, out_dir, opt)
+    save_checkpoint(model, ckpt_dir, out_dir, opt, state)
     tokens = max(totals["tokens"], 1.0)
     return {
         "train/loss": totals["loss"] / max(n_steps, 1),

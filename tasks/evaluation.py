@@ -1,45 +1,93 @@
 """Evaluation: roll a policy out on held-out prompts with SAAR off and on, and grade it.
 
-With SAAR **off** the numbers say what the policy does on its own (internalisation): pass@1,
-first-call failure rate, failures by kind. With SAAR **on** (raw share 0) they add how often
-the policy fixes a failed call once it sees the error (``saar/global_recovery_rate``).
+With SAAR **off** the numbers say what the policy does on its own — CLEANER's claim is that
+accuracy holds there (internalisation): pass@1 and pass@k (overall and by data source),
+first-attempt tool success, failures counted per failure, mean turns and tokens, and the
+share of trajectories containing an error-and-retry loop. With SAAR **on** (raw share 0)
+they add how often the policy fixes a failed call once it sees the error
+(``saar/global_recovery_rate``). Metric names are prefixed ``eval/<mode>/``.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import polars as pl
+from pydantic import BaseModel, ConfigDict, Field
 
 from models.engine import EngineConfig
 from sandbox.config import SandboxConfig
 from tasks.records import trajectory_frames
-from tasks.rewards import RewardConfig
+from tasks.rewards import RewardConfig, pass_at_k_by_source
 from tasks.rollout import PromptItem, Rollout, RolloutConfig
 from tasks.saar import aggregate_stats
 from tasks.scoring import ScoreConfig, score_rows
 
 
-def evaluate_mode(ckpt: str, items: list[PromptItem], rollout: RolloutConfig, engine: EngineConfig,
-                  sandbox: SandboxConfig, reward: RewardConfig, seed: int, system_prompt: str | None,
-                  saar_on: bool) -> dict[str, float]:
-    from tasks.stages import get_chat, get_engine, get_sandbox
+class EvalConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    cfg = rollout.model_copy(update={"saar": rollout.saar.model_copy(update={"enabled": saar_on, "raw_share": 0.0})})
-    chat = get_chat(ckpt, system_prompt)
-    box = get_sandbox(sandbox)
-    trajs = Rollout(cfg, get_engine(engine, ckpt, chat), chat, box).run(items, seed, step=0)
-    frames = trajectory_frames(trajs, "eval", 0, chat.decode)
-    _, score_metrics = score_rows(frames["trajectories"], reward, ScoreConfig(), cfg.max_response_tokens, box)
-    out = {**aggregate_stats([t.stats for t in trajs], [t.raw for t in trajs]), **score_metrics}
-    out["tools/first_call_failure_rate"] = 1.0 - out["tools/first_attempt_success_rate"] if out["tools/first_attempt_total"] else 0.0
-    calls = frames["trajectories"]
-    out["rollout/tool_use_rate"] = float((calls["tool_calls"] > 0).mean()) if calls.height else 0.0
+    n_prompts: int = Field(64, ge=1)
+    """Held-out prompts evaluated (the first ones of ``data.eval_path``)."""
+
+    samples: int = Field(4, ge=1)
+    """Samples per prompt; pass@k needs ``samples >= k``."""
+
+    ks: list[int] = [1, 4]
+    """k values of pass@k."""
+
+    modes: list[Literal["saar_off", "saar_on"]] = ["saar_off", "saar_on"]
+    """Rollout modes: ``saar_off`` (the policy alone) and ``saar_on`` (rollback on, raw share 0)."""
+
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature at evaluation."""
+
+
+def summarize(trajs: pl.DataFrame, stats: dict[str, float], ks: list[int]) -> dict[str, float]:
+    """Evaluation metrics of one mode from the scored trajectories table and the SAAR statistics."""
+    graded = trajs.filter(pl.col("graded"))
+    records = list(zip(graded["data_source"], graded["prompt_id"], graded["correct"]))
+    by_source = pass_at_k_by_source(records, tuple(ks))
+    overall = pass_at_k_by_source([("all", p, c) for _, p, c in records], tuple(ks))
+    out = {**stats, **_mlflow_names(overall), **{f"by_source/{k}": v for k, v in _mlflow_names(by_source).items()}}
+    out["tools/first_call_failure_rate"] = 1.0 - stats["tools/first_attempt_success_rate"] if stats["tools/first_attempt_total"] else 0.0
+    out["rollout/tool_use_rate"] = float((trajs["tool_calls"] > 0).mean()) if trajs.height else 0.0
+    out["rollout/response_tokens_mean"] = float(trajs["response_ids"].list.len().mean() or 0.0)
+    out["rollout/turns_mean"] = float(trajs["num_turns"].mean() or 0.0)
+    out["eval/graded"] = graded.height
+    out["eval/grader_errors"] = trajs.height - graded.height
     return out
 
 
+def _mlflow_names(metrics: dict[str, float]) -> dict[str, float]:
+    """``pass@k`` → ``pass_at_k``: MLflow metric names may not contain ``@``."""
+    return {k.replace("@", "_at_"): v for k, v in metrics.items()}
+
+
+def evaluate_mode(ckpt: str, items: list[PromptItem], rollout: RolloutConfig, engine: EngineConfig,
+                  sandbox: SandboxConfig, reward: RewardConfig, cfg: EvalConfig, seed: int,
+                  system_prompt: str | None, mode: str) -> tuple[dict[str, float], pl.DataFrame]:
+    from tasks.stages import get_chat, get_engine, get_sandbox
+
+    saar = rollout.saar.model_copy(update={"enabled": mode == "saar_on", "raw_share": 0.0})
+    roll_cfg = rollout.model_copy(update={"saar": saar, "n_samples": cfg.samples})
+    eng_cfg = engine.model_copy(update={"temperature": cfg.temperature})
+    chat = get_chat(ckpt, system_prompt)
+    box = get_sandbox(sandbox)
+    trajs = Rollout(roll_cfg, get_engine(eng_cfg, ckpt, chat), chat, box).run(items, seed, step=0, progress=False)
+    frames = trajectory_frames(trajs, "eval", 0, chat.decode)
+    scores, _ = score_rows(frames["trajectories"], reward, ScoreConfig(), roll_cfg.max_response_tokens, box)
+    scored = frames["trajectories"].join(scores, on=["run_id", "step", "traj_id"])
+    stats = aggregate_stats([t.stats for t in trajs], [t.raw for t in trajs])
+    return summarize(scored, stats, cfg.ks), scored
+
+
 def evaluate(ckpt: str, items: list[PromptItem], rollout: RolloutConfig, engine: EngineConfig,
-             sandbox: SandboxConfig, reward: RewardConfig, seed: int, system_prompt: str | None) -> pl.DataFrame:
-    """One row per mode (saar_off, saar_on) with the evaluation metrics as columns."""
-    rows = []
-    for mode, on in (("saar_off", False), ("saar_on", True)):
-        rows.append({"mode": mode, **evaluate_mode(ckpt, items, rollout, engine, sandbox, reward, seed, system_prompt, on)})
-    return pl.DataFrame(rows)
+             sandbox: SandboxConfig, reward: RewardConfig, cfg: EvalConfig, seed: int,
+             system_prompt: str | None) -> dict[str, float]:
+    """``eval/<mode>/<metric>`` for every mode of ``cfg``."""
+    out: dict[str, float] = {}
+    for mode in cfg.modes:
+        metrics, _ = evaluate_mode(ckpt, items, rollout, engine, sandbox, reward, cfg, seed, system_prompt, mode)
+        out.update({f"eval/{mode}/{k}": v for k, v in metrics.items()})
+    return out

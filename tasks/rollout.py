@@ -150,17 +150,30 @@ class Rollout:
         self.sandbox = sandbox
 
     def new_trajectories(self, items: list[PromptItem], seed: int, step: int) -> list[Trajectory]:
-        trajs = []
-        for item in items:
-            messages = self.chat.messages(item.messages)
-            prompt_ids = self.chat.prompt_ids(messages)
-            for k in range(self.cfg.n_samples):
-                raw = is_raw(seed, step, item.prompt_id, k, self.cfg.saar.raw_share)
-                trajs.append(
-                    Trajectory(f"{step}:{item.prompt_id}:{k}", item, k, raw, prompt_ids, list(messages),
-                               saar_on=self.cfg.saar.enabled and not raw)
-                )
-        return trajs
+        return [self.new_trajectory(item, seed, step, k) for item in items for k in range(self.cfg.n_samples)]
+
+    def new_trajectory(self, item: PromptItem, seed: int, step: int, sample_idx: int) -> Trajectory:
+        """Sample ``sample_idx`` of ``item``: prompt ids from the chat template, the seeded raw draw."""
+        messages = self.chat.messages(item.messages)
+        raw = is_raw(seed, step, item.prompt_id, sample_idx, self.cfg.saar.raw_share)
+        return Trajectory(f"{step}:{item.prompt_id}:{sample_idx}", item, sample_idx, raw, self.chat.prompt_ids(messages),
+                          list(messages), saar_on=self.cfg.saar.enabled and not raw)
+
+    async def drive(self, t: Trajectory, agenerate, aexecute) -> Trajectory:
+        """Run one trajectory to its end with async callables, through the same handlers as ``run``.
+
+        ``agenerate(GenRequest) -> GenOutput``; ``aexecute(code) -> ExecutionResult``. Used where an
+        outer framework schedules trajectories one by one (the verl agent loop).
+        """
+        while t.state is not State.TERMINATED:
+            if t.state is State.EXECUTING:
+                call = t.pending
+                self.on_executed(t, await aexecute(call.code) if call.code is not None else _call_failure(call))
+            else:
+                out = await agenerate(self.request(t))
+                (self.on_retry_generated if t.state is State.RETRYING else self.on_generated)(t, out)
+        t.truncate(self.cfg.max_response_tokens)
+        return t
 
     def run(self, items: list[PromptItem], seed: int, step: int, progress: bool = True) -> list[Trajectory]:
         trajs = self.new_trajectories(items, seed, step)
@@ -169,7 +182,7 @@ class Rollout:
         while True:
             gen = [t for t in trajs if t.state in (State.GENERATING, State.RETRYING)]
             if gen:
-                outs = self.engine.generate([self._request(t) for t in gen], seed=hash((seed, step, round_)) % 2**31)
+                outs = self.engine.generate([self.request(t) for t in gen], seed=hash((seed, step, round_)) % 2**31)
                 for t, out in zip(gen, outs):
                     (self.on_retry_generated if t.state is State.RETRYING else self.on_generated)(t, out)
             exe = [t for t in trajs if t.state is State.EXECUTING]
@@ -185,7 +198,8 @@ class Rollout:
             t.truncate(self.cfg.max_response_tokens)
         return trajs
 
-    def _request(self, t: Trajectory) -> GenRequest:
+    def request(self, t: Trajectory) -> GenRequest:
+        """The engine request of a trajectory waiting in GENERATING or RETRYING."""
         if t.state is State.RETRYING:
             ctx = t.prompt_ids + t.response_ids + t.snapshot.retry_suffix
             start = t.snapshot.turn_start
@@ -229,6 +243,7 @@ class Rollout:
         s, snap = t.stats, t.snapshot
         position, attempt = t.assistant_turns - 1, snap.retries if snap else 0
         t.executions.append(Execution(position, attempt, t.pending.code, res))
+        s.retry_loops += int(s.errors_kept > 0 and attempt == 0)
         s.tool_calls += 1
         s.tool_rounds += 1
         if attempt == 0:
@@ -257,6 +272,7 @@ class Rollout:
             t.events.append(SaarEvent(position, attempt, "exhausted", error_kind=res.error_kind, error_text=text))
             text = exhausted_note(text, snap.retries)
             t.saar_on, t.snapshot = False, None
+        s.errors_kept += 1
         self._continue_after_tool(t, text)
 
     def on_retry_generated(self, t: Trajectory, out: GenOutput) -> None:
@@ -270,6 +286,7 @@ class Rollout:
             kind = "length" if out.finish_reason == "length" else "no_call"
             t.append(snap.retry_suffix, 0)
             t.messages.append({"role": "tool", "content": snap.error_text})
+            s.errors_kept += 1
             t.append(out.token_ids, 1, out.logprobs)
             t.messages.append({"role": "assistant", "content": new_text})
             t.assistant_turns += 1

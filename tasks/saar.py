@@ -122,6 +122,10 @@ class TrajStats:
     shallow: int = 0
     deep: int = 0
     tool_rounds: int = 0
+    errors_kept: int = 0
+    """Tool errors that stay visible in the final trajectory (raw, exhausted, no-call)."""
+    retry_loops: int = 0
+    """Tool calls made after a visible error: the error-and-retry loops SAAR removes."""
     failure_reasons: Counter = field(default_factory=Counter)
     similarities: list[float] = field(default_factory=list)
 
@@ -156,6 +160,8 @@ def aggregate_stats(stats: list[TrajStats], raw_flags: list[bool]) -> dict[str, 
         "saar/similarity_mean": sum(sims) / len(sims) if sims else 0.0,
         "rollout/raw_share": _rate(sum(raw_flags), len(raw_flags)),
         "rollout/tool_rounds_mean": _rate(tot["tool_rounds"], len(stats)),
+        "rollout/retry_loop_share": _rate(sum(s.retry_loops > 0 for s in stats), len(stats)),
+        "rollout/errors_kept_mean": _rate(tot["errors_kept"], len(stats)),
     }
     for kind, n in sorted(reasons.items()):
         out[f"tools/failures/{kind}"] = n

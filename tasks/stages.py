@@ -30,7 +30,9 @@ from models.trainer import Sample, TrainerConfig, save_checkpoint, update
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
 from tasks import store, tracking
+from tasks.faults import maybe_crash
 from tasks.data import DataConfig, batch_for_step, load_prompts
+from tasks.evaluation import EvalConfig, evaluate
 from tasks.mixing import MixConfig, advantage_step, mix_step
 from tasks.records import read_table, trajectory_frames, write_frames
 from tasks.reporting import sample_texts
@@ -44,10 +46,22 @@ _live: dict[str, object] = {}
 
 @contextmanager
 def _timed(step_dir: Path, stage: str, metrics: dict):
+    """Time a stage, then write ``<stage>.metrics.json`` — the file that marks the stage done."""
     t0 = time.perf_counter()
     yield
     metrics[f"time/{stage}_s"] = time.perf_counter() - t0
-    (Path(step_dir) / f"{stage}.metrics.json").write_text(json.dumps(metrics, indent=1))
+    tmp = Path(step_dir) / f".{stage}.metrics.json.tmp"
+    tmp.write_text(json.dumps(metrics, indent=1))
+    tmp.replace(done_marker(step_dir, stage))
+    maybe_crash(f"after_{stage}", _step_of(step_dir))
+
+
+def done_marker(step_dir: Path, stage: str) -> Path:
+    return Path(step_dir) / f"{stage}.metrics.json"
+
+
+def _step_of(step_dir: Path) -> int:
+    return int(Path(step_dir).name)
 
 
 def get_chat(ckpt: str, system_prompt: str | None) -> ChatFormat:
@@ -119,7 +133,12 @@ def advantage_stage(step_dir: Path, mix: MixConfig) -> Path:
 
 
 def update_stage(step_dir: Path, ckpt: str, out_ckpt: Path, trainer: TrainerConfig, seed: int) -> Path:
-    """Train on the kept rows; with none kept the policy is unchanged (copied) and ``train/skipped`` = 1."""
+    """Train on the kept rows; with none kept the policy is unchanged (copied) and ``train/skipped`` = 1.
+
+    The checkpoint's ``trainer_state.json`` records the step and policy version. Data order,
+    raw-share draws, sampling and update randomness are pure functions of (seed, step), so the
+    optimizer state is the only state a resumed run needs besides the weights.
+    """
     metrics: dict = {}
     with _timed(step_dir, "update", metrics):
         keys = ["run_id", "step", "traj_id"]
@@ -128,13 +147,16 @@ def update_stage(step_dir: Path, ckpt: str, out_ckpt: Path, trainer: TrainerConf
         samples = [Sample(r["prompt_ids"], r["response_ids"], r["response_mask"], r["advantage"])
                    for r in df.iter_rows(named=True) if sum(r["response_mask"])]
         pad = get_chat(ckpt, None).tokenizer.pad_token_id or 0
+        step = _step_of(step_dir)
+        state = {"step": step, "policy_version": Path(out_ckpt).name, "seed": seed}
         if samples:
-            metrics.update(update(Path(ckpt), samples, trainer, Path(out_ckpt), pad, seed))
+            metrics.update(update(Path(ckpt), samples, trainer, Path(out_ckpt), pad, seed, state,
+                                  on_step=lambda: maybe_crash("in_update", step)))
             metrics["train/skipped"] = 0
         else:
             from models.engine import load_causal_lm
 
-            save_checkpoint(load_causal_lm(ckpt), Path(ckpt), Path(out_ckpt))
+            save_checkpoint(load_causal_lm(ckpt), Path(ckpt), Path(out_ckpt), None, state)
             optim = Path(ckpt) / "optimizer.pt"
             if optim.exists():
                 (Path(out_ckpt) / "optimizer.pt").write_bytes(optim.read_bytes())
@@ -172,4 +194,24 @@ def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, tra
         con.close()
     metrics["time/log_s"] = time.perf_counter() - t0
     tracking.log_step(tracking_cfg, mlrun, step, metrics, sample_texts(trajs, step, tracking_cfg.sample_trajectories))
+    (Path(step_dir) / "logged.json").write_text(json.dumps({"checkpoint": ckpt}))
+    maybe_crash("after_log", step)
+    return metrics
+
+
+def eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, seed: int, system_prompt: str | None,
+               data: DataConfig, rollout: RolloutConfig, engine: EngineConfig, sandbox: SandboxConfig,
+               reward: RewardConfig, cfg: EvalConfig, tracking_cfg: tracking.TrackingConfig) -> dict[str, float]:
+    """Evaluate policy ``version`` on held-out prompts; rows to DuckDB, metrics (step = version) to MLflow."""
+    t0 = time.perf_counter()
+    items = list(load_prompts(data.eval_path))[: cfg.n_prompts]
+    metrics = evaluate(ckpt, items, rollout, engine, sandbox, reward, cfg, seed, system_prompt)
+    metrics["time/eval_s"] = time.perf_counter() - t0
+    con = store.connect(tracking_cfg.duckdb_path)
+    try:
+        store.replace_eval(con, run_id, version, ckpt, metrics)
+    finally:
+        con.close()
+    if mlrun:
+        tracking.log_eval(tracking_cfg, mlrun, version, metrics)
     return metrics

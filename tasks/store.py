@@ -9,6 +9,7 @@ Schema (primary keys in brackets)::
     tool_executions [run_id, step, traj_id, exec_idx]         every execution, failed attempts included
     saar_events     [run_id, step, traj_id, event_idx]        triggered / shallow / deep / recovered / ...
     metrics         [run_id, step, key]                       every logged metric
+    evaluations     [run_id, policy_version, key]             held-out evaluation of a policy version
 
 A step's rows are replaced in one transaction (a rerun of step N never duplicates rows);
 rows go in as Arrow batches (``INSERT ... BY NAME``), never one by one. One writer process:
@@ -37,6 +38,7 @@ CREATE TABLE IF NOT EXISTS trajectories (
     finish_reason VARCHAR, num_turns BIGINT, tool_calls BIGINT, tool_success BIGINT,
     first_attempt_total BIGINT, first_attempt_success BIGINT, rollbacks_triggered BIGINT,
     rollbacks_recovered BIGINT, rollbacks_failed BIGINT, shallow BIGINT, deep BIGINT, tool_rounds BIGINT,
+    errors_kept BIGINT, retry_loops BIGINT,
     failure_reasons JSON, score DOUBLE, correct BOOLEAN, overlong_penalty DOUBLE, reward DOUBLE,
     graded BOOLEAN, reward_metrics JSON, kept BOOLEAN, advantage DOUBLE,
     PRIMARY KEY (run_id, step, traj_id));
@@ -54,6 +56,9 @@ CREATE TABLE IF NOT EXISTS saar_events (
     new_turn VARCHAR, PRIMARY KEY (run_id, step, traj_id, event_idx));
 CREATE TABLE IF NOT EXISTS metrics (
     run_id VARCHAR, step BIGINT, key VARCHAR, value DOUBLE, PRIMARY KEY (run_id, step, key));
+CREATE TABLE IF NOT EXISTS evaluations (
+    run_id VARCHAR, policy_version BIGINT, checkpoint VARCHAR, key VARCHAR, value DOUBLE,
+    PRIMARY KEY (run_id, policy_version, key));
 """
 
 STEP_TABLES = ("trajectories", "turns", "tool_executions", "saar_events", "metrics", "steps")
@@ -96,6 +101,22 @@ def replace_step(con, run_id: str, step: int, frames: dict[str, pl.DataFrame]) -
                 con.register("_batch", df.to_arrow())
                 con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _batch")
                 con.unregister("_batch")
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+
+
+def replace_eval(con, run_id: str, version: int, checkpoint: str, metrics: dict[str, float]) -> None:
+    """Replace the evaluation rows of one policy version in one transaction."""
+    df = pl.DataFrame({"run_id": run_id, "policy_version": version, "checkpoint": checkpoint,
+                       "key": list(metrics), "value": [float(v) for v in metrics.values()]})
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute("DELETE FROM evaluations WHERE run_id = ? AND policy_version = ?", [run_id, version])
+        con.register("_batch", df.to_arrow())
+        con.execute("INSERT INTO evaluations BY NAME SELECT * FROM _batch")
+        con.unregister("_batch")
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")

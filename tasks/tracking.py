@@ -19,6 +19,8 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 RUN_TAG = "cleaner.run_id"
+STEP_SENTINEL = "run/step"
+EVAL_SENTINEL = "run/eval_version"
 
 
 class TrackingConfig(BaseModel):
@@ -98,16 +100,38 @@ def open_run(cfg: TrackingConfig, experiment: str, run_id: str, config: dict, ta
 
 
 def log_step(cfg: TrackingConfig, mlrun: str, step: int, metrics: dict[str, float], texts: dict[str, str]) -> None:
-    """Metrics of one step in one batch, plus text artifacts (path → content)."""
+    """Metrics of one step in one batch, plus text artifacts (path → content).
+
+    Idempotent: when this step's metrics are already in the run (a crash after logging, then
+    a rerun), they are not logged twice; artifacts are simply overwritten.
+    """
     from mlflow.entities import Metric
 
     client = _client(cfg)
-    now = int(time.time() * 1000)
-    batch = [Metric(k, float(v), now, step) for k, v in sorted(metrics.items())]
-    for lo in range(0, len(batch), 1000):
-        client.log_batch(mlrun, metrics=batch[lo : lo + 1000])
+    logged = {m.step for m in client.get_metric_history(mlrun, STEP_SENTINEL)}
+    if step not in logged:
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for k, v in sorted(metrics.items())]
+        batch.append(Metric(STEP_SENTINEL, float(step), now, step))
+        for lo in range(0, len(batch), 1000):
+            client.log_batch(mlrun, metrics=batch[lo : lo + 1000])
     for path, text in texts.items():
         client.log_text(mlrun, text, path)
+
+
+def log_eval(cfg: TrackingConfig, mlrun: str, version: int, metrics: dict[str, float]) -> None:
+    """Evaluation metrics of a policy version (MLflow step = version) and a table artifact; idempotent."""
+    from mlflow.entities import Metric
+
+    client = _client(cfg)
+    done = {m.step for m in client.get_metric_history(mlrun, EVAL_SENTINEL)}
+    if version not in done:
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, version) for k, v in sorted(metrics.items())]
+        batch.append(Metric(EVAL_SENTINEL, float(version), now, version))
+        for lo in range(0, len(batch), 1000):
+            client.log_batch(mlrun, metrics=batch[lo : lo + 1000])
+    client.log_text(mlrun, json.dumps(metrics, indent=1, sort_keys=True), f"eval/policy_{version:06d}.json")
 
 
 def log_file(cfg: TrackingConfig, mlrun: str, local: Path, artifact_dir: str) -> None:

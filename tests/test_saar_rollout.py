@@ -84,6 +84,7 @@ def test_shallow_recovery_keeps_old_reasoning_and_erases_error(chat, box):
     # old reasoning keeps its original log-probs, the new call carries the regeneration's
     assert traj.logprobs[0] == pytest.approx(-0.01) and traj.logprobs[len(reasoning)] == pytest.approx(-0.02)
     assert traj.assistant_turns == 2 and traj.stats.first_attempt_total == 1 and traj.stats.first_attempt_success == 0
+    assert traj.stats.errors_kept == 0 and traj.stats.retry_loops == 0
 
 
 def test_deep_recovery_replaces_the_whole_turn(chat, box):
@@ -129,6 +130,7 @@ def test_raw_trajectory_keeps_error_and_retry_loop(chat, box):
     check_bookkeeping(chat, traj)
     assert traj.raw and traj.events == [] and "NameError" in chat.decode(traj.response_ids)
     assert traj.stats.first_attempt_total == 2 and traj.stats.first_attempt_success == 1
+    assert traj.stats.errors_kept == 1 and traj.stats.retry_loops == 1
 
 
 def test_malformed_call_is_a_failure_saar_handles(chat, box):

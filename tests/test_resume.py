@@ -1,0 +1,86 @@
+"""Crash-proven resume: SIGKILL the training process at every named crash point, rerun, compare.
+
+One run is killed at each point in turn (each rerun gets one stage further before the next
+kill); afterwards there must be exactly one MLflow run, no duplicate metric steps, no
+duplicate DuckDB rows, and a final checkpoint equal to an uninterrupted run's.
+The processes share the session's Prefect test server, so each start is cheap.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+from mlflow.tracking import MlflowClient
+from safetensors.torch import load_file
+
+from tasks.faults import ENV, POINTS
+from tasks.tracking import RUN_TAG, STEP_SENTINEL
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def _cmd(work: Path, model: Path, run_id: str) -> list[str]:
+    sets = [f"model.path={model}", f"output_dir={work / 'runs'}", "train.steps=2",
+            f"data.train_path={work / 'tr.parquet'}", f"data.eval_path={work / 'ev.parquet'}",
+            "data.n_train=32", "data.n_eval=4", "data.prompts_per_step=4", "rollout.n_samples=4",
+            "rollout.max_new_tokens=64", "trainer.lr=1e-3",
+            f"tracking.mlflow_uri=sqlite:///{work / 'm.db'}", f"tracking.artifact_root={work / 'art'}",
+            f"tracking.duckdb_path={work / 'c.duckdb'}"]
+    cmd = [sys.executable, "-m", "flows.cli", "train", "--config", str(ROOT / "configs/tiny.yaml"), "--run-id", run_id]
+    for s in sets:
+        cmd += ["--set", s]
+    return cmd
+
+
+def _run(work: Path, model: Path, run_id: str, crash: str | None) -> subprocess.CompletedProcess:
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": PREFECT_API_URL.value()}
+    env.pop(ENV, None)
+    if crash:
+        env[ENV] = crash
+    return subprocess.run(_cmd(work, model, run_id), cwd=work, env=env, capture_output=True, text=True, timeout=900)
+
+
+def _weights(work: Path, run_id: str) -> dict:
+    return load_file(work / "runs" / run_id / "checkpoints" / "policy_000002" / "model.safetensors")
+
+
+def test_kill_at_every_crash_point_then_resume(prefect_harness, warm_model_dir, tmp_path):
+    chain = [f"{p}@{0 if i < 4 else 1}" for i, p in enumerate(POINTS)]
+    for crash in chain:
+        proc = _run(tmp_path, warm_model_dir, "crashy", crash)
+        assert proc.returncode == -9, f"{crash}: expected SIGKILL, got {proc.returncode}\n{proc.stderr[-2000:]}"
+    done = _run(tmp_path, warm_model_dir, "crashy", None)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ref = _run(tmp_path, warm_model_dir, "reference", None)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+
+    a, b = _weights(tmp_path, "crashy"), _weights(tmp_path, "reference")
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+    state0 = load_file(warm_model_dir / "model.safetensors")
+    assert any(not (a[k] == state0[k]).all() for k in a), "the policy never changed: nothing was compared"
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'm.db'}")
+    exp = client.get_experiment_by_name("tiny")
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`{RUN_TAG}` = 'crashy'")
+    assert len(runs) == 1
+    for key in (STEP_SENTINEL, "rollout/accuracy", "time/update_s"):
+        assert sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, key)) == [0, 1], key
+
+    con = duckdb.connect(str(tmp_path / "c.duckdb"), read_only=True)
+    rows = dict(con.execute("SELECT step, count(*) FROM trajectories WHERE run_id = 'crashy' GROUP BY step").fetchall())
+    assert rows == {0: 16, 1: 16}
+    same = con.execute("""SELECT count(*) FROM trajectories a JOIN trajectories b USING (step, traj_id)
+                          WHERE a.run_id = 'crashy' AND b.run_id = 'reference' AND a.reward IS NOT DISTINCT FROM b.reward
+                          AND a.response_ids = b.response_ids""").fetchone()[0]
+    assert same == 32
+    n_metrics = con.execute("SELECT count(*), count(DISTINCT (step, key)) FROM metrics WHERE run_id = 'crashy'").fetchone()
+    assert n_metrics[0] == n_metrics[1] > 0
+    con.close()
