@@ -6,6 +6,7 @@
     cleaner train [--set k=v]        the Prefect training flow
     cleaner resume RUN               rerun a crashed run: finished stages are skipped
     cleaner eval [--checkpoint DIR]  the evaluate flow: pass@k, first-call failures, recovery, SAAR off and on
+    cleaner compare                  CLEANER vs DAPO vs SAAR-everywhere over seeds, with a report
     cleaner query "SQL"              query the DuckDB store
     cleaner sandbox ... / data ...   sandbox benchmark, dataset tools
 
@@ -132,6 +133,17 @@ def eval_table(metrics: dict, modes: list[str], title: str) -> Table:
     for label, key in keys:
         table.add_row(label, *[f"{metrics.get(f'eval/{m}/{key}', 0):.3g}" for m in modes])
     return table
+
+
+@app.command()
+def compare(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt,
+            compare_id: Optional[str] = typer.Option(None, help="Id of the comparison (an existing one resumes).")) -> None:
+    """CLEANER vs the DAPO baseline (and SAAR everywhere) over several seeds; writes a report."""
+    from flows.compare import compare_flow
+
+    _load(config, overrides)
+    summary = compare_flow(str(config), overrides or [], compare_id)
+    console.print(f"steps to the baseline's final pass@1: {summary['steps_to_baseline_final']}")
 
 
 @app.command()

@@ -59,6 +59,32 @@ class TrainConfig(BaseModel):
     """Evaluate the policy on held-out prompts every this many steps, and at the start and end (0 = never)."""
 
 
+class CompareConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    arms: dict[str, list[str]] = {
+        "cleaner": ["rollout.saar.enabled=true", "rollout.saar.raw_share=0.3"],
+        "dapo": ["rollout.saar.enabled=false"],
+        "saar_all": ["rollout.saar.enabled=true", "rollout.saar.raw_share=0.0"],
+    }
+    """Arm name → overrides applied on top of the run config."""
+
+    baseline: str = "dapo"
+    """The arm the others are measured against."""
+
+    treatment: str = "cleaner"
+    """The arm whose claims the report checks."""
+
+    seeds: list[int] = [0, 1, 2]
+    """Seeds; every arm runs every seed (same data order per seed)."""
+
+    steps: int = Field(20, ge=1)
+    """RL steps per arm and seed."""
+
+    eval_every: int = Field(5, ge=1)
+    """Evaluate (SAAR off) every this many steps."""
+
+
 class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -112,6 +138,9 @@ class RunConfig(BaseModel):
 
     eval: EvalConfig = EvalConfig()
     """Held-out evaluation (``cleaner eval``, the evaluate flow, ``train.eval_every``)."""
+
+    compare: CompareConfig = CompareConfig()
+    """Arms and seeds of the compare flow."""
 
     def hash(self) -> str:
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]

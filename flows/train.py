@@ -89,7 +89,7 @@ STAGE = dict(cache_key_fn=stage_key, persist_result=True, retries=1, retry_delay
 @task(name="rollout", **STAGE)
 def rollout_task(cfg: RunConfig, info: RunInfo, step: int, policy: str) -> str:
     return str(stages.rollout_stage(step_dir(info, step), step, cfg.seed, policy, info.run_id, cfg.model.system_prompt,
-                                    cfg.data, cfg.rollout, cfg.engine, cfg.sandbox))
+                                    cfg.data, cfg.rollout, cfg.engine, cfg.sandbox, cfg.reward))
 
 
 @task(name="score", **STAGE)

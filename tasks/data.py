@@ -39,6 +39,10 @@ class DataConfig(BaseModel):
     prompts_per_step: int = Field(8, ge=1)
     """Prompts per RL step (each is rolled out ``rollout.n_samples`` times)."""
 
+    refill_rounds: int = Field(0, ge=0)
+    """DAPO dynamic sampling: extra rollout rounds with fresh prompts while fewer than
+    ``prompts_per_step`` groups have unequal rewards (0 = no refill, only filtering)."""
+
 
 def ensure_files(cfg: DataConfig, seed: int) -> None:
     """Write the synthetic train/eval files when missing (no-op for user-supplied data)."""
@@ -80,6 +84,15 @@ def batch_for_step(items: tuple[PromptItem, ...], n: int, seed: int, step: int) 
         perm = _permutation(len(items), seed, epoch)
         out.append(items[perm[idx]])
     return out
+
+
+def refill_batch(items: tuple[PromptItem, ...], n: int, seed: int, step: int, round_: int,
+                 used: set[str]) -> list[PromptItem]:
+    """``n`` fresh prompts for refill round ``round_`` of a step (deterministic; never one in ``used``)."""
+    if round_ == 0:
+        return batch_for_step(items, n, seed, step)
+    perm = _permutation(len(items), seed, 1_000_003 * (step + 1) + round_)
+    return [items[i] for i in perm if items[i].prompt_id not in used][:n]
 
 
 @lru_cache(maxsize=16)

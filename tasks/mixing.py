@@ -9,18 +9,43 @@
 ``advantage_step`` computes the GRPO outcome advantage (reward − group mean) / (group std + ε),
 broadcast later over the model's own tokens (mask 1) only.
 
-Simplification: dynamic sampling here filters the batch; refilling it by sampling more
-prompts is done by the flow when ``refill`` is on.
+``fill_batch`` is the other half of DAPO dynamic sampling, used by the rollout stage: roll out
+more prompts until ``want`` groups are informative (rewards not all equal), at most
+``max_rounds`` extra rounds — the bound keeps a step's cost finite when the policy solves
+(or fails) everything.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, Sequence, TypeVar
 
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.records import read_table
+
+
+T = TypeVar("T")
+
+
+def fill_batch(draw: Callable[[int, int], Sequence], run: Callable[[Sequence], list[T]],
+               group_rewards: Callable[[list[T]], dict[str, list[float]]], want: int,
+               max_rounds: int) -> tuple[list[T], dict[str, float]]:
+    """Roll out ``draw(round, n)`` prompts until ``want`` informative groups, within ``max_rounds`` refills."""
+    out: list[T] = []
+    informative = 0
+    rounds = 0
+    need = want
+    while True:
+        new = run(draw(rounds, need))
+        out.extend(new)
+        informative += sum(len(set(r)) > 1 for r in group_rewards(new).values())
+        if informative >= want or rounds >= max_rounds:
+            break
+        rounds += 1
+        need = want - informative
+    return out, {"mix/refill_rounds": rounds, "mix/informative_groups": informative}
 
 
 class MixConfig(BaseModel):

@@ -31,12 +31,12 @@ from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
 from tasks import store, tracking
 from tasks.faults import maybe_crash
-from tasks.data import DataConfig, batch_for_step, load_prompts
+from tasks.data import DataConfig, load_prompts, refill_batch
 from tasks.evaluation import EvalConfig, evaluate
-from tasks.mixing import MixConfig, advantage_step, mix_step
+from tasks.mixing import MixConfig, advantage_step, fill_batch, mix_step
 from tasks.records import read_table, trajectory_frames, write_frames
 from tasks.reporting import sample_texts
-from tasks.rewards import RewardConfig
+from tasks.rewards import GraderError, RewardConfig, compute_reward
 from tasks.rollout import Rollout, RolloutConfig
 from tasks.saar import aggregate_stats
 from tasks.scoring import ScoreConfig, score_step
@@ -98,15 +98,38 @@ def close_live() -> None:
 
 
 def rollout_stage(step_dir: Path, step: int, seed: int, ckpt: str, run_id: str, system_prompt: str | None,
-                  data: DataConfig, rollout: RolloutConfig, engine: EngineConfig, sandbox: SandboxConfig) -> Path:
+                  data: DataConfig, rollout: RolloutConfig, engine: EngineConfig, sandbox: SandboxConfig,
+                  reward: RewardConfig) -> Path:
+    """Roll out the step's prompts (plus DAPO refill rounds while too few groups are informative)."""
     metrics: dict = {}
     with _timed(step_dir, "rollout", metrics):
         chat = get_chat(ckpt, system_prompt)
-        items = batch_for_step(load_prompts(data.train_path), data.prompts_per_step, seed, step)
-        runner = Rollout(rollout, get_engine(engine, ckpt, chat), chat, get_sandbox(sandbox))
-        trajs = runner.run(items, seed, step)
+        items = load_prompts(data.train_path)
+        box = get_sandbox(sandbox)
+        runner = Rollout(rollout, get_engine(engine, ckpt, chat), chat, box)
+        used: set[str] = set()
+
+        def draw(round_: int, n: int):
+            batch = refill_batch(items, n, seed, step, round_, used)
+            used.update(i.prompt_id for i in batch)
+            return batch
+
+        def group_rewards(trajs) -> dict[str, list[float]]:
+            groups: dict[str, list[float]] = {}
+            for t in trajs:
+                try:
+                    res = compute_reward(t.item.data_source, chat.decode(t.response_ids), t.item.ground_truth,
+                                         t.item.extra_info, sandbox=box, cfg=reward)
+                except GraderError:
+                    continue
+                groups.setdefault(t.item.prompt_id, []).append(res.reward)
+            return groups
+
+        trajs, refill = fill_batch(draw, lambda batch: runner.run(batch, seed, step), group_rewards,
+                                   data.prompts_per_step, data.refill_rounds)
         write_frames(trajectory_frames(trajs, run_id, step, chat.decode), Path(step_dir))
         metrics.update(aggregate_stats([t.stats for t in trajs], [t.raw for t in trajs]))
+        metrics.update(refill)
     return Path(step_dir)
 
 

@@ -1,0 +1,63 @@
+"""Prefect flow ``compare``: CLEANER vs the DAPO baseline vs SAAR-everywhere, over several seeds.
+
+Every arm trains every seed on the same data order (a child ``train`` flow run and a child
+MLflow run under one parent run), evaluating the policy with SAAR **off** every
+``compare.eval_every`` steps. The report (JSON, PNG, Markdown) goes to the parent run's
+``report/`` artifacts and to ``<output_dir>/<compare id>/report/``.
+
+Run: ``cleaner compare --config configs/tiny.yaml``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from flows.config import load_config
+from flows.train import train
+from tasks import store, tracking
+from tasks.compare_report import summarize, write_report
+
+
+def arm_overrides(arm: list[str], seed: int, steps: int, every: int) -> list[str]:
+    return [*arm, f"seed={seed}", f"train.steps={steps}", f"train.eval_every={every}", "eval.modes=[saar_off]"]
+
+
+@task(name="compare-report", cache_policy=NO_CACHE)
+def report_task(duckdb_path: str, runs: dict[str, list[str]], baseline: str, treatment: str, folder: str) -> dict:
+    ids = ", ".join(f"'{r}'" for ids in runs.values() for r in ids)
+    evals = store.query(duckdb_path, f"SELECT run_id, policy_version, key, value FROM evaluations WHERE run_id IN ({ids})")
+    summary = summarize(evals, runs, baseline, treatment)
+    write_report(summary, Path(folder))
+    return summary
+
+
+@flow(name="compare", log_prints=True)
+def compare_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = None,
+                 compare_id: str | None = None) -> dict:
+    """Train every arm × seed, evaluate with SAAR off, and write the comparison report."""
+    cfg = load_config(config_path, overrides)
+    cmp = cfg.compare
+    for name in (cmp.baseline, cmp.treatment):
+        if name not in cmp.arms:
+            raise ValueError(f"compare: arm {name!r} is not one of compare.arms {sorted(cmp.arms)}")
+    compare_id = compare_id or f"compare-{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    parent = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, compare_id,
+                               cfg.model_dump(mode="json"), {"cleaner.kind": "compare"})
+    runs: dict[str, list[str]] = {arm: [] for arm in cmp.arms}
+    for seed in cmp.seeds:
+        for arm, arm_set in cmp.arms.items():
+            run_id = f"{compare_id}-{arm}-s{seed}"
+            train(config_path, [*(overrides or []), *arm_overrides(arm_set, seed, cmp.steps, cmp.eval_every)],
+                  run_id, parent)
+            runs[arm].append(run_id)
+    folder = Path(cfg.output_dir) / compare_id / "report"
+    summary = report_task(cfg.tracking.duckdb_path, runs, cmp.baseline, cmp.treatment, str(folder))
+    for f in sorted(folder.iterdir()):
+        tracking.log_file(cfg.tracking, parent, f, "report")
+    tracking.finish_run(cfg.tracking, parent)
+    print((folder / "compare.md").read_text())
+    return summary

@@ -1,0 +1,94 @@
+"""Evaluation metrics on scripted trajectories, the compare report, DAPO refill bound, reproducibility."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from tasks.compare_report import ACC, TOOL, summarize, write_report
+from tasks.evaluation import summarize as eval_summary
+from tasks.mixing import fill_batch
+from tasks.saar import TrajStats, aggregate_stats
+
+
+def test_eval_metrics_on_known_answers():
+    # prompt a: 2 of 4 correct; prompt b: 0 of 4; one trajectory of b had a grader error
+    rows = [("a", True), ("a", True), ("a", False), ("a", False), ("b", False), ("b", False), ("b", False), ("b", None)]
+    trajs = pl.DataFrame({
+        "prompt_id": [p for p, _ in rows], "data_source": ["synthetic/arith"] * 4 + ["synthetic/algo"] * 4,
+        "correct": [c for _, c in rows], "graded": [c is not None for _, c in rows],
+        "tool_calls": [1, 1, 2, 0, 1, 1, 1, 1], "num_turns": [2, 2, 3, 1, 2, 2, 2, 2],
+        "response_ids": [[1] * 10] * 8,
+    })
+    stats = [TrajStats(first_attempt_total=1, first_attempt_success=int(i % 2 == 0)) for i in range(8)]
+    m = eval_summary(trajs, aggregate_stats(stats, [False] * 8), [1, 2])
+    assert m["all/pass_at_1"] == pytest.approx((0.5 + 0.0) / 2)
+    assert m["all/pass_at_2"] == pytest.approx((1 - (2 * 1) / (4 * 3) + 0.0) / 2)
+    assert m["by_source/synthetic/arith/pass_at_1"] == pytest.approx(0.5)
+    assert m["tools/first_call_failure_rate"] == pytest.approx(0.5)
+    assert m["rollout/tool_use_rate"] == pytest.approx(7 / 8) and m["eval/grader_errors"] == 1
+
+
+def _evals(curves: dict[str, dict[int, list[float]]], key: str) -> list[dict]:
+    return [{"run_id": f"{arm}-s{i}", "policy_version": v, "key": key, "value": x}
+            for arm, c in curves.items() for v, xs in c.items() for i, x in enumerate(xs)]
+
+
+def test_compare_report_steps_to_baseline_final(tmp_path):
+    acc = {"dapo": {0: [0.2, 0.2, 0.2], 5: [0.3, 0.3, 0.3], 10: [0.4, 0.4, 0.4], 20: [0.5, 0.5, 0.5]},
+           "cleaner": {0: [0.2, 0.2, 0.2], 5: [0.4, 0.5, 0.6], 10: [0.6, 0.6, 0.6], 20: [0.7, 0.7, 0.7]}}
+    tool = {"dapo": {v: [0.6] * 3 for v in (0, 5, 10, 20)}, "cleaner": {v: [0.8] * 3 for v in (0, 5, 10, 20)}}
+    evals = pl.DataFrame(_evals(acc, ACC) + _evals(tool, TOOL))
+    runs = {arm: [f"{arm}-s{i}" for i in range(3)] for arm in acc}
+    s = summarize(evals, runs, "dapo", "cleaner")
+    assert s["baseline_final_pass_at_1"] == pytest.approx(0.5)
+    assert s["steps_to_baseline_final"] == {"dapo": 20, "cleaner": 5}
+    assert s["claim_half_the_steps"] and s["claim_higher_first_attempt_success"]
+    files = write_report(s, tmp_path)
+    assert {f.name for f in files} == {"compare.json", "compare.md", "compare.png"}
+    assert "| cleaner | 5 |" in (tmp_path / "compare.md").read_text()
+
+
+def test_compare_report_says_no_when_treatment_never_gets_there():
+    acc = {"dapo": {0: [0.2], 10: [0.5]}, "cleaner": {0: [0.2], 10: [0.4]}}
+    evals = pl.DataFrame(_evals(acc, ACC) + _evals({"dapo": {10: [0.5]}, "cleaner": {10: [0.4]}}, TOOL))
+    s = summarize(evals, {"dapo": ["dapo-s0"], "cleaner": ["cleaner-s0"]}, "dapo", "cleaner")
+    assert s["steps_to_baseline_final"]["cleaner"] is None and not s["claim_half_the_steps"]
+
+
+def test_refill_stops_at_its_bound_and_when_full():
+    calls = []
+
+    def draw(round_, n):
+        calls.append((round_, n))
+        return [f"r{round_}p{i}" for i in range(n)]
+
+    def uniform(items):
+        return {p: [0.0, 0.0] for p in items}
+
+    out, m = fill_batch(draw, lambda items: list(items), uniform, want=4, max_rounds=2)
+    assert m == {"mix/refill_rounds": 2, "mix/informative_groups": 0} and len(calls) == 3 and len(out) == 12
+
+    def half(items):
+        return {p: ([0.0, 1.0] if i % 2 == 0 else [1.0, 1.0]) for i, p in enumerate(items)}
+
+    calls.clear()
+    out, m = fill_batch(draw, lambda items: list(items), half, want=4, max_rounds=5)
+    assert m["mix/informative_groups"] >= 4 and calls[0] == (0, 4) and calls[1] == (1, 2)
+
+
+def test_same_seed_same_rollout(warm_model_dir, chat):
+    from models.engine import EngineConfig, TransformersEngine
+    from sandbox.base import make_sandbox
+    from sandbox.config import SandboxConfig
+    from tasks.rollout import PromptItem, Rollout, RolloutConfig
+
+    items = [PromptItem(f"p{i}", [{"role": "user", "content": f"What is {1234 + i} * 5678?"}], "synthetic/arith", "0")
+             for i in range(3)]
+    engine = TransformersEngine(EngineConfig(), warm_model_dir, chat.eos_id, chat.tokenizer.pad_token_id)
+    with make_sandbox(SandboxConfig(workers=1)) as box:
+        roll = Rollout(RolloutConfig(n_samples=2, max_new_tokens=64), engine, chat, box)
+        a = [t.response_ids for t in roll.run(items, 5, 2, progress=False)]
+        b = [t.response_ids for t in roll.run(items, 5, 2, progress=False)]
+        c = [t.response_ids for t in roll.run(items, 6, 2, progress=False)]
+    assert a == b and a != c
