@@ -7,7 +7,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-fast sandbox-image clean
+.PHONY: setup demo test test-fast sandbox-image serve clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -25,6 +25,12 @@ test: setup
 
 test-fast: setup
 	$(VENV)/bin/pytest -q -m "not slow and not docker"
+
+sandbox-image:
+	bash infra/sandbox/build_image.sh
+
+serve: setup
+	$(VENV)/bin/cleaner serve start
 
 clean:
 	rm -rf runs mlflow.db mlartifacts cleaner.duckdb .prefect

@@ -28,7 +28,7 @@ class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     kind: str = "transformers"
-    """Registered engine name: ``transformers`` (in-process)."""
+    """Registered engine name: ``transformers`` (in-process) or ``sglang`` (HTTP client of SGLang servers)."""
 
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature for rollouts."""
@@ -44,6 +44,25 @@ class EngineConfig(BaseModel):
 
     threads: int = Field(1, ge=1)
     """Torch intra-op threads on CPU (one thread is fastest on a busy 2-core machine)."""
+
+    server_urls: list[str] = []
+    """``sglang``: base URLs of SGLang servers (``http://127.0.0.1:30000``); several are used round-robin,
+    or give one SGLang router URL. The servers must see checkpoint paths on the same filesystem."""
+
+    request_timeout_s: float = Field(600.0, gt=0)
+    """``sglang``: seconds one ``/generate`` or weight-update request may take."""
+
+    max_concurrency: int = Field(64, ge=1)
+    """``sglang``: requests in flight at once (the server batches them)."""
+
+    max_retries: int = Field(3, ge=0)
+    """``sglang``: retries of a request after an infrastructure failure (connection error, 5xx, abort)."""
+
+    health_timeout_s: float = Field(300.0, gt=0)
+    """``sglang``: seconds to wait for every server's ``/health`` before giving up."""
+
+    stop: list[str] = []
+    """``sglang``: extra stop strings (generation always stops at the end-of-turn token)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +87,8 @@ class Engine(Protocol):
 
 
 _ENGINES: dict[str, Callable[..., Engine]] = {}
+_PLUGINS = {"sglang": "models.sglang_engine"}
+"""Engines registered by a module imported on first use (keeps this module free of their imports)."""
 
 
 def register_engine(name: str):
@@ -79,6 +100,10 @@ def register_engine(name: str):
 
 
 def make_engine(cfg: EngineConfig, model_path: str | Path, eos_id: int, pad_id: int) -> Engine:
+    if cfg.kind not in _ENGINES and cfg.kind in _PLUGINS:
+        import importlib
+
+        importlib.import_module(_PLUGINS[cfg.kind])
     try:
         factory = _ENGINES[cfg.kind]
     except KeyError:

@@ -1,0 +1,178 @@
+"""SGLang HTTP engine: the ``Engine`` contract served by ``python -m sglang.launch_server``.
+
+What: ``@register_engine("sglang")`` — every ``GenRequest`` becomes one native ``POST /generate``
+with ``input_ids``, ``sampling_params`` (temperature, top_p, max_new_tokens, stop_token_ids = the
+end-of-turn id, optional stop strings) and ``return_logprob``; the new ids and their log-probs are
+read together from ``meta_info.output_token_logprobs`` (``[logprob, token_id, text]`` triples), so
+they always line up. ``load_weights(path)`` is ``POST /update_weights_from_disk`` on every server;
+construction waits for ``GET /health`` with a timeout and names the URL that never came up.
+
+Simplifies: no ``sglang`` import and no batching of our own — requests of a step are sent
+concurrently (a bounded thread pool over one keep-alive ``httpx.Client``) and the server's
+continuous batching does the rest. Several URLs are used round-robin per request; an SGLang
+router URL works as a single server. Infrastructure failures (connection errors, 5xx, an
+``abort`` finish) are retried ``max_retries`` times on the next server, then raise
+``EngineError`` naming the URL: they never become an empty generation.
+
+Run: ``engine.kind=sglang engine.server_urls=[http://127.0.0.1:30000]`` in a run config, with a
+server from ``infra/sglang/launch_server.sh`` (GPU) or ``python -m models.sglang_test_server``
+(CPU test double, same JSON contract).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from models.engine import EngineConfig, GenOutput, GenRequest, register_engine
+
+
+class EngineError(RuntimeError):
+    """An inference server failed (unreachable, 5xx, rejected a request); the message names the URL."""
+
+
+class _Retryable(Exception):
+    def __init__(self, url: str, detail: str):
+        super().__init__(f"{url}: {detail}")
+        self.url = url
+
+
+def wait_healthy(url: str, timeout_s: float, client: httpx.Client | None = None) -> None:
+    """Poll ``GET {url}/health`` until it answers 200; ``EngineError`` naming the URL after ``timeout_s``."""
+    own = client is None
+    client = client or httpx.Client(timeout=5.0)
+    deadline, last = time.monotonic() + timeout_s, "no answer"
+    try:
+        while True:
+            try:
+                r = client.get(f"{url}/health", timeout=5.0)
+                if r.status_code == 200:
+                    return
+                last = f"HTTP {r.status_code}"
+            except httpx.HTTPError as err:
+                last = f"{type(err).__name__}: {err}"
+            if time.monotonic() > deadline:
+                raise EngineError(f"SGLang server {url} not healthy after {timeout_s:.0f}s ({last}); "
+                                  "is it running (infra/sglang/launch_server.sh) and is engine.server_urls right?")
+            time.sleep(0.2)
+    finally:
+        if own:
+            client.close()
+
+
+@register_engine("sglang")
+class SGLangEngine:
+    """HTTP client of one or more SGLang servers (see module docstring)."""
+
+    def __init__(self, cfg: EngineConfig, model_path: str | Path, eos_id: int, pad_id: int):
+        if not cfg.server_urls:
+            raise ValueError("engine.server_urls: the sglang engine needs at least one server URL")
+        self.cfg = cfg
+        self.eos_id = eos_id
+        self.urls = [u.rstrip("/") for u in cfg.server_urls]
+        limits = httpx.Limits(max_connections=cfg.max_concurrency, max_keepalive_connections=cfg.max_concurrency)
+        self.client = httpx.Client(timeout=cfg.request_timeout_s, limits=limits)
+        self.pool = ThreadPoolExecutor(cfg.max_concurrency, thread_name_prefix="sglang")
+        self._next = itertools.count()
+        self._lock = threading.Lock()
+        for url in self.urls:
+            wait_healthy(url, cfg.health_timeout_s, self.client)
+        self.loaded: dict[str, str | None] = {url: self._served_path(url) for url in self.urls}
+        self.model_path = str(model_path)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.client.close()
+
+    def _served_path(self, url: str) -> str | None:
+        """The model path the server reports (``/get_model_info``), None when it does not say."""
+        try:
+            r = self.client.get(f"{url}/get_model_info")
+            return r.json().get("model_path") if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def load_weights(self, path: str | Path) -> None:
+        """Weight sync: every server reloads its weights from ``path`` (skipped where already served)."""
+        path = str(path)
+        for url in self.urls:
+            if self.loaded.get(url) == path:
+                continue
+            try:
+                r = self.client.post(f"{url}/update_weights_from_disk", json={"model_path": path})
+            except httpx.HTTPError as err:
+                raise EngineError(f"SGLang server {url}/update_weights_from_disk: {type(err).__name__}: {err}") from err
+            body = _json(r)
+            if r.status_code != 200 or not body.get("success", False):
+                raise EngineError(f"SGLang server {url}/update_weights_from_disk rejected {path}: "
+                                  f"HTTP {r.status_code} {body.get('message', r.text[:300])}")
+            self.loaded[url] = path
+        self.model_path = path
+
+    def generate(self, requests: list[GenRequest], seed: int) -> list[GenOutput]:
+        """All requests concurrently (bounded by ``max_concurrency``); results in request order."""
+        return list(self.pool.map(self._generate_one, requests))
+
+    def payload(self, req: GenRequest) -> dict:
+        params = {
+            "temperature": self.cfg.temperature, "top_p": self.cfg.top_p, "max_new_tokens": req.max_new_tokens,
+            "stop_token_ids": [self.eos_id], "skip_special_tokens": False, "no_stop_trim": True,
+        }
+        if self.cfg.stop:
+            params["stop"] = list(self.cfg.stop)
+        return {"input_ids": list(req.input_ids), "sampling_params": params, "return_logprob": True}
+
+    def _first_url(self) -> int:
+        with self._lock:
+            return next(self._next)
+
+    def _generate_one(self, req: GenRequest) -> GenOutput:
+        """One request; an infrastructure failure is retried on the next server (round-robin)."""
+        body, errors, first = self.payload(req), [], self._first_url()
+        for attempt in range(self.cfg.max_retries + 1):
+            url = self.urls[(first + attempt) % len(self.urls)]
+            try:
+                return self._parse(self._post_generate(url, body), req, url)
+            except _Retryable as err:
+                errors.append(str(err))
+                time.sleep(min(0.25 * 2**attempt, 4.0))
+        raise EngineError(f"SGLang /generate failed {len(errors)} times; last: {errors[-1]}")
+
+    def _post_generate(self, url: str, body: dict) -> dict:
+        try:
+            r = self.client.post(f"{url}/generate", json=body)
+        except httpx.TransportError as err:
+            raise _Retryable(url, f"{type(err).__name__}: {err}") from err
+        if r.status_code >= 500:
+            raise _Retryable(url, f"HTTP {r.status_code} {r.text[:300]}")
+        if r.status_code != 200:
+            raise EngineError(f"SGLang server {url}/generate rejected the request: HTTP {r.status_code} {r.text[:300]}")
+        data = _json(r)
+        return data[0] if isinstance(data, list) else data
+
+    def _parse(self, data: dict, req: GenRequest, url: str) -> GenOutput:
+        meta = data.get("meta_info") or {}
+        finish = meta.get("finish_reason") or {}
+        kind = finish.get("type") if isinstance(finish, dict) else finish
+        if kind == "abort" or "output_token_logprobs" not in meta:
+            raise _Retryable(url, f"generation aborted or without log-probs (finish_reason={finish!r})")
+        triples = meta["output_token_logprobs"][: req.max_new_tokens]
+        ids = [int(t[1]) for t in triples]
+        lps = [float(t[0]) if t[0] is not None else 0.0 for t in triples]
+        if kind == "stop":
+            if not ids or ids[-1] != self.eos_id:
+                ids, lps = ids + [self.eos_id], lps + [0.0]
+            return GenOutput(ids, lps, "stop")
+        return GenOutput(ids, lps, "length")
+
+
+def _json(r: httpx.Response):
+    try:
+        return r.json()
+    except ValueError:
+        return {"message": r.text[:300]}

@@ -1,0 +1,223 @@
+"""A CPU test double of an SGLang server: the same HTTP JSON contract, served by transformers.
+
+What: ``POST /generate`` (``input_ids`` — one list or a batch — ``sampling_params`` with
+``temperature``, ``top_p``, ``max_new_tokens``, ``stop_token_ids``; ``return_logprob``) answers
+``{"text", "output_ids", "meta_info": {"id", "finish_reason": {"type": "stop", "matched": id} |
+{"type": "length", "length": n}, "prompt_tokens", "completion_tokens", "output_token_logprobs":
+[[logprob, token_id, null], ...]}}`` like ``sglang.launch_server``; ``POST
+/update_weights_from_disk`` (``{"model_path"}`` → ``{"success", "message",
+"num_paused_requests"}``, 400 on failure), ``GET /health``, ``GET /health_generate``, ``GET
+/get_model_info`` and ``GET /get_server_info`` (here: batch sizes formed, ``max_batch_seen`` and ``recent_batches``).
+It exists so the ``sglang`` engine and a full RL step through HTTP are tested on machines where
+SGLang cannot be installed. It is not SGLang. ``start_test_server`` / ``stop_server`` run it as
+a subprocess on a free loopback port (tests, ``models.bench_engines``).
+
+Simplifies: continuous batching is imitated by collecting the requests that arrive until the queue has
+been quiet for 20 ms into one ``TransformersEngine.generate`` call (grouped by sampling parameters);
+only the first stop token id is honoured (the end-of-turn id); stop strings are ignored.
+
+Run: ``python -m models.sglang_test_server --model-path assets/tiny-warm --port 30000 [--pid-file F]``
+(listens on 127.0.0.1 only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from models.engine import EngineConfig, GenRequest, TransformersEngine
+
+BATCH_QUIET_S = 0.02
+"""A batch closes once no request arrived for this long (SGLang batches continuously instead)."""
+BATCH_MAX_WAIT_S = 0.25
+
+
+class Backend:
+    """The model and a batching queue: requests wait a few ms so concurrent ones share a forward."""
+
+    def __init__(self, model_path: str, threads: int = 1, max_batch: int = 64):
+        cfg = json.loads((Path(model_path) / "config.json").read_text())
+        self.eos = int(cfg.get("eos_token_id") if isinstance(cfg.get("eos_token_id"), int) else 0)
+        pad = cfg.get("pad_token_id")
+        self.engine = TransformersEngine(EngineConfig(threads=threads, max_batch=max_batch), model_path,
+                                         self.eos, pad if isinstance(pad, int) else self.eos)
+        self.model_path = model_path
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.ids = itertools.count()
+        self.lock = asyncio.Lock()
+        self.max_batch_seen = 0
+        self.recent_batches: collections.deque = collections.deque(maxlen=64)
+
+    async def generate(self, ids: list[int], params: dict) -> dict:
+        fut = asyncio.get_running_loop().create_future()
+        await self.queue.put((ids, params, fut))
+        return await fut
+
+    async def worker(self) -> None:
+        while True:
+            batch = [await self.queue.get()]
+            deadline = asyncio.get_running_loop().time() + BATCH_MAX_WAIT_S
+            while asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(BATCH_QUIET_S)
+                if self.queue.empty():
+                    break
+                while not self.queue.empty():
+                    batch.append(self.queue.get_nowait())
+            self.max_batch_seen = max(self.max_batch_seen, len(batch))
+            self.recent_batches.append(len(batch))
+            groups: dict[tuple, list] = {}
+            for item in batch:
+                p = item[1]
+                stop = tuple(p.get("stop_token_ids") or [self.eos])[:1]
+                groups.setdefault((float(p.get("temperature", 1.0)), float(p.get("top_p", 1.0)), stop), []).append(item)
+            async with self.lock:
+                for key, items in groups.items():
+                    await self._run_group(key, items)
+
+    async def _run_group(self, key: tuple, items: list) -> None:
+        temperature, top_p, (stop,) = key
+        reqs = [GenRequest(ids, int(p.get("max_new_tokens", 128))) for ids, p, _ in items]
+        try:
+            outs = await asyncio.to_thread(self._generate, reqs, max(temperature, 1e-5), top_p, stop)
+        except Exception as err:  # noqa: BLE001 — reported to every waiting request as a 500
+            for _, _, fut in items:
+                fut.set_exception(err)
+            return
+        for (ids, _, fut), out in zip(items, outs):
+            fut.set_result(self._response(len(ids), out, stop))
+
+    def _generate(self, reqs, temperature: float, top_p: float, stop: int):
+        eng = self.engine
+        eng.cfg = eng.cfg.model_copy(update={"temperature": temperature, "top_p": top_p})
+        eng.eos_id = stop
+        return eng.generate(reqs, seed=next(self.ids))
+
+    def _response(self, n_prompt: int, out, stop: int) -> dict:
+        finish = ({"type": "stop", "matched": stop} if out.finish_reason == "stop"
+                  else {"type": "length", "length": len(out.token_ids)})
+        return {
+            "text": "", "output_ids": out.token_ids,
+            "meta_info": {"id": f"req-{next(self.ids)}", "finish_reason": finish, "prompt_tokens": n_prompt,
+                          "completion_tokens": len(out.token_ids),
+                          "output_token_logprobs": [[lp, t, None] for lp, t in zip(out.logprobs, out.token_ids)]},
+        }
+
+    async def update_weights(self, path: str) -> tuple[bool, str]:
+        async with self.lock:
+            try:
+                await asyncio.to_thread(self.engine.load_weights, path)
+            except Exception as err:  # noqa: BLE001 — the contract answers success=false
+                return False, f"Failed to update weights from {path}: {type(err).__name__}: {err}"
+            self.model_path = path
+            return True, "Succeeded to update model weights."
+
+
+def build_app(backend: Backend):
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    async def generate(request: Request):
+        body = await request.json()
+        ids, params = body.get("input_ids"), body.get("sampling_params") or {}
+        if not isinstance(ids, list) or not ids:
+            return JSONResponse({"error": {"message": "input_ids: a list of token ids is required"}}, 400)
+        batch = isinstance(ids[0], list)
+        outs = await asyncio.gather(*[backend.generate(x, params) for x in (ids if batch else [ids])])
+        return JSONResponse(list(outs) if batch else outs[0])
+
+    async def update(request: Request):
+        path = (await request.json()).get("model_path")
+        ok, msg = await backend.update_weights(path) if path else (False, "model_path is required")
+        return JSONResponse({"success": ok, "message": msg, "num_paused_requests": 0}, 200 if ok else 400)
+
+    async def health(request: Request):
+        return Response(status_code=200)
+
+    async def info(request: Request):
+        return JSONResponse({"model_path": backend.model_path, "tokenizer_path": backend.model_path,
+                             "is_generation": True})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        task = asyncio.get_running_loop().create_task(backend.worker())
+        yield
+        task.cancel()
+
+    async def server_info(request: Request):
+        return JSONResponse({"model_path": backend.model_path, "max_batch_seen": backend.max_batch_seen,
+                             "recent_batches": list(backend.recent_batches),
+                             "test_double": True})
+
+    routes = [Route("/get_server_info", server_info), Route("/generate", generate, methods=["POST"]),
+              Route("/update_weights_from_disk", update, methods=["POST"]),
+              Route("/health", health), Route("/health_generate", health), Route("/get_model_info", info)]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_test_server(model_path: str | Path, threads: int = 1, timeout_s: float = 300.0,
+                      log_path: str | Path | None = None) -> tuple[subprocess.Popen, str]:
+    """Start this server in its own process group on a free 127.0.0.1 port; wait for ``/health``."""
+    from models.sglang_engine import wait_healthy
+
+    port = free_port()
+    log = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    cmd = [sys.executable, "-m", "models.sglang_test_server", "--model-path", str(model_path),
+           "--port", str(port), "--threads", str(threads)]
+    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=log, stderr=log,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, timeout_s)
+    except Exception:
+        stop_server(proc)
+        raise
+    return proc, url
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """Stop a server started by ``start_test_server`` (its process group, by id)."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="CPU test double of an SGLang server (same /generate contract).")
+    ap.add_argument("--model-path", required=True)
+    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--pid-file")
+    args = ap.parse_args(argv)
+    import uvicorn
+
+    if args.pid_file:
+        Path(args.pid_file).write_text(str(os.getpid()))
+    app = build_app(Backend(args.model_path, args.threads))
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
