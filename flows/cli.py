@@ -146,6 +146,16 @@ def compare(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt,
     console.print(f"steps to the baseline's final pass@1: {summary['steps_to_baseline_final']}")
 
 
+@app.command("bench-engines")
+def bench_engines_cmd(model: Path = typer.Option(Path("assets/tiny-warm"), help="Policy folder."),
+                      work_dir: Path = typer.Option(Path("runs/bench-engines"), help="Scratch folder."),
+                      steps: int = typer.Option(6, help="RL steps per engine.")) -> None:
+    """Median RL-step time through the SGLang HTTP engine vs in-process (ratio printed)."""
+    from models.bench_engines import bench_engines
+
+    bench_engines(model, work_dir, steps=steps, echo=console.print)
+
+
 @app.command()
 def query(sql: str, config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt) -> None:
     """Run SQL against the DuckDB store and print the result."""
@@ -187,6 +197,7 @@ def demo(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt) -> N
 
 _mount_optional("sandbox", "flows.cli_sandbox", "Sandbox tools (benchmark).")
 _mount_optional("data", "flows.cli_data", "Dataset tools (inspect, grading benchmark).")
+_mount_optional("serve", "flows.cli_serve", "Local Prefect server + worker + MLflow server.")
 
 
 if __name__ == "__main__":

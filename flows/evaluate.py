@@ -22,7 +22,7 @@ from tasks.data import ensure_files
 
 @task(name="evaluate-policy", cache_policy=NO_CACHE)
 def evaluate_task(cfg: RunConfig, run_id: str, ckpt: str, mlrun: str) -> dict:
-    return stages.eval_stage(run_id, 0, ckpt, mlrun, cfg.seed, cfg.model.system_prompt, cfg.data, cfg.rollout,
+    return stages.eval_stage(run_id, 0, ckpt, mlrun, cfg.seed, cfg.model.chat, cfg.data, cfg.rollout,
                              cfg.engine, cfg.sandbox, cfg.reward, cfg.eval, cfg.tracking)
 
 

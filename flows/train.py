@@ -46,12 +46,7 @@ def ckpt_dir(info: RunInfo, version: int) -> Path:
 def prepare_run(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run: str | None = None) -> RunInfo:
     """Data files, the starting policy, the MLflow run (resumed by tag) and the DuckDB run row."""
     ensure_files(cfg.data, cfg.seed)
-    if not Path(cfg.model.path).exists():
-        from flows.warmup import build_and_warm
-
-        if not cfg.model.build_tiny:
-            raise FileNotFoundError(f"model.path: {cfg.model.path} does not exist (and model.build_tiny is off)")
-        build_and_warm(cfg)
+    ensure_policy(cfg)
     run_dir = Path(cfg.output_dir) / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     config = cfg.model_dump(mode="json")
@@ -66,6 +61,22 @@ def prepare_run(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run
     finally:
         con.close()
     return RunInfo(run_id, str(run_dir), mlrun, cfg.model.path)
+
+
+def ensure_policy(cfg: RunConfig) -> None:
+    """Create ``model.path`` when missing, as ``model.build`` says."""
+    if Path(cfg.model.path).exists():
+        return
+    if cfg.model.build == "tiny":
+        from flows.warmup import build_and_warm
+
+        build_and_warm(cfg)
+    elif cfg.model.build == "smollm2":
+        from models.smollm2 import convert
+
+        convert(Path(cfg.model.path))
+    else:
+        raise FileNotFoundError(f"model.path: {cfg.model.path} does not exist (and model.build is 'none')")
 
 
 def _git_commit() -> str:
@@ -88,7 +99,7 @@ STAGE = dict(cache_key_fn=stage_key, persist_result=True, retries=1, retry_delay
 
 @task(name="rollout", **STAGE)
 def rollout_task(cfg: RunConfig, info: RunInfo, step: int, policy: str) -> str:
-    return str(stages.rollout_stage(step_dir(info, step), step, cfg.seed, policy, info.run_id, cfg.model.system_prompt,
+    return str(stages.rollout_stage(step_dir(info, step), step, cfg.seed, policy, info.run_id, cfg.model.chat,
                                     cfg.data, cfg.rollout, cfg.engine, cfg.sandbox, cfg.reward))
 
 
@@ -126,7 +137,7 @@ def eval_key(context, params: dict) -> str:
 
 @task(name="evaluate", cache_key_fn=eval_key, persist_result=True, retries=1, retry_delay_seconds=2)
 def eval_task(cfg: RunConfig, info: RunInfo, version: int, policy: str) -> dict:
-    return stages.eval_stage(info.run_id, version, policy, info.mlflow_run_id, cfg.seed, cfg.model.system_prompt,
+    return stages.eval_stage(info.run_id, version, policy, info.mlflow_run_id, cfg.seed, cfg.model.chat,
                              cfg.data, cfg.rollout, cfg.engine, cfg.sandbox, cfg.reward, cfg.eval, cfg.tracking)
 
 

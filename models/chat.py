@@ -23,6 +23,8 @@ import json
 from dataclasses import dataclass
 from functools import cached_property
 
+from pydantic import BaseModel, ConfigDict
+
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
 TOOL_NAME = "code_interpreter"
@@ -41,6 +43,16 @@ PYTHON_TOOL = {
         },
     },
 }
+
+
+class ChatConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    system_prompt: str | None = None
+    """System message prepended to every prompt (None: the chat template's default)."""
+
+    fewshot: list[dict[str, str]] = []
+    """Worked example turns (role/content messages) placed between the system prompt and each task."""
 
 
 @dataclass(frozen=True)
@@ -96,20 +108,23 @@ class ChatFormat:
 
     _PLACEHOLDER = "\x00TOOL\x00"
 
-    def __init__(self, tokenizer, system_prompt: str | None = None, tools: list[dict] | None = None):
+    def __init__(self, tokenizer, system_prompt: str | None = None, tools: list[dict] | None = None,
+                 fewshot: list[dict] | None = None):
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
+        self.fewshot = list(fewshot or [])
         self.tools = tools if tools is not None else [PYTHON_TOOL]
         eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.eos_id: int = eos if isinstance(eos, int) and eos != tokenizer.unk_token_id else tokenizer.eos_token_id
         self.eos_token: str = tokenizer.convert_ids_to_tokens(self.eos_id)
 
     def messages(self, user_messages: list[dict]) -> list[dict]:
-        """The conversation the model starts from: the system prompt (if any) + the task's messages."""
-        has_system = user_messages and user_messages[0]["role"] == "system"
-        if self.system_prompt and not has_system:
-            return [{"role": "system", "content": self.system_prompt}, *user_messages]
-        return list(user_messages)
+        """The conversation the model starts from: system prompt (if any), few-shot turns, the task's messages."""
+        has_system = bool(user_messages) and user_messages[0]["role"] == "system"
+        head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt and not has_system else []
+        if has_system:
+            head, user_messages = [user_messages[0]], user_messages[1:]
+        return [*head, *self.fewshot, *user_messages]
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         """Ids of the conversation so far plus the assistant generation prompt."""

@@ -15,6 +15,7 @@ from typing import Literal
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
+from models.chat import ChatConfig
 from models.engine import EngineConfig
 from sandbox.config import SandboxConfig
 from tasks.records import trajectory_frames
@@ -66,13 +67,13 @@ def _mlflow_names(metrics: dict[str, float]) -> dict[str, float]:
 
 def evaluate_mode(ckpt: str, items: list[PromptItem], rollout: RolloutConfig, engine: EngineConfig,
                   sandbox: SandboxConfig, reward: RewardConfig, cfg: EvalConfig, seed: int,
-                  system_prompt: str | None, mode: str) -> tuple[dict[str, float], pl.DataFrame]:
+                  chat_cfg: ChatConfig, mode: str) -> tuple[dict[str, float], pl.DataFrame]:
     from tasks.stages import get_chat, get_engine, get_sandbox
 
     saar = rollout.saar.model_copy(update={"enabled": mode == "saar_on", "raw_share": 0.0})
     roll_cfg = rollout.model_copy(update={"saar": saar, "n_samples": cfg.samples})
     eng_cfg = engine.model_copy(update={"temperature": cfg.temperature})
-    chat = get_chat(ckpt, system_prompt)
+    chat = get_chat(ckpt, chat_cfg)
     box = get_sandbox(sandbox)
     trajs = Rollout(roll_cfg, get_engine(eng_cfg, ckpt, chat), chat, box).run(items, seed, step=0, progress=False)
     frames = trajectory_frames(trajs, "eval", 0, chat.decode)
@@ -84,10 +85,10 @@ def evaluate_mode(ckpt: str, items: list[PromptItem], rollout: RolloutConfig, en
 
 def evaluate(ckpt: str, items: list[PromptItem], rollout: RolloutConfig, engine: EngineConfig,
              sandbox: SandboxConfig, reward: RewardConfig, cfg: EvalConfig, seed: int,
-             system_prompt: str | None) -> dict[str, float]:
+             chat_cfg: ChatConfig) -> dict[str, float]:
     """``eval/<mode>/<metric>`` for every mode of ``cfg``."""
     out: dict[str, float] = {}
     for mode in cfg.modes:
-        metrics, _ = evaluate_mode(ckpt, items, rollout, engine, sandbox, reward, cfg, seed, system_prompt, mode)
+        metrics, _ = evaluate_mode(ckpt, items, rollout, engine, sandbox, reward, cfg, seed, chat_cfg, mode)
         out.update({f"eval/{mode}/{k}": v for k, v in metrics.items()})
     return out

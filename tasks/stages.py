@@ -25,6 +25,7 @@ from pathlib import Path
 import polars as pl
 
 from models.chat import ChatFormat
+from models.chat import ChatConfig
 from models.engine import EngineConfig, make_engine
 from models.trainer import Sample, TrainerConfig, save_checkpoint, update
 from sandbox.base import make_sandbox
@@ -64,12 +65,12 @@ def _step_of(step_dir: Path) -> int:
     return int(Path(step_dir).name)
 
 
-def get_chat(ckpt: str, system_prompt: str | None) -> ChatFormat:
+def get_chat(ckpt: str, chat_cfg: ChatConfig) -> ChatFormat:
     from transformers import AutoTokenizer
 
-    key = f"chat:{ckpt}:{system_prompt}"
+    key = f"chat:{ckpt}:{chat_cfg.model_dump_json()}"
     if key not in _live:
-        _live[key] = ChatFormat(AutoTokenizer.from_pretrained(ckpt), system_prompt)
+        _live[key] = ChatFormat(AutoTokenizer.from_pretrained(ckpt), chat_cfg.system_prompt, fewshot=chat_cfg.fewshot)
     return _live[key]  # type: ignore[return-value]
 
 
@@ -97,13 +98,13 @@ def close_live() -> None:
         _live.pop(key).close()
 
 
-def rollout_stage(step_dir: Path, step: int, seed: int, ckpt: str, run_id: str, system_prompt: str | None,
+def rollout_stage(step_dir: Path, step: int, seed: int, ckpt: str, run_id: str, chat_cfg: ChatConfig,
                   data: DataConfig, rollout: RolloutConfig, engine: EngineConfig, sandbox: SandboxConfig,
                   reward: RewardConfig) -> Path:
     """Roll out the step's prompts (plus DAPO refill rounds while too few groups are informative)."""
     metrics: dict = {}
     with _timed(step_dir, "rollout", metrics):
-        chat = get_chat(ckpt, system_prompt)
+        chat = get_chat(ckpt, chat_cfg)
         items = load_prompts(data.train_path)
         box = get_sandbox(sandbox)
         runner = Rollout(rollout, get_engine(engine, ckpt, chat), chat, box)
@@ -169,7 +170,7 @@ def update_stage(step_dir: Path, ckpt: str, out_ckpt: Path, trainer: TrainerConf
         df = df.join(read_table(step_dir, "mix"), on=keys).filter(pl.col("kept"))
         samples = [Sample(r["prompt_ids"], r["response_ids"], r["response_mask"], r["advantage"])
                    for r in df.iter_rows(named=True) if sum(r["response_mask"])]
-        pad = get_chat(ckpt, None).tokenizer.pad_token_id or 0
+        pad = get_chat(ckpt, ChatConfig()).tokenizer.pad_token_id or 0
         step = _step_of(step_dir)
         state = {"step": step, "policy_version": Path(out_ckpt).name, "seed": seed}
         if samples:
@@ -222,13 +223,13 @@ def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, tra
     return metrics
 
 
-def eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, seed: int, system_prompt: str | None,
+def eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, seed: int, chat_cfg: ChatConfig,
                data: DataConfig, rollout: RolloutConfig, engine: EngineConfig, sandbox: SandboxConfig,
                reward: RewardConfig, cfg: EvalConfig, tracking_cfg: tracking.TrackingConfig) -> dict[str, float]:
     """Evaluate policy ``version`` on held-out prompts; rows to DuckDB, metrics (step = version) to MLflow."""
     t0 = time.perf_counter()
     items = list(load_prompts(data.eval_path))[: cfg.n_prompts]
-    metrics = evaluate(ckpt, items, rollout, engine, sandbox, reward, cfg, seed, system_prompt)
+    metrics = evaluate(ckpt, items, rollout, engine, sandbox, reward, cfg, seed, chat_cfg)
     metrics["time/eval_s"] = time.perf_counter() - t0
     con = store.connect(tracking_cfg.duckdb_path)
     try:
