@@ -76,13 +76,20 @@ def warmup(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt) ->
 
 @app.command()
 def train(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt,
-          run_id: Optional[str] = typer.Option(None, help="Run id; an existing one is resumed.")) -> None:
+          run_id: Optional[str] = typer.Option(None, help="Run id; an existing one is resumed."),
+          profile: bool = typer.Option(False, help="Print where step time goes, then time a fully cached rerun.")) -> None:
     """Run the Prefect training flow."""
     from flows.train import train as train_flow
 
-    _load(config, overrides)
+    cfg = _load(config, overrides)
     result = train_flow(str(config), overrides or [], run_id)
     console.print(f"run [bold]{result['run_id']}[/bold] finished; final checkpoint {result['final_checkpoint']}")
+    if profile:
+        from flows.profile import profile_table
+
+        rerun = train_flow(str(config), overrides or [], result["run_id"])
+        console.print(profile_table(cfg.tracking.duckdb_path, result["run_id"], result["step_wall_s"],
+                                    rerun["step_wall_s"]))
 
 
 @app.command()

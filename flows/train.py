@@ -192,20 +192,24 @@ def train(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = 
     ckpt = info.start_ckpt
     if _eval_due(cfg, 0):
         eval_task(cfg, info, 0, ckpt)
+    walls: dict[int, float] = {}
     for step in range(cfg.train.steps):
+        t0 = time.perf_counter()
         step_dir(info, step).mkdir(parents=True, exist_ok=True)
         for stage in ("rollout", "score", "mix", "advantage"):
             run_stage(stage, cfg, info, step, ckpt)
         new_ckpt = run_stage("update", cfg, info, step, ckpt)
         metrics = run_stage("log", cfg, info, step, ckpt, new_ckpt)
         ckpt = new_ckpt
+        walls[step] = time.perf_counter() - t0
         if _eval_due(cfg, step + 1):
             eval_task(cfg, info, step + 1, ckpt)
         _prune(info, cfg.train.keep_checkpoints, Path(ckpt))
         print(_summary(step, metrics))
+    (Path(info.run_dir) / f"walltime-{flow_run.get_id() or 'local'}.json").write_text(json.dumps(walls))
     png = finish_task(cfg, info)
     stages.close_live()
-    return {**asdict(info), "final_checkpoint": ckpt, "plot": png}
+    return {**asdict(info), "final_checkpoint": ckpt, "plot": png, "step_wall_s": walls}
 
 
 def _summary(step: int, m: dict) -> str:
