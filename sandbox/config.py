@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class SandboxConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    backend: Literal["local", "docker", "auto"] = "local"
+    backend: Literal["local", "docker", "auto"] = "auto"
     """Where snippets run: ``local`` (host executor), ``docker`` (isolated container pool) or
     ``auto`` (docker when an engine and the image are present, else local with a warning)."""
 

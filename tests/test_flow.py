@@ -60,8 +60,8 @@ def test_flow_logs_one_mlflow_run_with_step_metrics(finished_run):
         assert sorted(steps) == [0, 1], key
     arts = {a.path for a in client.list_artifacts(run.info.run_id, "samples")}
     assert "samples/step_000000.md" in arts and "samples/step_000001.json" in arts
-    config = json.loads(client.download_artifacts(run.info.run_id, "config/resolved_config.json", str(work)) and
-                        (work / "config" / "resolved_config.json").read_text())
+    local = client.download_artifacts(run.info.run_id, "config/resolved_config.json", str(work))
+    config = json.loads(open(local).read())
     assert config["rollout"]["saar"]["max_tool_retries"] == 3
     assert {a.path for a in client.list_artifacts(run.info.run_id, "plots")} == {"plots/summary.png"}
 

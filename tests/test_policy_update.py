@@ -58,14 +58,15 @@ def test_update_raises_logprob_of_positive_advantage_and_writes_checkpoint(warm_
     bad = chat.encode("The answer is \\boxed{5}.") + [chat.eos_id]
     samples = [Sample(prompt, good, [1] * len(good), 1.0), Sample(prompt, bad, [1] * len(bad), -1.0)]
     before = load_causal_lm(warm_model_dir)
-    cfg = TrainerConfig(lr=1e-3, mini_batches=1, epochs=3)
+    cfg = TrainerConfig(lr=1e-3, mini_batches=1, epochs=1)
     metrics = update(warm_model_dir, samples, cfg, tmp_path / "next", chat.tokenizer.pad_token_id, seed=0)
     after = load_causal_lm(tmp_path / "next")
     with torch.no_grad():
         lp0, _ = response_logprobs(before, samples, chat.tokenizer.pad_token_id)
         lp1, _ = response_logprobs(after, samples, chat.tokenizer.pad_token_id)
-    assert lp1[0].sum() > lp0[0].sum() and lp1[1].sum() < lp0[1].sum()
-    assert metrics["train/optimizer_steps"] == 3 and metrics["train/grad_norm"] > 0
+    differ = next(i for i, (g, b) in enumerate(zip(good, bad)) if g != b)
+    assert lp1[0, differ] > lp0[0, differ] and lp1[1, differ] < lp0[1, differ]
+    assert metrics["train/optimizer_steps"] == 1 and metrics["train/grad_norm"] > 0
     assert (tmp_path / "next" / "optimizer.pt").exists() and (tmp_path / "next" / "tokenizer.json").exists()
     assert not list(tmp_path.glob(".*tmp"))
 

@@ -1,0 +1,64 @@
+"""``cleaner sandbox`` sub-commands (a typer app mounted by ``flows/cli.py``).
+
+    cleaner sandbox bench [--backends docker,local,subprocess] [--concurrency 1,8,32]
+                          [--snippets trivial,cpu_50ms,numpy] [-n 200] [--workers 8]
+                          [--out runs/sandbox_bench.json]
+
+Prints a table of executions/s and p50/p95/p99 latency and writes the same data as JSON.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Sandbox tools.")
+
+
+@app.callback()
+def main() -> None:
+    """Sandbox tools: benchmark the execution backends."""
+
+
+def _csv(value: str, name: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise typer.BadParameter(f"--{name}: give a comma-separated list")
+    return items
+
+
+@app.command("bench")
+def bench(
+    backends: str = typer.Option("docker,local,subprocess", help="Backends to measure (comma-separated)."),
+    concurrency: str = typer.Option("1,8,32", help="Client concurrency levels (comma-separated)."),
+    snippets: str = typer.Option("trivial,cpu_50ms,numpy", help="Snippets (comma-separated)."),
+    n: int = typer.Option(200, "-n", min=1, help="Executions per (backend, snippet, concurrency)."),
+    workers: int = typer.Option(8, min=1, help="Executors / containers in each pool."),
+    out: Path = typer.Option(Path("runs/sandbox_bench.json"), help="Where the JSON report goes."),
+) -> None:
+    """Measure executions/s and p50/p95/p99 latency of the sandbox backends vs a subprocess baseline."""
+    import logging
+
+    from sandbox.bench import SNIPPETS, render, run_bench, write_json
+
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        levels = [int(c) for c in _csv(concurrency, "concurrency")]
+    except ValueError:
+        raise typer.BadParameter(f"--concurrency: integers expected, got {concurrency!r}") from None
+    names = _csv(snippets, "snippets")
+    unknown = sorted(set(names) - set(SNIPPETS))
+    if unknown:
+        raise typer.BadParameter(f"--snippets: unknown {unknown}; valid: {sorted(SNIPPETS)}")
+    chosen = _csv(backends, "backends")
+    bad = sorted(set(chosen) - {"docker", "local", "subprocess", "auto"})
+    if bad:
+        raise typer.BadParameter(f"--backends: unknown {bad}; valid: docker, local, subprocess, auto")
+    report = run_bench(backends=chosen, snippets=names, concurrency=levels, n=n, workers=workers)
+    render(report)
+    typer.echo(f"wrote {write_json(report, out)}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,240 @@
+"""Local sandbox backend: results, error kinds, limits, ordering and infra-failure handling."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from sandbox.base import make_sandbox
+from sandbox.config import SandboxConfig
+from sandbox.executor import error_kind_of
+from sandbox.local import LocalSandbox
+from sandbox.result import SandboxInfraError
+
+TIMEOUT_S = 1.5
+
+
+@pytest.fixture(scope="module")
+def sb():
+    cfg = SandboxConfig(backend="local", workers=2, timeout_s=TIMEOUT_S, memory_mb=256,
+                        max_output_bytes=4096, preimport=["math"])
+    with make_sandbox(cfg) as box:
+        yield box
+
+
+def test_ok_run_captures_stdout(sb):
+    r = sb.run("import math\nprint(math.factorial(5))\nprint('done')")
+    assert r.ok and r.exit_code == 0 and r.error_kind is None
+    assert r.stdout == "120\ndone\n"
+    assert r.model_text() == "120\ndone"
+    assert sb.isolation in {"bwrap", "rlimits"}
+
+
+@pytest.mark.parametrize(
+    "code, kind, last_line",
+    [
+        ("x = (", "SyntaxError", "SyntaxError: '(' was never closed"),
+        ("  x = 1", "IndentationError", "IndentationError: unexpected indent"),
+        ("pritn(1)", "NameError", "NameError: name 'pritn' is not defined"),
+        ("print(1 / 0)", "ZeroDivisionError", "ZeroDivisionError: division by zero"),
+        ("len(3)", "TypeError", "TypeError: object of type 'int' has no len()"),
+        ("int('a')", "ValueError", "ValueError: invalid literal for int() with base 10: 'a'"),
+        ("[][1]", "IndexError", "IndexError: list index out of range"),
+        ("{}['k']", "KeyError", "KeyError: 'k'"),
+        ("import no_such_mod", "ModuleNotFoundError", "ModuleNotFoundError: No module named 'no_such_mod'"),
+        ("(1).foo", "AttributeError", "AttributeError: 'int' object has no attribute 'foo'"),
+        ("assert 1 == 2", "AssertionError", "AssertionError"),
+        ("def f(): return f()\nf()", "RecursionError", "RecursionError: maximum recursion depth exceeded"),
+        ("class MyOwnFailure(Exception): pass\nraise MyOwnFailure('x')", "MyOwnFailure", "MyOwnFailure: x"),
+        ("import sys; sys.exit(3)", "exit:3", "Error: exit:3"),
+        ("import os; os.kill(os.getpid(), 11)", "signal:SIGSEGV", "Error: signal:SIGSEGV"),
+    ],
+)
+def test_error_kinds(sb, code, kind, last_line):
+    r = sb.run(code)
+    assert not r.ok
+    assert r.error_kind == kind
+    assert r.model_text().splitlines()[-1].startswith(last_line)
+
+
+def test_traceback_looks_like_python_c(sb):
+    r = sb.run("x = 1\ny = undefined_name")
+    assert 'File "<string>", line 2, in <module>' in r.stderr
+    assert "executor" not in r.stderr
+
+
+def test_stdout_before_error_is_kept(sb):
+    r = sb.run("print('partial')\nraise ValueError('bad')")
+    assert r.stdout == "partial\n"
+    assert r.model_text() == "partial\nValueError: bad"
+
+
+def test_sys_exit_zero_is_ok(sb):
+    assert sb.run("import sys; print('a'); sys.exit(0)").ok
+
+
+def test_timeout_kills_within_bound(sb):
+    start = time.monotonic()
+    r = sb.run("import time\nprint('started', flush=True)\ntime.sleep(30)")
+    elapsed = time.monotonic() - start
+    assert r.timed_out and r.error_kind == "timeout" and not r.ok
+    assert r.stdout == "started\n"
+    assert elapsed < TIMEOUT_S + 3
+
+
+def test_memory_hog_is_memory_exceeded(sb):
+    r = sb.run("blocks = []\nwhile True:\n    blocks.append(bytearray(50 * 2**20))")
+    assert r.memory_exceeded and r.error_kind == "memory" and not r.ok
+
+
+def test_huge_output_is_truncated_and_bounded(sb):
+    r = sb.run("import sys\nfor _ in range(200):\n    sys.stdout.write('y' * 10000)\nprint('end')")
+    assert r.stdout_truncated
+    assert len(r.stdout.encode()) <= 4096
+    assert r.stdout.startswith("yyyy")
+
+
+def test_huge_stderr_keeps_the_error_line(sb):
+    r = sb.run("import sys\nsys.stderr.write('n' * 100000)\nraise KeyError('last')")
+    assert r.stderr_truncated and r.error_kind == "KeyError"
+    assert len(r.stderr.encode()) <= 4096 + 64
+    assert r.model_text().endswith("KeyError: 'last'")
+
+
+def test_stdin_is_closed(sb):
+    r = sb.run("input()")
+    assert r.error_kind == "EOFError"
+
+
+def test_each_run_gets_a_fresh_work_dir(sb):
+    code = "import os, tempfile\nprint(sorted(os.listdir('.')), tempfile.gettempdir() == os.getcwd())\nopen('f.txt', 'w').write('x')"
+    results = [sb.run(code) for _ in range(4)]
+    assert [r.stdout for r in results] == ["[] True\n"] * 4
+
+
+def test_run_many_keeps_input_order(sb):
+    codes = [f"import time\ntime.sleep({0.05 * (i % 3)})\nprint({i})" for i in range(12)]
+    results = sb.run_many(codes)
+    assert [r.stdout.strip() for r in results] == [str(i) for i in range(12)]
+
+
+def test_killed_executor_is_retried_transparently():
+    cfg = SandboxConfig(workers=1, timeout_s=TIMEOUT_S, preimport=[], infra_retries=2)
+    with LocalSandbox(cfg) as box:
+        (pid,) = box.worker_pids()
+        os.killpg(pid, signal.SIGKILL)
+        r = box.run("print('survived')")
+        assert r.ok and r.stdout == "survived\n"
+        stats = box.stats()
+        assert stats["infra_retries"] == 1 and stats["worker_restarts"] == 1
+        assert box.worker_pids() != [pid]
+
+
+def test_persistent_failure_raises_infra_error():
+    cfg = SandboxConfig(workers=1, timeout_s=TIMEOUT_S, preimport=[], infra_retries=2)
+    with LocalSandbox(cfg) as box:
+        box._argv = lambda slot: [sys.executable, "-c", "pass"]
+        os.killpg(box.worker_pids()[0], signal.SIGKILL)
+        with pytest.raises(SandboxInfraError, match="infra_retries=2"):
+            box.run("print(1)")
+        stats = box.stats()
+        assert stats["infra_retries"] == 2 and stats["infra_errors"] == 1
+        assert stats["executions"] == 0
+
+
+def test_garbage_answer_is_infra_not_code_failure():
+    garbage = ("import os, struct, sys, json\n"
+               "hello = json.dumps({'ready': True}).encode()\n"
+               "os.write(1, struct.pack('>I', len(hello)) + hello)\n"
+               "sys.stdin.buffer.read(8)\n"
+               "os.write(1, struct.pack('>I', 5) + b'{oops')\n"
+               "sys.stdin.buffer.read()\n")
+    cfg = SandboxConfig(workers=1, timeout_s=TIMEOUT_S, preimport=[], infra_retries=1)
+    with LocalSandbox(cfg) as box:
+        box._argv = lambda slot: [sys.executable, "-c", garbage]
+        os.killpg(box.worker_pids()[0], signal.SIGKILL)
+        with pytest.raises(SandboxInfraError, match="garbage"):
+            box.run("print(1)")
+
+
+def test_run_after_close_raises():
+    box = LocalSandbox(SandboxConfig(workers=1, preimport=[]))
+    box.close()
+    with pytest.raises(SandboxInfraError, match="after close"):
+        box.run("print(1)")
+
+
+@pytest.mark.parametrize(
+    "stderr, kind",
+    [
+        ("Traceback (most recent call last):\n  File \"<string>\", line 1\nnumpy.linalg.LinAlgError: Singular matrix\n", "LinAlgError"),
+        ("just some words\n", None),
+        ("Traceback (most recent call last):\nBlockingIOError: [Errno 11] x\n  File \"<stri\n", "BlockingIOError"),
+        ("", None),
+        ("  File \"<string>\", line 1\n    x = (\n        ^\nSyntaxError: '(' was never closed\n", "SyntaxError"),
+    ],
+)
+def test_error_kind_parser(stderr, kind):
+    assert error_kind_of(stderr) == kind
+
+
+def test_rlimits_only_mode_warns_loudly(monkeypatch, caplog):
+    monkeypatch.setattr("sandbox.local.bwrap_works", lambda: False)
+    cfg = SandboxConfig(workers=1, timeout_s=TIMEOUT_S, preimport=[])
+    with caplog.at_level("WARNING", logger="sandbox.local"):
+        with LocalSandbox(cfg) as box:
+            assert box.isolation == "rlimits"
+            assert box.run("print(2 + 2)").stdout == "4\n"
+            assert box.run("pritn(1)").error_kind == "NameError"
+    assert "NO ISOLATION" in caplog.text
+
+
+def test_hung_executor_is_replaced(monkeypatch):
+    monkeypatch.setattr("sandbox.pool.REQUEST_GRACE_S", 0.5)
+    cfg = SandboxConfig(workers=1, timeout_s=0.5, preimport=[], infra_retries=1)
+    with LocalSandbox(cfg) as box:
+        (pid,) = box.worker_pids()
+        os.killpg(pid, signal.SIGSTOP)
+        start = time.monotonic()
+        r = box.run("print('fresh')")
+        assert r.ok and r.stdout == "fresh\n"
+        assert time.monotonic() - start < 10
+        assert box.stats()["infra_retries"] == 1
+
+
+def test_executor_refuses_malformed_requests():
+    from sandbox.executor import Executor
+
+    ex = Executor()
+    assert "error" in ex.handle({"op": "run", "code": "print(1)"})
+    assert "error" in ex.handle({"op": "run", "code": 3})
+    assert ex.handle({"op": "ping"})["pong"] is True
+
+
+def test_auto_without_engine_falls_back_to_local(monkeypatch, caplog):
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/cleaner-docker.sock")
+    cfg = SandboxConfig(backend="auto", workers=1, preimport=[])
+    with caplog.at_level("WARNING", logger="sandbox.docker_backend"):
+        with make_sandbox(cfg) as box:
+            assert box.name == "local" and box.run("print(3)").stdout == "3\n"
+    assert "no Docker engine answers" in caplog.text
+
+
+def test_docker_backend_without_engine_raises_a_clear_error(monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/cleaner-docker.sock")
+    with pytest.raises(SandboxInfraError, match="sandbox.backend=docker: no Docker engine"):
+        make_sandbox(SandboxConfig(backend="docker", workers=1))
+
+
+def test_close_removes_the_pool_dir_and_executors():
+    box = LocalSandbox(SandboxConfig(workers=2, preimport=[]))
+    tmp, pids = box._tmp, box.worker_pids()
+    box.close()
+    assert not os.path.exists(tmp)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
