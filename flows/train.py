@@ -159,11 +159,12 @@ def run_stage(name: str, cfg: RunConfig, info: RunInfo, step: int, policy: str, 
 
 @task(name="finish-run", cache_policy=NO_CACHE)
 def finish_task(cfg: RunConfig, info: RunInfo) -> str:
-    from tasks.reporting import plot_run
+    from tasks.reporting import plot_panels, plot_run
 
     metrics = store.query(cfg.tracking.duckdb_path, f"SELECT step, key, value FROM metrics WHERE run_id = '{info.run_id}'")
     png = plot_run(metrics, Path(info.run_dir) / "plots" / "summary.png", f"{info.run_id}")
-    tracking.log_file(cfg.tracking, info.mlflow_run_id, png, "plots")
+    for f in [png, *plot_panels(metrics, Path(info.run_dir) / "plots", info.run_id)]:
+        tracking.log_file(cfg.tracking, info.mlflow_run_id, f, "plots")
     tracking.finish_run(cfg.tracking, info.mlflow_run_id)
     con = store.connect(cfg.tracking.duckdb_path)
     try:

@@ -54,16 +54,11 @@ def convert(out_dir: Path, cache_dir: Path | None = None) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from models.sft import save_atomic
+
     out_dir = Path(out_dir)
     gguf = find_gguf(Path(cache_dir or out_dir.parent / ".gguf-cache"))
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model.hf_quantizer = None
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
-    return out_dir
+    return save_atomic(model, tokenizer, out_dir)

@@ -37,6 +37,7 @@ from tasks.evaluation import EvalConfig, evaluate
 from tasks.mixing import MixConfig, advantage_step, fill_batch, mix_step
 from tasks.records import read_table, trajectory_frames, write_frames
 from tasks.reporting import sample_texts
+from tasks.viewer import render_step_viewer
 from tasks.rewards import GraderError, RewardConfig, compute_reward
 from tasks.rollout import Rollout, RolloutConfig
 from tasks.saar import aggregate_stats
@@ -217,7 +218,11 @@ def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, tra
     finally:
         con.close()
     metrics["time/log_s"] = time.perf_counter() - t0
-    tracking.log_step(tracking_cfg, mlrun, step, metrics, sample_texts(trajs, step, tracking_cfg.sample_trajectories))
+    texts = sample_texts(trajs, step, tracking_cfg.sample_trajectories)
+    if tracking_cfg.sample_trajectories:
+        texts[f"viewer/step_{step:06d}.html"] = render_step_viewer(
+            trajs, read_table(step_dir, "saar_events"), step, tracking_cfg.sample_trajectories, metrics)
+    tracking.log_step(tracking_cfg, mlrun, step, metrics, texts)
     (Path(step_dir) / "logged.json").write_text(json.dumps({"checkpoint": ckpt}))
     maybe_crash("after_log", step)
     return metrics

@@ -99,38 +99,38 @@ def open_run(cfg: TrackingConfig, experiment: str, run_id: str, config: dict, ta
     return mlrun
 
 
+def _log_once(client, mlrun: str, step: int, metrics: dict[str, float], sentinel: str) -> None:
+    """Log ``metrics`` at ``step`` unless ``sentinel`` says this step is already in the run.
+
+    The sentinel goes in the same batch (one transaction), so a crash never leaves half a step.
+    """
+    from mlflow.entities import Metric
+
+    if step in {m.step for m in client.get_metric_history(mlrun, sentinel)}:
+        return
+    now = int(time.time() * 1000)
+    batch = [Metric(k, float(v), now, step) for k, v in sorted(metrics.items())]
+    batch.append(Metric(sentinel, float(step), now, step))
+    for lo in range(0, len(batch), 1000):
+        client.log_batch(mlrun, metrics=batch[lo : lo + 1000])
+
+
 def log_step(cfg: TrackingConfig, mlrun: str, step: int, metrics: dict[str, float], texts: dict[str, str]) -> None:
     """Metrics of one step in one batch, plus text artifacts (path → content).
 
     Idempotent: when this step's metrics are already in the run (a crash after logging, then
     a rerun), they are not logged twice; artifacts are simply overwritten.
     """
-    from mlflow.entities import Metric
-
     client = _client(cfg)
-    logged = {m.step for m in client.get_metric_history(mlrun, STEP_SENTINEL)}
-    if step not in logged:
-        now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step) for k, v in sorted(metrics.items())]
-        batch.append(Metric(STEP_SENTINEL, float(step), now, step))
-        for lo in range(0, len(batch), 1000):
-            client.log_batch(mlrun, metrics=batch[lo : lo + 1000])
+    _log_once(client, mlrun, step, metrics, STEP_SENTINEL)
     for path, text in texts.items():
         client.log_text(mlrun, text, path)
 
 
 def log_eval(cfg: TrackingConfig, mlrun: str, version: int, metrics: dict[str, float]) -> None:
     """Evaluation metrics of a policy version (MLflow step = version) and a table artifact; idempotent."""
-    from mlflow.entities import Metric
-
     client = _client(cfg)
-    done = {m.step for m in client.get_metric_history(mlrun, EVAL_SENTINEL)}
-    if version not in done:
-        now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, version) for k, v in sorted(metrics.items())]
-        batch.append(Metric(EVAL_SENTINEL, float(version), now, version))
-        for lo in range(0, len(batch), 1000):
-            client.log_batch(mlrun, metrics=batch[lo : lo + 1000])
+    _log_once(client, mlrun, version, metrics, EVAL_SENTINEL)
     client.log_text(mlrun, json.dumps(metrics, indent=1, sort_keys=True), f"eval/policy_{version:06d}.json")
 
 

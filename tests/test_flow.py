@@ -63,7 +63,9 @@ def test_flow_logs_one_mlflow_run_with_step_metrics(finished_run):
     local = client.download_artifacts(run.info.run_id, "config/resolved_config.json", str(work))
     config = json.loads(open(local).read())
     assert config["rollout"]["saar"]["max_tool_retries"] == 3
-    assert {a.path for a in client.list_artifacts(run.info.run_id, "plots")} == {"plots/summary.png"}
+    assert "plots/summary.png" in {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "viewer")} == {
+        "viewer/step_000000.html", "viewer/step_000001.html"}
 
 
 def test_rerun_of_finished_run_skips_steps_and_duplicates_nothing(finished_run):
