@@ -12,7 +12,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup setup-verl demo test test-fast sandbox-image serve clean
+.PHONY: setup setup-verl demo test test-fast sandbox-image serve serve-stop clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -46,5 +46,8 @@ sandbox-image:
 serve: setup
 	$(VENV)/bin/cleaner serve start
 
+serve-stop:
+	$(VENV)/bin/cleaner serve stop
+
 clean:
-	rm -rf runs mlflow.db mlartifacts cleaner.duckdb .prefect
+	rm -rf runs mlflow.db mlartifacts cleaner.duckdb .prefect .serve

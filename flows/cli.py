@@ -45,6 +45,17 @@ def _load(config: Path, overrides: Optional[list[str]]):
         raise typer.Exit(2) from None
 
 
+def _check_tracking(cfg) -> None:
+    """A tracking server that is down is a clear error before any work."""
+    from tasks.tracking import TrackingUnavailable, check_server
+
+    try:
+        check_server(cfg.tracking.mlflow_uri)
+    except TrackingUnavailable as err:
+        console.print(f"[red]{err}[/red]")
+        raise typer.Exit(2) from None
+
+
 def _mount_optional(name: str, module: str, help_text: str) -> None:
     import importlib
 
@@ -82,6 +93,7 @@ def train(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt,
     from flows.train import train as train_flow
 
     cfg = _load(config, overrides)
+    _check_tracking(cfg)
     result = train_flow(str(config), overrides or [], run_id)
     console.print(f"run [bold]{result['run_id']}[/bold] finished; final checkpoint {result['final_checkpoint']}")
     if profile:
@@ -188,6 +200,7 @@ def query(sql: str, config: Path = ConfigOpt, overrides: Optional[list[str]] = S
 def demo(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt) -> None:
     """Warm up the tiny model if absent, train it with CLEANER, and say how to browse the results."""
     cfg = _load(config, overrides)
+    _check_tracking(cfg)
     if not Path(cfg.model.path).exists():
         console.rule("warm-up: building the tiny model")
         warmup(config, overrides)

@@ -192,7 +192,11 @@ def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], cfg: 
 
 
 def save_checkpoint(model, src_dir: Path, out_dir: Path, opt=None, extra: dict | None = None) -> Path:
-    """Write ``out_dir`` atomically: weights, tokenizer files of ``src_dir``, optimizer state."""
+    """Write ``out_dir`` atomically: weights, tokenizer files of ``src_dir``, optimizer state.
+
+    A folder being replaced is moved aside first and deleted only after the new one is in place,
+    so a crash at any point leaves a complete checkpoint at ``out_dir`` or at ``.<name>.old``.
+    """
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -203,7 +207,10 @@ def save_checkpoint(model, src_dir: Path, out_dir: Path, opt=None, extra: dict |
     if opt is not None:
         torch.save(opt.state_dict(), tmp / "optimizer.pt")
     (tmp / "trainer_state.json").write_text(json.dumps({"source": str(src_dir), **(extra or {})}, indent=1))
+    old = out_dir.with_name(f".{out_dir.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
     if out_dir.exists():
-        shutil.rmtree(out_dir)
+        out_dir.rename(old)
     tmp.rename(out_dir)
+    shutil.rmtree(old, ignore_errors=True)
     return out_dir

@@ -1,0 +1,22 @@
+"""Helper for tests that need a finished tiny run: the 2-step ``train`` flow into a folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def tiny_overrides(work: Path, model_dir: Path, steps: int = 2) -> list[str]:
+    """Overrides that keep every file of the run (data, stores, checkpoints) inside ``work``."""
+    return [
+        f"model.path={model_dir}", f"output_dir={work / 'runs'}",
+        f"data.train_path={work / 'train.parquet'}", f"data.eval_path={work / 'eval.parquet'}",
+        "data.n_train=64", "data.n_eval=8", "data.prompts_per_step=4", "rollout.n_samples=4",
+        f"train.steps={steps}", f"tracking.mlflow_uri=sqlite:///{work / 'mlflow.db'}",
+        f"tracking.artifact_root={work / 'mlartifacts'}", f"tracking.duckdb_path={work / 'cleaner.duckdb'}",
+    ]
+
+
+def run_tiny_flow(work: Path, model_dir: Path, run_id: str) -> dict:
+    from flows.train import train
+
+    return train("configs/tiny.yaml", tiny_overrides(work, model_dir), run_id)

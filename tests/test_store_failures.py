@@ -1,0 +1,162 @@
+"""Store failures are clear errors, raised before any work, and never corrupt what exists.
+
+* MLflow server unreachable → ``TrackingUnavailable`` naming the URL (library and CLI);
+* the DuckDB file held by another writer process → ``StoreLockedError`` naming the file;
+* a crash while a checkpoint is written → the previous checkpoint still loads.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tasks import store, tracking
+from tests.flowrun import tiny_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def closed_port() -> int:
+    """A port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_check_server_names_the_url():
+    url = f"http://127.0.0.1:{closed_port()}"
+    with pytest.raises(tracking.TrackingUnavailable, match=f"tracking.mlflow_uri: MLflow server {url} is unreachable"):
+        tracking.check_server(url, timeout_s=2.0)
+
+
+def test_open_run_fails_before_creating_anything(tmp_path):
+    url = f"http://127.0.0.1:{closed_port()}"
+    cfg = tracking.TrackingConfig(mlflow_uri=url, artifact_root=str(tmp_path / "art"))
+    with pytest.raises(tracking.TrackingUnavailable, match=url):
+        tracking.open_run(cfg, "exp", "run", {"a": 1}, {})
+    assert not (tmp_path / "art").exists()
+
+
+def test_cli_train_exits_with_the_url_before_any_rollout(warm_model_dir, tmp_path):
+    url = f"http://127.0.0.1:{closed_port()}"
+    args = [a for o in tiny_overrides(tmp_path, warm_model_dir, steps=1) for a in ("--set", o)]
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_HOME": str(tmp_path / "prefect")}
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "train", "--config", "configs/tiny.yaml", *args,
+         "--set", f"tracking.mlflow_uri={url}", "--run-id", "nomlflow"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out[-2000:]
+    assert f"MLflow server {url} is unreachable" in out, out[-2000:]
+    assert "Traceback" not in out, out[-2000:]
+    assert not list(tmp_path.rglob("rollout.metrics.json")), "a rollout ran although MLflow was down"
+    assert not (tmp_path / "cleaner.duckdb").exists()
+
+
+HOLDER = """
+import sys, time, duckdb
+con = duckdb.connect(sys.argv[1])
+con.execute("CREATE TABLE IF NOT EXISTS t (x INT)")
+print("holding", flush=True)
+time.sleep(120)
+"""
+
+
+def test_duckdb_held_by_another_writer_is_named(tmp_path):
+    path = tmp_path / "held.duckdb"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        with pytest.raises(store.StoreLockedError) as err:
+            store.connect(path)
+        assert str(path) in str(err.value) and "another writer" in str(err.value)
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    store.connect(path).close()
+
+
+@pytest.fixture
+def policy(warm_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(warm_model_dir)
+
+
+def _params(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _load(folder: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder)
+
+
+def _crash(*_a, **_k):
+    raise OSError("No space left on device (simulated)")
+
+
+def test_crash_while_writing_the_next_checkpoint_keeps_the_previous(policy, warm_model_dir, tmp_path, monkeypatch):
+    from models import trainer
+
+    prev, nxt = tmp_path / "policy_000001", tmp_path / "policy_000002"
+    trainer.save_checkpoint(policy, warm_model_dir, prev, torch.optim.AdamW(policy.parameters()))
+    before = _params(policy)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(1.0)
+    monkeypatch.setattr(trainer.torch, "save", _crash)
+    with pytest.raises(OSError, match="simulated"):
+        trainer.save_checkpoint(policy, warm_model_dir, nxt, torch.optim.AdamW(policy.parameters()))
+    assert not nxt.exists(), "a half-written checkpoint sits under the final name"
+    loaded = _params(_load(prev))
+    assert loaded.keys() == before.keys()
+    assert all(torch.equal(loaded[k], before[k]) for k in before)
+    assert (prev / "optimizer.pt").exists()
+
+
+def test_crash_while_overwriting_a_checkpoint_keeps_the_old_one(policy, warm_model_dir, tmp_path, monkeypatch):
+    from models import trainer
+
+    folder = tmp_path / "policy_000003"
+    trainer.save_checkpoint(policy, warm_model_dir, folder)
+    before = _params(policy)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.mul_(0.0)
+    monkeypatch.setattr(trainer.shutil, "copy2", _crash)
+    with pytest.raises(OSError, match="simulated"):
+        trainer.save_checkpoint(policy, warm_model_dir, folder)
+    loaded = _params(_load(folder))
+    assert all(torch.equal(loaded[k], before[k]) for k in before)
+    monkeypatch.undo()
+    trainer.save_checkpoint(policy, warm_model_dir, folder)
+    assert all(not v.any() for v in _params(_load(folder)).values() if v.is_floating_point())
+
+
+def test_crash_between_removing_and_renaming_keeps_a_checkpoint(policy, warm_model_dir, tmp_path, monkeypatch):
+    from models import trainer
+
+    folder = tmp_path / "policy_000004"
+    trainer.save_checkpoint(policy, warm_model_dir, folder)
+    real_rename = Path.rename
+
+    def rename(self, target):
+        if self.name.endswith(".tmp"):
+            raise OSError("killed during the swap (simulated)")
+        return real_rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", rename)
+    with pytest.raises(OSError, match="simulated"):
+        trainer.save_checkpoint(policy, warm_model_dir, folder)
+    monkeypatch.undo()
+    survivors = [p for p in (folder, folder.with_name(f".{folder.name}.old")) if (p / "config.json").exists()]
+    assert survivors, "no loadable checkpoint left after a crash mid-swap"
+    _load(survivors[0])
