@@ -66,9 +66,10 @@ def _step_of(step_dir: Path) -> int:
     return int(Path(step_dir).name)
 
 
-def get_chat(ckpt: str, chat_cfg: ChatConfig) -> ChatFormat:
+def get_chat(ckpt: str, chat_cfg: ChatConfig | None) -> ChatFormat:
     from transformers import AutoTokenizer
 
+    chat_cfg = chat_cfg or ChatConfig()
     key = f"chat:{ckpt}:{chat_cfg.model_dump_json()}"
     if key not in _live:
         _live[key] = ChatFormat(AutoTokenizer.from_pretrained(ckpt), chat_cfg.system_prompt, fewshot=chat_cfg.fewshot)

@@ -20,7 +20,7 @@ def finished_run(prefect_harness, warm_model_dir, tmp_path_factory):
     overrides = [
         f"model.path={warm_model_dir}", f"output_dir={work / 'runs'}",
         f"data.train_path={work / 'train.parquet'}", f"data.eval_path={work / 'eval.parquet'}",
-        "data.n_train=64", "data.n_eval=8", "data.prompts_per_step=4", "rollout.n_samples=4",
+        "data.n_train=64", "data.n_eval=8", "data.prompts_per_step=4", "data.refill_rounds=0", "rollout.n_samples=4",
         "train.steps=2", f"tracking.mlflow_uri=sqlite:///{work / 'mlflow.db'}",
         f"tracking.artifact_root={work / 'mlartifacts'}", f"tracking.duckdb_path={work / 'cleaner.duckdb'}",
     ]
