@@ -97,7 +97,7 @@ def train(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt,
     result = train_flow(str(config), overrides or [], run_id)
     console.print(f"run [bold]{result['run_id']}[/bold] finished; final checkpoint {result['final_checkpoint']}")
     if profile:
-        from flows.profile import profile_table
+        from flows.step_profile import profile_table
 
         rerun = train_flow(str(config), overrides or [], result["run_id"])
         console.print(profile_table(cfg.tracking.duckdb_path, result["run_id"], result["step_wall_s"],

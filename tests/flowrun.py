@@ -10,7 +10,7 @@ def tiny_overrides(work: Path, model_dir: Path, steps: int = 2) -> list[str]:
     return [
         f"model.path={model_dir}", f"output_dir={work / 'runs'}",
         f"data.train_path={work / 'train.parquet'}", f"data.eval_path={work / 'eval.parquet'}",
-        "data.n_train=64", "data.n_eval=8", "data.prompts_per_step=4", "data.refill_rounds=0", "rollout.n_samples=4",
+        "data.n_train=64", "data.n_eval=8", "data.prompts_per_step=4", "data.refill_rounds=0", "rollout.n_samples=4", "train.eval_every=0",
         f"train.steps={steps}", f"tracking.mlflow_uri=sqlite:///{work / 'mlflow.db'}",
         f"tracking.artifact_root={work / 'mlartifacts'}", f"tracking.duckdb_path={work / 'cleaner.duckdb'}",
     ]

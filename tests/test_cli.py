@@ -52,7 +52,7 @@ def test_train_command_runs_and_exits_cleanly(warm_model_dir, tmp_path):
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PYTHONPATH": str(ROOT)}
     sets = [f"model.path={warm_model_dir}", f"output_dir={tmp_path / 'runs'}", "train.steps=1",
             f"data.train_path={tmp_path / 'tr.parquet'}", f"data.eval_path={tmp_path / 'ev.parquet'}",
-            "data.n_train=16", "data.n_eval=4", "data.prompts_per_step=2", "rollout.n_samples=2",
+            "data.n_train=16", "data.n_eval=4", "data.prompts_per_step=2", "rollout.n_samples=2", "train.eval_every=0",
             f"tracking.mlflow_uri=sqlite:///{tmp_path / 'm.db'}", f"tracking.artifact_root={tmp_path / 'art'}",
             f"tracking.duckdb_path={tmp_path / 'c.duckdb'}"]
     cmd = [sys.executable, "-m", "flows.cli", "train", "--config", str(ROOT / "configs/tiny.yaml")]

@@ -20,7 +20,8 @@ def finished_run(prefect_harness, warm_model_dir, tmp_path_factory):
     overrides = [
         f"model.path={warm_model_dir}", f"output_dir={work / 'runs'}",
         f"data.train_path={work / 'train.parquet'}", f"data.eval_path={work / 'eval.parquet'}",
-        "data.n_train=64", "data.n_eval=8", "data.prompts_per_step=4", "data.refill_rounds=0", "rollout.n_samples=4",
+        "data.n_train=64", "data.n_eval=8", "data.prompts_per_step=4", "data.refill_rounds=0", "rollout.n_samples=4", "train.eval_every=2",
+        "eval.n_prompts=4", "eval.samples=2", "eval.ks=[1,2]",
         "train.steps=2", f"tracking.mlflow_uri=sqlite:///{work / 'mlflow.db'}",
         f"tracking.artifact_root={work / 'mlartifacts'}", f"tracking.duckdb_path={work / 'cleaner.duckdb'}",
     ]
@@ -41,9 +42,11 @@ def test_flow_fills_duckdb_for_every_step(finished_run):
         "SELECT bool_and(len(response_ids) = len(response_mask) AND len(response_ids) = len(rollout_logprobs)) FROM trajectories"
     ).fetchone()[0]
     assert masks_ok
-    con.close()
+    evals = dict(con.execute("SELECT policy_version, count(*) FROM evaluations WHERE run_id = 'flowtest' GROUP BY ALL").fetchall())
+    assert set(evals) == {0, 2} and min(evals.values()) > 10
     assert (work / "runs" / "flowtest" / "checkpoints" / "policy_000002" / "config.json").exists()
     assert result["final_checkpoint"].endswith("policy_000002")
+    con.close()
 
 
 def test_flow_logs_one_mlflow_run_with_step_metrics(finished_run):
