@@ -146,7 +146,7 @@ def eval_table(metrics: dict, modes: list[str], title: str) -> Table:
     table.add_column("metric")
     for mode in modes:
         table.add_column(mode, justify="right")
-    keys = [(label, key) for label, key in EVAL_ROWS]
+    keys = list(EVAL_ROWS)
     keys += [(k.split("/", 2)[2], k.split("/", 2)[2]) for k in sorted(metrics)
              if k.startswith(f"eval/{modes[0]}/") and ("pass_at_" in k or "failures/" in k) and k.split("/", 2)[2] != "all/pass_at_1"]
     for label, key in keys:

@@ -41,9 +41,6 @@ def compare_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | 
     """Train every arm × seed, evaluate with SAAR off, and write the comparison report."""
     cfg = load_config(config_path, overrides)
     cmp = cfg.compare
-    for name in (cmp.baseline, cmp.treatment):
-        if name not in cmp.arms:
-            raise ValueError(f"compare: arm {name!r} is not one of compare.arms {sorted(cmp.arms)}")
     compare_id = compare_id or f"compare-{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     parent = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, compare_id,
                                cfg.model_dump(mode="json"), {"cleaner.kind": "compare"})

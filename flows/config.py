@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from models.chat import ChatConfig
 from models.config import TinyModelConfig, WarmupConfig
@@ -86,6 +86,13 @@ class CompareConfig(BaseModel):
 
     eval_every: int = Field(5, ge=1)
     """Evaluate (SAAR off) every this many steps."""
+
+    @model_validator(mode="after")
+    def _arms_exist(self) -> "CompareConfig":
+        for field in ("baseline", "treatment"):
+            if getattr(self, field) not in self.arms:
+                raise ValueError(f"{field} {getattr(self, field)!r} is not one of compare.arms {sorted(self.arms)}")
+        return self
 
 
 class RunConfig(BaseModel):

@@ -35,6 +35,16 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
     assert res.exit_code == 2 and "does not exist" in _out(res)
 
 
+def test_resume_of_unknown_run_is_a_clear_error(tmp_path):
+    res = runner.invoke(app, ["resume", "no-such-run", "--output-dir", str(tmp_path)])
+    assert res.exit_code == 2 and "no run 'no-such-run'" in _out(res)
+
+
+def test_compare_with_unknown_baseline_arm_is_a_config_error():
+    res = runner.invoke(app, ["compare", "--set", "compare.baseline=ppo"])
+    assert res.exit_code == 2 and "compare: Value error, baseline 'ppo' is not one of compare.arms" in _out(res)
+
+
 def test_query_errors_are_reported(tmp_path):
     db = tmp_path / "x.duckdb"
     res = runner.invoke(app, ["query", "SELECT 1", "--set", f"tracking.duckdb_path={db}"])
