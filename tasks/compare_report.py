@@ -4,7 +4,9 @@ Input: the ``evaluations`` rows of every child run (policy version → ``eval/sa
 Output: a JSON summary, a PNG (pass@1 and first-attempt tool success vs step, mean ± std
 over seeds per arm) and a short Markdown page. ``steps_to_baseline_final`` is the first
 evaluated step at which an arm's seed-mean pass@1 reaches the baseline's final seed-mean
-pass@1 (``None`` if never); the baseline's own value is where it first got there.
+pass@1 (``None`` if never); the baseline's own value is where it first got there.  When the
+baseline ends no higher than it started (step 0 already reaches its final value) the
+"half the steps" claim cannot be tested and is reported as ``None``, never as a pass.
 """
 
 from __future__ import annotations
@@ -47,12 +49,13 @@ def summarize(evals: pl.DataFrame, runs: dict[str, list[str]], baseline: str, tr
                    "first_attempt_success": float(tool[arm]["mean"][-1]) if tool[arm].height else None}
              for arm, c in acc.items()}
     base_steps, treat_steps = steps[baseline], steps[treatment]
-    faster = base_steps is not None and treat_steps is not None and (treat_steps <= base_steps / 2 or base_steps == 0)
+    faster = None if not base_steps else treat_steps is not None and treat_steps <= base_steps / 2
     better_tools = (final[treatment]["first_attempt_success"] or 0) > (final[baseline]["first_attempt_success"] or 0)
     return {
         "baseline": baseline, "treatment": treatment, "baseline_final_pass_at_1": target,
+        "baseline_initial_pass_at_1": float(base["mean"][0]),
         "steps_to_baseline_final": steps, "final": final,
-        "claim_half_the_steps": bool(faster), "claim_higher_first_attempt_success": bool(better_tools),
+        "claim_half_the_steps": faster, "claim_higher_first_attempt_success": bool(better_tools),
         "curves": {arm: {"accuracy": c.to_dicts(), "first_attempt_success": tool[arm].to_dicts()} for arm, c in acc.items()},
         "runs": runs,
     }
@@ -88,19 +91,25 @@ def plot(summary: dict, out_png: Path) -> Path:
 
 def markdown(summary: dict) -> str:
     lines = ["# CLEANER vs DAPO baseline", "",
-             f"Baseline `{summary['baseline']}` final pass@1 (seed mean): **{summary['baseline_final_pass_at_1']:.3f}**", "",
+             f"Baseline `{summary['baseline']}` pass@1 (seed mean): **{summary['baseline_initial_pass_at_1']:.3f}** at step 0, "
+             f"**{summary['baseline_final_pass_at_1']:.3f}** at the end", "",
              "| arm | steps to baseline final | final pass@1 (± std) | final first-attempt tool success |",
              "| --- | --- | --- | --- |"]
     for arm, f in summary["final"].items():
         steps = summary["steps_to_baseline_final"][arm]
         lines.append(f"| {arm} | {'never' if steps is None else steps} | {f['pass_at_1']:.3f} ± {f['pass_at_1_std']:.3f} "
                      f"| {f['first_attempt_success']:.3f} |")
+    half = summary["claim_half_the_steps"]
     lines += ["", f"- treatment reaches the baseline's final pass@1 in at most half the steps: "
-                  f"**{'yes' if summary['claim_half_the_steps'] else 'no'}**",
+                  f"**{_VERDICT[half]}**",
               f"- treatment ends with a higher first-attempt tool success: "
               f"**{'yes' if summary['claim_higher_first_attempt_success'] else 'no'}**", "",
               "![curves](compare.png)"]
     return "\n".join(lines) + "\n"
+
+
+_VERDICT = {True: "yes", False: "no",
+            None: "not testable (the baseline ended no higher than the initial policy's pass@1)"}
 
 
 def write_report(summary: dict, folder: Path) -> list[Path]:

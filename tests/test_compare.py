@@ -53,7 +53,18 @@ def test_compare_report_says_no_when_treatment_never_gets_there():
     acc = {"dapo": {0: [0.2], 10: [0.5]}, "cleaner": {0: [0.2], 10: [0.4]}}
     evals = pl.DataFrame(_evals(acc, ACC) + _evals({"dapo": {10: [0.5]}, "cleaner": {10: [0.4]}}, TOOL))
     s = summarize(evals, {"dapo": ["dapo-s0"], "cleaner": ["cleaner-s0"]}, "dapo", "cleaner")
-    assert s["steps_to_baseline_final"]["cleaner"] is None and not s["claim_half_the_steps"]
+    assert s["steps_to_baseline_final"]["cleaner"] is None and s["claim_half_the_steps"] is False
+
+
+def test_compare_report_does_not_pass_a_claim_it_cannot_test(tmp_path):
+    # the baseline ends below where it started: step 0 already "reaches" its final value
+    acc = {"dapo": {0: [0.5, 0.5], 10: [0.45, 0.47]}, "cleaner": {0: [0.5, 0.5], 10: [0.4, 0.42]}}
+    evals = pl.DataFrame(_evals(acc, ACC) + _evals({"dapo": {10: [0.8] * 2}, "cleaner": {10: [0.7] * 2}}, TOOL))
+    s = summarize(evals, {arm: [f"{arm}-s{i}" for i in range(2)] for arm in acc}, "dapo", "cleaner")
+    assert s["steps_to_baseline_final"] == {"dapo": 0, "cleaner": 0}
+    assert s["claim_half_the_steps"] is None and s["claim_higher_first_attempt_success"] is False
+    write_report(s, tmp_path)
+    assert "not testable" in (tmp_path / "compare.md").read_text()
 
 
 def test_refill_stops_at_its_bound_and_when_full():
