@@ -22,15 +22,20 @@ from tasks import store, tracking
 from tasks.compare_report import summarize, write_report
 
 
-def arm_overrides(arm: list[str], seed: int, steps: int, every: int) -> list[str]:
-    return [*arm, f"seed={seed}", f"train.steps={steps}", f"train.eval_every={every}", "eval.modes=[saar_off]"]
+def arm_overrides(shared: list[str], arm: list[str], steps: int, every: int) -> list[str]:
+    return [*shared, *arm, f"train.steps={steps}", f"train.eval_every={every}", "eval.modes=[saar_off]"]
 
 
 @task(name="compare-report", cache_policy=NO_CACHE)
 def report_task(duckdb_path: str, runs: dict[str, list[str]], baseline: str, treatment: str, folder: str) -> dict:
     ids = ", ".join(f"'{r}'" for ids in runs.values() for r in ids)
     evals = store.query(duckdb_path, f"SELECT run_id, policy_version, key, value FROM evaluations WHERE run_id IN ({ids})")
-    summary = summarize(evals, runs, baseline, treatment)
+    kinds = store.query(duckdb_path, f"""
+        SELECT run_id, CASE WHEN errors_kept > 0 THEN 'errors kept' WHEN rollbacks_recovered > 0 THEN 'purified'
+                            ELSE 'clean first try' END AS kind, count(*) AS n, avg(reward) AS reward,
+               avg(advantage) AS advantage
+        FROM trajectories WHERE kept AND run_id IN ({ids}) GROUP BY ALL""")
+    summary = summarize(evals, runs, baseline, treatment, kinds)
     write_report(summary, Path(folder))
     return summary
 
@@ -42,14 +47,17 @@ def compare_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | 
     cfg = load_config(config_path, overrides)
     cmp = cfg.compare
     compare_id = compare_id or f"compare-{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    arm_sets = {arm: [*(overrides or []), *arm_overrides(cmp.shared, arm_set, cmp.steps, cmp.eval_every)]
+                for arm, arm_set in cmp.arms.items()}
+    for arm_set in arm_sets.values():
+        load_config(config_path, arm_set)  # a bad arm or shared override fails now, not after hours of training
     parent = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, compare_id,
                                cfg.model_dump(mode="json"), {"cleaner.kind": "compare"})
     runs: dict[str, list[str]] = {arm: [] for arm in cmp.arms}
     for seed in cmp.seeds:
-        for arm, arm_set in cmp.arms.items():
+        for arm, arm_set in arm_sets.items():
             run_id = f"{compare_id}-{arm}-s{seed}"
-            train(config_path, [*(overrides or []), *arm_overrides(arm_set, seed, cmp.steps, cmp.eval_every)],
-                  run_id, parent)
+            train(config_path, [*arm_set, f"seed={seed}"], run_id, parent)
             runs[arm].append(run_id)
     folder = Path(cfg.output_dir) / compare_id / "report"
     summary = report_task(cfg.tracking.duckdb_path, runs, cmp.baseline, cmp.treatment, str(folder))

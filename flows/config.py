@@ -72,6 +72,10 @@ class CompareConfig(BaseModel):
     }
     """Arm name → overrides applied on top of the run config."""
 
+    shared: list[str] = []
+    """Overrides applied to every arm before its own (e.g. a smaller batch, so that arms × seeds
+    fit a time budget); the arms still differ only in their own overrides."""
+
     baseline: str = "dapo"
     """The arm the others are measured against."""
 

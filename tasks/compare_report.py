@@ -1,6 +1,8 @@
 """The compare report: CLEANER vs the DAPO baseline (and SAAR-everywhere) over several seeds.
 
-Input: the ``evaluations`` rows of every child run (policy version → ``eval/saar_off/…``).
+Input: the ``evaluations`` rows of every child run (policy version → ``eval/saar_off/…``) and,
+optionally, the trained trajectories grouped by kind (clean first try, purified, errors kept):
+their mean reward and advantage show what credit SAAR's purified sequences actually carry.
 Output: a JSON summary, a PNG (pass@1 and first-attempt tool success vs step, mean ± std
 over seeds per arm) and a short Markdown page. ``steps_to_baseline_final`` is the first
 evaluated step at which an arm's seed-mean pass@1 reaches the baseline's final seed-mean
@@ -32,12 +34,38 @@ def curves(evals: pl.DataFrame, runs: dict[str, list[str]], key: str) -> dict[st
     return out
 
 
+def gains(evals: pl.DataFrame, runs: dict[str, list[str]], key: str) -> dict[str, dict[str, float]]:
+    """Per arm: mean over seeds of (last − first evaluated value) and its standard error."""
+    out = {}
+    for arm, run_ids in runs.items():
+        part = evals.filter(pl.col("run_id").is_in(run_ids) & (pl.col("key") == key)).sort("policy_version")
+        deltas = part.group_by("run_id").agg((pl.col("value").last() - pl.col("value").first()).alias("d"))["d"]
+        n = deltas.len()
+        se = float(deltas.std(ddof=1)) / n ** 0.5 if n > 1 else None
+        out[arm] = {"mean": float(deltas.mean()) if n else None, "se": se, "n": n}
+    return out
+
+
 def first_reaching(curve: pl.DataFrame, target: float) -> int | None:
     hit = curve.filter(pl.col("mean") >= target - 1e-12)
     return int(hit["policy_version"][0]) if hit.height else None
 
 
-def summarize(evals: pl.DataFrame, runs: dict[str, list[str]], baseline: str, treatment: str) -> dict:
+def by_kind(kinds: pl.DataFrame | None, runs: dict[str, list[str]]) -> dict[str, list[dict]]:
+    """Per arm: trained trajectories per kind with their mean reward and mean advantage."""
+    if kinds is None or not kinds.height:
+        return {}
+    arm_of = {r: arm for arm, ids in runs.items() for r in ids}
+    table = (kinds.with_columns(pl.col("run_id").replace_strict(arm_of).alias("arm"))
+             .group_by("arm", "kind")
+             .agg(pl.col("n").sum(), ((pl.col("reward") * pl.col("n")).sum() / pl.col("n").sum()).alias("reward"),
+                  ((pl.col("advantage") * pl.col("n")).sum() / pl.col("n").sum()).alias("advantage"))
+             .sort("arm", "kind"))
+    return {arm: table.filter(pl.col("arm") == arm).drop("arm").to_dicts() for arm in runs}
+
+
+def summarize(evals: pl.DataFrame, runs: dict[str, list[str]], baseline: str, treatment: str,
+              kinds: pl.DataFrame | None = None) -> dict:
     acc, tool = curves(evals, runs, ACC), curves(evals, runs, TOOL)
     base = acc[baseline]
     if not base.height:
@@ -55,6 +83,8 @@ def summarize(evals: pl.DataFrame, runs: dict[str, list[str]], baseline: str, tr
         "baseline": baseline, "treatment": treatment, "baseline_final_pass_at_1": target,
         "baseline_initial_pass_at_1": float(base["mean"][0]),
         "steps_to_baseline_final": steps, "final": final,
+        "gain_pass_at_1": gains(evals, runs, ACC), "gain_first_attempt_success": gains(evals, runs, TOOL),
+        "trained_by_kind": by_kind(kinds, runs),
         "claim_half_the_steps": faster, "claim_higher_first_attempt_success": bool(better_tools),
         "curves": {arm: {"accuracy": c.to_dicts(), "first_attempt_success": tool[arm].to_dicts()} for arm, c in acc.items()},
         "runs": runs,
@@ -99,6 +129,20 @@ def markdown(summary: dict) -> str:
         steps = summary["steps_to_baseline_final"][arm]
         lines.append(f"| {arm} | {'never' if steps is None else steps} | {f['pass_at_1']:.3f} ± {f['pass_at_1_std']:.3f} "
                      f"| {f['first_attempt_success']:.3f} |")
+    lines += ["", "Change from the first to the last evaluation (mean over seeds ± standard error):", "",
+              "| arm | pass@1 | first-attempt tool success |", "| --- | --- | --- |"]
+    for arm in summary["final"]:
+        a, t = summary["gain_pass_at_1"][arm], summary["gain_first_attempt_success"][arm]
+        lines.append(f"| {arm} | {_pm(a)} | {_pm(t)} |")
+    base_gain = summary["gain_pass_at_1"][summary["baseline"]]
+    if base_gain["se"] is not None and not abs(base_gain["mean"]) > 2 * base_gain["se"]:
+        lines += ["", f"Note: the baseline's pass@1 change ({base_gain['mean']:+.3f}) is within two standard errors of "
+                      "zero: at this budget the comparison measures seed noise more than learning."]
+    if summary.get("trained_by_kind"):
+        lines += ["", "Trained trajectories by kind (what credit each kind carried into the update):", "",
+                  "| arm | kind | trajectories | mean reward | mean advantage |", "| --- | --- | --- | --- | --- |"]
+        for arm, rows in summary["trained_by_kind"].items():
+            lines += [f"| {arm} | {r['kind']} | {r['n']} | {r['reward']:.3f} | {r['advantage']:+.3f} |" for r in rows]
     half = summary["claim_half_the_steps"]
     lines += ["", f"- treatment reaches the baseline's final pass@1 in at most half the steps: "
                   f"**{_VERDICT[half]}**",
@@ -106,6 +150,12 @@ def markdown(summary: dict) -> str:
               f"**{'yes' if summary['claim_higher_first_attempt_success'] else 'no'}**", "",
               "![curves](compare.png)"]
     return "\n".join(lines) + "\n"
+
+
+def _pm(gain: dict) -> str:
+    if gain["mean"] is None:
+        return "-"
+    return f"{gain['mean']:+.3f}" + ("" if gain["se"] is None else f" ± {gain['se']:.3f}")
 
 
 _VERDICT = {True: "yes", False: "no",

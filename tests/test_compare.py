@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+
+import duckdb
 import polars as pl
 import pytest
+from mlflow.tracking import MlflowClient
 
 from tasks.compare_report import ACC, TOOL, summarize, write_report
 from tasks.evaluation import summarize as eval_summary
 from tasks.mixing import fill_batch
 from tasks.saar import TrajStats, aggregate_stats
+from tasks.tracking import RUN_TAG
+from tests.flowrun import tiny_overrides
 
 
 def test_eval_metrics_on_known_answers():
@@ -40,13 +46,22 @@ def test_compare_report_steps_to_baseline_final(tmp_path):
     tool = {"dapo": {v: [0.6] * 3 for v in (0, 5, 10, 20)}, "cleaner": {v: [0.8] * 3 for v in (0, 5, 10, 20)}}
     evals = pl.DataFrame(_evals(acc, ACC) + _evals(tool, TOOL))
     runs = {arm: [f"{arm}-s{i}" for i in range(3)] for arm in acc}
-    s = summarize(evals, runs, "dapo", "cleaner")
+    kinds = pl.DataFrame({"run_id": ["cleaner-s0", "cleaner-s1", "cleaner-s0", "dapo-s0"],
+                          "kind": ["purified", "purified", "clean first try", "errors kept"],
+                          "n": [10, 30, 50, 20], "reward": [1.0, 0.0, 0.5, 0.0], "advantage": [0.5, -0.5, 0.0, -1.0]})
+    s = summarize(evals, runs, "dapo", "cleaner", kinds)
+    purified = [r for r in s["trained_by_kind"]["cleaner"] if r["kind"] == "purified"][0]
+    assert purified["n"] == 40 and purified["reward"] == pytest.approx(0.25) and purified["advantage"] == pytest.approx(-0.25)
     assert s["baseline_final_pass_at_1"] == pytest.approx(0.5)
     assert s["steps_to_baseline_final"] == {"dapo": 20, "cleaner": 5}
     assert s["claim_half_the_steps"] and s["claim_higher_first_attempt_success"]
     files = write_report(s, tmp_path)
     assert {f.name for f in files} == {"compare.json", "compare.md", "compare.png"}
-    assert "| cleaner | 5 |" in (tmp_path / "compare.md").read_text()
+    page = (tmp_path / "compare.md").read_text()
+    assert "| cleaner | 5 |" in page and "| cleaner | +0.500 ± 0.000 |" in page
+    assert "| cleaner | purified | 40 | 0.250 | -0.250 |" in page
+    assert "within two standard errors" not in page  # the baseline gained +0.3 on every seed
+    json.loads((tmp_path / "compare.json").read_text())
 
 
 def test_compare_report_says_no_when_treatment_never_gets_there():
@@ -63,8 +78,12 @@ def test_compare_report_does_not_pass_a_claim_it_cannot_test(tmp_path):
     s = summarize(evals, {arm: [f"{arm}-s{i}" for i in range(2)] for arm in acc}, "dapo", "cleaner")
     assert s["steps_to_baseline_final"] == {"dapo": 0, "cleaner": 0}
     assert s["claim_half_the_steps"] is None and s["claim_higher_first_attempt_success"] is False
+    assert s["gain_pass_at_1"]["dapo"]["mean"] == pytest.approx(-0.04)
+    assert s["gain_pass_at_1"]["dapo"]["se"] == pytest.approx(0.01)  # deltas -0.05, -0.03
     write_report(s, tmp_path)
-    assert "not testable" in (tmp_path / "compare.md").read_text()
+    page = (tmp_path / "compare.md").read_text()
+    assert "not testable" in page and "| dapo | -0.040 ± 0.010 |" in page
+    assert "within two standard errors" not in page  # -0.04 is 4 se from zero
 
 
 def test_refill_stops_at_its_bound_and_when_full():
@@ -103,3 +122,42 @@ def test_same_seed_same_rollout(warm_model_dir, chat):
         b = [t.response_ids for t in roll.run(items, 5, 2, progress=False)]
         c = [t.response_ids for t in roll.run(items, 6, 2, progress=False)]
     assert a == b and a != c
+
+
+def test_compare_flow_trains_every_arm_and_seed_under_one_parent(prefect_harness, warm_model_dir, tmp_path):
+    from flows.compare import compare_flow
+
+    arms = json.dumps({"cleaner": ["rollout.saar.enabled=true", "rollout.saar.raw_share=0.3"],
+                       "dapo": ["rollout.saar.enabled=false"]})
+    overrides = [*tiny_overrides(tmp_path, warm_model_dir, steps=1), f"compare.arms={arms}",
+                 "compare.seeds=[0,1]", "compare.steps=1", "compare.eval_every=1",
+                 "compare.shared=[trainer.lr=1.0e-4]", "eval.n_prompts=4", "eval.samples=2", "eval.ks=[1,2]"]
+    summary = compare_flow("configs/tiny.yaml", overrides, compare_id="cmp")
+    assert summary["runs"] == {"cleaner": ["cmp-cleaner-s0", "cmp-cleaner-s1"], "dapo": ["cmp-dapo-s0", "cmp-dapo-s1"]}
+    for arm in ("cleaner", "dapo"):  # both seeds evaluated at step 0 and step 1, SAAR off only
+        assert [row["policy_version"] for row in summary["curves"][arm]["accuracy"]] == [0, 1]
+        assert [row["n"] for row in summary["curves"][arm]["accuracy"]] == [2, 2]
+    con = duckdb.connect(str(tmp_path / "cleaner.duckdb"), read_only=True)
+    keys = [k for (k,) in con.execute("SELECT DISTINCT key FROM evaluations").fetchall()]
+    modes = {k.split("/")[1] for k in keys if k.startswith("eval/")}
+    lrs = {json.loads(c)["trainer"]["lr"] for (c,) in con.execute("SELECT config FROM runs").fetchall()}
+    con.close()
+    assert modes == {"saar_off"} and lrs == {1.0e-4}
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tiny")
+    parent = client.search_runs([exp.experiment_id], filter_string=f"tags.`{RUN_TAG}` = 'cmp'")[0]
+    children = client.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert sorted(r.data.tags[RUN_TAG] for r in children) == sorted(summary["runs"]["cleaner"] + summary["runs"]["dapo"])
+    assert {a.path for a in client.list_artifacts(parent.info.run_id, "report")} == {
+        "report/compare.json", "report/compare.md", "report/compare.png"}
+    assert (tmp_path / "runs" / "cmp" / "report" / "compare.png").stat().st_size > 1000
+
+
+def test_compare_checks_every_arm_before_training(prefect_harness, warm_model_dir, tmp_path):
+    from flows.compare import compare_flow
+    from flows.config import ConfigError
+
+    overrides = [*tiny_overrides(tmp_path, warm_model_dir), "compare.shared=[trainer.lrr=1.0e-4]"]
+    with pytest.raises(ConfigError, match="trainer.lrr"):
+        compare_flow("configs/tiny.yaml", overrides, compare_id="bad")
+    assert not (tmp_path / "runs" / "bad-cleaner-s0").exists()
