@@ -1,7 +1,7 @@
 """``cleaner sandbox`` sub-commands (a typer app mounted by ``flows/cli.py``).
 
     cleaner sandbox bench [--backends docker,local,subprocess] [--concurrency 1,8,32]
-                          [--snippets trivial,cpu_50ms,numpy] [-n 200] [--workers 8]
+                          [--snippets trivial,cpu_50ms,numpy] [-n 200] [--workers CORES]
                           [--out runs/sandbox_bench.json]
 
 Prints a table of executions/s and p50/p95/p99 latency and writes the same data as JSON.
@@ -34,7 +34,7 @@ def bench(
     concurrency: str = typer.Option("1,8,32", help="Client concurrency levels (comma-separated)."),
     snippets: str = typer.Option("trivial,cpu_50ms,numpy", help="Snippets (comma-separated)."),
     n: int = typer.Option(200, "-n", min=1, help="Executions per (backend, snippet, concurrency)."),
-    workers: int = typer.Option(8, min=1, help="Executors / containers in each pool."),
+    workers: int = typer.Option(0, min=0, help="Executors / containers in each pool (0: one per CPU core)."),
     out: Path = typer.Option(Path("runs/sandbox_bench.json"), help="Where the JSON report goes."),
 ) -> None:
     """Measure executions/s and p50/p95/p99 latency of the sandbox backends vs a subprocess baseline."""
@@ -55,7 +55,7 @@ def bench(
     bad = sorted(set(chosen) - {"docker", "local", "subprocess", "auto"})
     if bad:
         raise typer.BadParameter(f"--backends: unknown {bad}; valid: docker, local, subprocess, auto")
-    report = run_bench(backends=chosen, snippets=names, concurrency=levels, n=n, workers=workers)
+    report = run_bench(backends=chosen, snippets=names, concurrency=levels, n=n, workers=workers or None)
     render(report)
     typer.echo(f"wrote {write_json(report, out)}")
 

