@@ -207,14 +207,19 @@ def start(folder: Path = DirOpt,
         typer.echo(f"stopped: {', '.join(stopped) or 'nothing'}")
 
 
-@app.command()
-def stop(folder: Path = DirOpt) -> None:
-    """Stop a stack started with ``--detach`` (each process group: SIGTERM, then SIGKILL)."""
+def _state_or_exit(folder: Path) -> dict:
+    """The recorded stack of ``folder``, or exit 1 saying that none is recorded."""
     try:
-        state = read_state(folder)
+        return read_state(folder)
     except FileNotFoundError as err:
         typer.echo(str(err))
         raise typer.Exit(1) from None
+
+
+@app.command()
+def stop(folder: Path = DirOpt) -> None:
+    """Stop a stack started with ``--detach`` (each process group: SIGTERM, then SIGKILL)."""
+    state = _state_or_exit(folder)
     stopped = stop_groups(state["pids"])
     (folder / "pids.json").unlink(missing_ok=True)
     typer.echo(f"stopped: {', '.join(stopped) or 'nothing (already gone)'}")
@@ -223,11 +228,7 @@ def stop(folder: Path = DirOpt) -> None:
 @app.command()
 def status(folder: Path = DirOpt) -> None:
     """Which servers of the recorded stack are alive."""
-    try:
-        state = read_state(folder)
-    except FileNotFoundError as err:
-        typer.echo(str(err))
-        raise typer.Exit(1) from None
+    state = _state_or_exit(folder)
     for name, pgid in state["pids"].items():
         typer.echo(f"{name:8s} pgid {pgid:<8d} {'running' if _group_alive(pgid) else 'stopped'}")
     typer.echo(f"PREFECT_API_URL={state['prefect_api']}  MLflow {state['mlflow_uri']}")

@@ -74,3 +74,9 @@ def test_train_command_runs_and_exits_cleanly(warm_model_dir, tmp_path):
     assert "finished; final checkpoint" in out
     for noise in ("Traceback", "CancelledError", "Error flushing", "leaked"):
         assert noise not in out, out[-3000:]
+
+
+@pytest.mark.parametrize("command", ["stop", "status"])
+def test_serve_without_a_recorded_stack_says_so(command, tmp_path):
+    res = runner.invoke(app, ["serve", command, "--dir", str(tmp_path)])
+    assert res.exit_code == 1 and "no stack recorded here" in _out(res)
