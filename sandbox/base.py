@@ -1,6 +1,8 @@
 """The sandbox interface and backend registry.
 
-A backend is registered with ``@register("name")`` and built by ``make_sandbox(cfg)``.
+A backend is registered with ``@register("name")`` and built by ``make_sandbox(cfg)``. The
+built-in backends register themselves when their module is imported; ``make_sandbox`` imports
+that module by name on first use (``_PLUGINS``), so this module never imports a backend back.
 Every backend honours the same contract: ``run_many`` executes snippets concurrently
 (bounded by the backend's pool), returns results in input order, never raises for user
 code, and raises ``SandboxInfraError`` only after its infra retries are used up.
@@ -32,6 +34,8 @@ class Sandbox(Protocol):
 
 
 _BACKENDS: dict[str, Callable[[SandboxConfig], Sandbox]] = {}
+_PLUGINS = {"local": "sandbox.local", "docker": "sandbox.docker_backend", "auto": "sandbox.docker_backend"}
+"""Backend name → the module that registers it, imported on first use (no import cycle)."""
 
 
 def register(name: str):
@@ -44,13 +48,14 @@ def register(name: str):
 
 def make_sandbox(cfg: SandboxConfig) -> Sandbox:
     """Build the backend named by ``cfg.backend``."""
-    import sandbox.docker_backend  # noqa: F401  (registers "docker" and "auto")
-    import sandbox.local  # noqa: F401  (registers "local")
+    if cfg.backend not in _BACKENDS and cfg.backend in _PLUGINS:
+        import importlib
 
+        importlib.import_module(_PLUGINS[cfg.backend])
     try:
         factory = _BACKENDS[cfg.backend]
     except KeyError:
         raise ValueError(
-            f"sandbox.backend: unknown backend {cfg.backend!r}; valid: {sorted(_BACKENDS)}"
+            f"sandbox.backend: unknown backend {cfg.backend!r}; valid: {sorted({*_BACKENDS, *_PLUGINS})}"
         ) from None
     return factory(cfg)
