@@ -6,6 +6,14 @@ that module by name on first use (``_PLUGINS``), so this module never imports a 
 Every backend honours the same contract: ``run_many`` executes snippets concurrently
 (bounded by the backend's pool), returns results in input order, never raises for user
 code, and raises ``SandboxInfraError`` only after its infra retries are used up.
+
+Setup code: ``run(code, setup=...)`` / ``run_many(codes, setups=[...])`` (aligned with
+``codes``, ``None`` for none) run the caller's trusted setup in the snippet's process and
+globals just before the snippet, within the same limits and time budget.  Its filename is
+``<setup>`` (the snippet's traceback line numbers are unchanged) and its stdout is discarded
+(its stderr is kept).  A setup that raises (``SystemExit`` included) or does not finish means
+the snippet never ran: the result is ``ok=False, error_kind="setup_error"`` with the traceback
+in ``stderr``.  That is the caller's bug (callers raise on it), never the model's failure.
 """
 
 from __future__ import annotations
@@ -20,9 +28,9 @@ class Sandbox(Protocol):
     name: str
     isolation: str
 
-    def run(self, code: str) -> ExecutionResult: ...
+    def run(self, code: str, setup: str | None = None) -> ExecutionResult: ...
 
-    def run_many(self, codes: list[str]) -> list[ExecutionResult]: ...
+    def run_many(self, codes: list[str], setups: list[str | None] | None = None) -> list[ExecutionResult]: ...
 
     def stats(self) -> dict[str, float]: ...
 

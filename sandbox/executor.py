@@ -5,7 +5,9 @@ serves requests.  It keeps one child forked ahead of time, waiting in a fresh em
 for its request, so a snippet costs neither an interpreter start nor the fork itself.  On a
 request the child starts a new session, drops to an unprivileged uid when asked (``--uid``),
 applies rlimits (address space, processes/threads, file size, CPU), with stdin on /dev/null,
-and executes the code like ``python -c`` would (filename ``<string>``).  The parent reads
+and executes the code like ``python -c`` would (filename ``<string>``).  A request may carry
+``setup`` code (the caller's, trusted): it runs first in the same globals as ``<setup>``, its
+stdout discarded; if it raises, the snippet does not run and the answer is ``setup_error``.  The parent reads
 stdout/stderr concurrently (capped, never blocking on huge output), kills the whole process
 group on timeout, answers with an ``ExecutionResult`` dict as soon as the child reports its
 exit code, then sweeps every escaped descendant (it is a child subreaper) and forks the next.
@@ -15,7 +17,7 @@ mounts it into containers; that is also why it is one file, longer than our usua
 
 Protocol: frames of a 4-byte big-endian length followed by UTF-8 JSON.  The executor first
 sends ``{"ready": true, ...}``; each request ``{"op": "run", "code": ..., "timeout_s": ...,
-"memory_mb": ..., "max_output_bytes": ..., "max_processes": ..., "file_mb": ...}`` gets one
+"memory_mb": ..., "max_output_bytes": ..., "max_processes": ..., "file_mb": ..., "setup": ...}`` gets one
 result frame; ``{"op": "ping"}`` gets ``{"pong": true}``.
 
 Run:  ``python -m sandbox.executor [--preimport numpy,sympy] [--socket PATH] [--uid N]``
@@ -55,6 +57,8 @@ _STATUS_FD = 3
 _REQUEST_FD = 4
 _REQUIRED = ("timeout_s", "memory_mb", "max_output_bytes", "max_processes")
 _EXC_SUFFIXES = ("Error", "Exception", "Exit", "Interrupt", "Warning", "Iteration")
+SETUP_OK, SETUP_FAILED = b"S", b"F"
+"""The first status byte of a request with setup code, written before the snippet runs."""
 
 
 class ProtocolError(Exception):
@@ -155,7 +159,7 @@ def _child_main(fds: tuple[int, int, int, int], uid: int | None, base_vm: int) -
             os._exit(0)  # the executor discarded this pre-forked child
         os.close(_REQUEST_FD)
         _child_limits(req, uid, base_vm)
-        code = _run_snippet(req["code"])
+        code = _run_snippet(req["code"], req.get("setup"))
         os.close(1)
         os.close(2)
         os.write(_STATUS_FD, bytes([code & 0xFF]))
@@ -168,11 +172,16 @@ def _child_main(fds: tuple[int, int, int, int], uid: int | None, base_vm: int) -
         os._exit(code)
 
 
-def _run_snippet(source: str) -> int:
+def _run_snippet(source: str, setup: str | None = None) -> int:
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
     sys.argv = ["-c"]
+    if setup is not None:
+        ok = _run_setup(setup, main.__dict__)
+        os.write(_STATUS_FD, SETUP_OK if ok else SETUP_FAILED)  # before any snippet code runs
+        if not ok:
+            return 1
     code = 0
     try:
         compiled = compile(source, "<string>", "exec")
@@ -199,6 +208,29 @@ def _run_snippet(source: str) -> int:
         except BaseException:  # noqa: BLE001
             pass
     return code
+
+
+def _run_setup(setup: str, namespace: dict) -> bool:
+    """Run the caller's setup code in the snippet's globals (filename ``<setup>``), its stdout
+    discarded; on any exception (``SystemExit`` included) print the traceback, return False."""
+    saved = os.dup(1)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.close(null)
+    try:
+        exec(compile(setup, "<setup>", "exec"), namespace)
+        return True
+    except BaseException as exc:  # noqa: BLE001 - a setup failure is reported, never raised
+        tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+        traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+        return False
+    finally:
+        try:
+            sys.stdout.flush()
+        except BaseException:  # noqa: BLE001
+            pass
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -261,6 +293,8 @@ class Executor:
             return {"pong": True, "runs": self.runs}
         if op != "run" or not isinstance(req.get("code"), str):
             return {"error": f"bad request: op={op!r}, code must be a string"}
+        if not isinstance(req.get("setup"), (str, type(None))):
+            return {"error": "bad request: setup must be a string or null"}
         missing = [k for k in _REQUIRED if not isinstance(req.get(k), (int, float))]
         if missing:
             return {"error": f"bad request: numeric fields missing: {missing}"}
@@ -280,12 +314,16 @@ class Executor:
             except OSError:
                 pass  # the child is gone; _supervise sees its exit status
             os.close(req_w)
-            status, timed_out, flooded, out, err = self._supervise(pid, req, (out_r, err_r, st_r), start)
+            status, timed_out, flooded, report, out, err = self._supervise(
+                pid, req, (out_r, err_r, st_r), start)
         finally:
             for fd in (out_r, err_r, st_r):
                 os.close(fd)
         duration = time.monotonic() - start
-        return _result(status, timed_out, flooded, out, err, duration, _oom_kills() > oom_before)
+        result = _result(status, timed_out, flooded, out, err, duration, _oom_kills() > oom_before)
+        if report.setup is not True:
+            result = _setup_failed(result)
+        return result
 
     def _prefork(self) -> tuple[int, int, int, int, int]:
         """Fork the next child in a fresh, empty work dir; it waits for its request."""
@@ -333,7 +371,8 @@ class Executor:
         pidfd = _pidfd(pid)
         if pidfd is not None:
             sel.register(pidfd, selectors.EVENT_READ)
-        status, reported, timed_out, flooded = None, None, False, False
+        report = _StatusPipe(st_r, expect_setup=req.get("setup") is not None)
+        status, timed_out, flooded = None, False, False
         try:
             while status is None:
                 remaining = deadline - time.monotonic()
@@ -345,22 +384,23 @@ class Executor:
                     if key.fd in caps:
                         _read_into(key.fd, caps[key.fd], sel)
                     elif key.fd == st_r:
-                        reported = _read_status(st_r, sel, reported)
+                        report.read(sel)
                 if sum(c.total for c in caps.values()) > hard_cap:
                     flooded = True
                     break
-                if reported is not None and not any(fd in caps for fd in sel.get_map()):
-                    return reported << 8, False, False, caps[out_r], caps[err_r]
+                if report.code is not None and not any(fd in caps for fd in sel.get_map()):
+                    return report.code << 8, False, False, report, caps[out_r], caps[err_r]
                 status = _poll_exit(pid)
             _killpg(pid)
             if status is None:
                 status = os.waitpid(pid, 0)[1]
             self._drain(sel, caps)
+            report.read(sel)
         finally:
             sel.close()
             if pidfd is not None:
                 os.close(pidfd)
-        return status, timed_out, flooded, caps[out_r], caps[err_r]
+        return status, timed_out, flooded, report, caps[out_r], caps[err_r]
 
     def _drain(self, sel, caps) -> None:
         """Read what is left; escaped writers are swept so EOF normally comes at once."""
@@ -406,16 +446,29 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _read_status(fd: int, sel, reported: int | None) -> int | None:
-    """The exit code the child reported on its status pipe (last byte wins), if any."""
-    try:
-        data = os.read(fd, 64)
-    except BlockingIOError:
-        return reported
-    if not data:
-        sel.unregister(fd)
-        return reported
-    return data[-1]
+class _StatusPipe:
+    """What the child reported on its status pipe (fd 3).  With setup code, the first byte is
+    the setup verdict (``SETUP_OK``/``SETUP_FAILED``), written before any snippet code runs, so
+    the snippet cannot forge it; the last byte after it is the exit code the child reported."""
+
+    def __init__(self, fd: int, expect_setup: bool):
+        self.fd = fd
+        self.setup: bool | None = None if expect_setup else True
+        self.code: int | None = None
+
+    def read(self, sel) -> None:
+        try:
+            data = os.read(self.fd, 64)
+        except (BlockingIOError, OSError):
+            return
+        if not data:
+            if self.fd in sel.get_map():
+                sel.unregister(self.fd)
+            return
+        if self.setup is None:
+            self.setup, data = data[:1] == SETUP_OK, data[1:]
+        if data:
+            self.code = data[-1]
 
 
 def _pidfd(pid: int) -> int | None:
@@ -514,6 +567,15 @@ def error_kind_of(stderr: str) -> str | None:
         if match and match.group(1).rsplit(".", 1)[-1].endswith(_EXC_SUFFIXES):
             return match.group(1).rsplit(".", 1)[-1]
     return None
+
+
+def _setup_failed(result: dict) -> dict:
+    """The answer for a request whose setup code raised or never finished (a caller's bug)."""
+    stderr = result["stderr"]
+    if "<setup>" not in stderr:
+        stderr = f"{stderr.rstrip()}\nsetup did not finish: {result['error_kind'] or 'no verdict'}".lstrip()
+    return dict(result, ok=False, error_kind="setup_error", stdout="", stdout_truncated=False,
+                stderr=stderr)
 
 
 def _result(status, timed_out, flooded, out, err, duration, oom) -> dict:

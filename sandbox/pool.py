@@ -233,18 +233,23 @@ class WorkerPool:
 
     # -- execution -------------------------------------------------------------------------
 
-    def _request(self, code: str) -> dict:
+    def _request(self, code: str, setup: str | None = None) -> dict:
         cfg = self.cfg
-        return {"op": "run", "code": code, "timeout_s": cfg.timeout_s, "memory_mb": cfg.memory_mb,
-                "max_output_bytes": cfg.max_output_bytes, "max_processes": cfg.max_processes,
-                "file_mb": cfg.file_mb}
+        req = {"op": "run", "code": code, "timeout_s": cfg.timeout_s, "memory_mb": cfg.memory_mb,
+               "max_output_bytes": cfg.max_output_bytes, "max_processes": cfg.max_processes,
+               "file_mb": cfg.file_mb}
+        if setup is not None:
+            req["setup"] = setup
+        return req
 
-    def run(self, code: str) -> ExecutionResult:
+    def run(self, code: str, setup: str | None = None) -> ExecutionResult:
         if self._closed:
             raise SandboxInfraError(f"{self.name}: run() called after close()")
         if not isinstance(code, str):
             raise TypeError(f"{self.name}.run(code): code must be str, got {type(code).__name__}")
-        req = self._request(code)
+        if setup is not None and not isinstance(setup, str):
+            raise TypeError(f"{self.name}.run(setup=): setup must be str or None, got {type(setup).__name__}")
+        req = self._request(code, setup)
         last: Exception | None = None
         for attempt in range(self.cfg.infra_retries + 1):
             if attempt:
@@ -266,14 +271,19 @@ class WorkerPool:
             f"(sandbox.infra_retries={self.cfg.infra_retries}); last error: {last}"
         ) from last
 
-    def run_many(self, codes: list[str]) -> list[ExecutionResult]:
+    def run_many(self, codes: list[str], setups: list[str | None] | None = None) -> list[ExecutionResult]:
+        if setups is None:
+            setups = [None] * len(codes)
+        elif len(setups) != len(codes):
+            raise ValueError(f"{self.name}.run_many: {len(setups)} setups for {len(codes)} codes "
+                             "(setups must be aligned with codes)")
         if not codes:
             return []
         with self._lock:
             if self._threads is None:
                 self._threads = ThreadPoolExecutor(max_workers=self.cfg.workers,
                                                    thread_name_prefix=f"{self.name}-run")
-        return list(self._threads.map(self.run, codes))
+        return list(self._threads.map(self.run, codes, setups))
 
     def _give_back(self, worker: Worker) -> None:
         if self._closed:

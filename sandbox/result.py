@@ -23,7 +23,8 @@ class ExecutionResult:
     ``ok`` is true only when the snippet ran to exit status 0 within its time limit.
     ``error_kind`` names the failure: the exception type parsed from the traceback
     (``NameError``, ``SyntaxError``, ...), ``timeout``, ``memory`` , ``output_limit``,
-    ``signal:<NAME>`` for a child killed by a signal, ``exit:<code>`` for a bare non-zero exit.
+    ``signal:<NAME>`` for a child killed by a signal, ``exit:<code>`` for a bare non-zero exit,
+    ``setup_error`` when the caller's setup code failed and the snippet never ran (a caller bug).
     """
 
     ok: bool
