@@ -1,0 +1,20 @@
+"""Multi-turn text games for RL (RAGEN's Bandit, FrozenLake, Sokoban) and StarPO-S tooling.
+
+Importing the package registers the environments, so ``make_env(name)`` knows them all:
+
+    base.py       Env interface (reset(seed) → text; step(actions) → StepResult) and registry
+    bandit.py     two named arms (hi "Dragon" / lo "Phoenix"; eval variant "Librarian" / "Trader")
+    frozen_lake.py gymnasium's slippery FrozenLake on a random 4×4 map per seed
+    sokoban.py    6×6 one-box rooms generated solvable, gym-sokoban rewards
+    prompt.py     RAGEN's prompt text and <think>/<answer> parse
+    episode.py    one episode under RAGEN's budgets and format penalty (no tokens)
+    states.py     seeded train / held-out start states
+    filters.py    StarPO-S (std) and RAGEN-2 (linear top-p) group filters
+    collapse.py   RAGEN-2 mutual-information diagnostics and success / pass@group
+    solver.py     scripted players and the warm-up corpus
+"""
+
+from tasks.envs import bandit, frozen_lake, sokoban  # noqa: F401  (registers the environments)
+from tasks.envs.base import Env, StepResult, UnknownActionError, UnknownEnvError, env_names, make_env, register_env
+
+__all__ = ["Env", "StepResult", "UnknownActionError", "UnknownEnvError", "env_names", "make_env", "register_env"]
