@@ -1,7 +1,7 @@
 """The ``docker`` sandbox backend (a warm pool of locked-down containers) and ``auto``.
 
-Each pool slot is a long-lived container of ``cfg.image`` running ``sandbox/executor.py``
-(mounted read-only) as PID 1, serving a unix socket in a per-container host directory.  A
+Each pool slot is a long-lived container of ``cfg.image`` running the executor package
+(``sandbox/executor/``, mounted read-only) as PID 1, serving a unix socket in a per-container host directory.  A
 snippet therefore costs a fork inside an already running container, not a container start.
 Containers run with ``--network none``, a read-only root, tmpfs ``/work`` and ``/tmp``, memory /
 pids / cpu limits, a non-root uid (distinct per slot, so RLIMIT_NPROC counts per container),
@@ -26,7 +26,7 @@ import time
 import uuid
 import weakref
 
-import sandbox.executor as executor_module
+from sandbox.executor import install, launch_argv
 from sandbox.base import register
 from sandbox.config import SandboxConfig
 from sandbox.local import LocalSandbox
@@ -42,7 +42,7 @@ STARTUP_TIMEOUT_S = 60.0
 EXECUTOR_HEADROOM_MB = 256
 """Container memory on top of ``memory_mb`` for the executor and pre-imported modules."""
 _SOCK_DIR = "/run/cleaner"
-_EXECUTOR = "/opt/cleaner/executor.py"
+_EXECUTOR = "/opt/cleaner"
 
 
 def docker_client(timeout: float = 30):
@@ -146,9 +146,7 @@ class DockerSandbox(WorkerPool):
         # runs on close() or, if the owner forgets, when the pool is collected or Python exits
         self._remove_all = weakref.finalize(self, _remove_pool, self.client, self.pool_id, self.tmp)
         os.chmod(self.tmp, 0o711)
-        self.executor_path = os.path.join(self.tmp, "executor.py")
-        shutil.copyfile(executor_module.__file__, self.executor_path)
-        os.chmod(self.executor_path, 0o644)
+        self.executor_path = install(os.path.join(self.tmp, "executor"))
         self._uid_base = 300000 + (os.getpid() % 10000) * 100
         log.info("docker sandbox: pool %s, %d containers of %s", self.pool_id, cfg.workers, cfg.image)
         self._prewarm()
@@ -156,7 +154,7 @@ class DockerSandbox(WorkerPool):
     def container_spec(self, slot: int, hostdir: str) -> dict:
         cfg = self.cfg
         uid = self._uid_base + slot % 100
-        command = ["python3", "-I", "-B", _EXECUTOR, "--socket", f"{_SOCK_DIR}/executor.sock",
+        command = [*launch_argv("python3", _EXECUTOR), "--socket", f"{_SOCK_DIR}/executor.sock",
                    "--preimport", ",".join(cfg.preimport), "--workdir-base", "/work"]
         mem = f"{cfg.memory_mb + EXECUTOR_HEADROOM_MB}m"
         return dict(

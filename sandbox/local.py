@@ -1,7 +1,7 @@
 """The ``local`` sandbox backend: a pool of fork-server executors running on the host.
 
-Each worker is ``python -I sandbox/executor.py`` with a minimal environment.  Isolation is
-the best the host offers, stated in ``.isolation`` and logged at start-up:
+Each worker is the executor package (``sandbox/executor/``) run by ``python -I`` with a minimal
+environment.  Isolation is the best the host offers, stated in ``.isolation`` and logged at start-up:
 
 * ``bwrap``: the executor (which exits when its stdin closes, i.e. when the host process
   dies; ``--die-with-parent`` would kill it with the thread that spawned it) runs inside bubblewrap with no network, its own pid/ipc/uts
@@ -29,7 +29,7 @@ import weakref
 from functools import lru_cache
 from pathlib import Path
 
-import sandbox.executor as executor_module
+from sandbox.executor import install, launch_argv
 from sandbox.base import register
 from sandbox.config import SandboxConfig
 from sandbox.pool import FramedChannel, Worker, WorkerError, WorkerPool
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 60.0
 """Seconds an executor may take to pre-import its modules and greet."""
 
-_SANDBOX_EXECUTOR = "/opt/cleaner/executor.py"
+_SANDBOX_EXECUTOR = "/opt/cleaner"
 _BASE_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",
@@ -128,10 +128,7 @@ class LocalSandbox(WorkerPool):
         self._tmp = tempfile.mkdtemp(prefix="cleaner-sandbox-")
         self._remove_tmp = weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
         os.chmod(self._tmp, 0o711)
-        exe = os.path.join(self._tmp, "executor.py")
-        shutil.copyfile(executor_module.__file__, exe)
-        os.chmod(exe, 0o644)
-        self._executor_path = exe
+        self._executor_path = install(os.path.join(self._tmp, "executor"))
         self.isolation = "bwrap" if bwrap_works() else "rlimits"
         root = os.geteuid() == 0
         self._drop_uid = root and (self.isolation == "bwrap" or all(map(_readable_by_others, _python_dirs())))
@@ -155,8 +152,7 @@ class LocalSandbox(WorkerPool):
         if self._drop_uid:
             opts += ["--uid", str(self._uid_base + slot % 100)]
         if self.isolation != "bwrap":
-            return [sys.executable, "-I", "-B", self._executor_path, *opts,
-                    "--workdir-base", self._tmp]
+            return [*launch_argv(sys.executable, self._executor_path), *opts, "--workdir-base", self._tmp]
         cmd = [shutil.which("bwrap"), "--unshare-net", "--unshare-pid", "--unshare-ipc",
                "--unshare-uts", "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev",
                "--perms", "1777", "--tmpfs", "/tmp", "--perms", "0755", "--dir", "/etc",
@@ -169,7 +165,7 @@ class LocalSandbox(WorkerPool):
                 cmd += ["--perms", "0755", "--dir", str(parent)]
             cmd += ["--ro-bind", d, d]
         cmd += ["--ro-bind", self._executor_path, _SANDBOX_EXECUTOR, "--chdir", "/tmp"]
-        return [*cmd, sys.executable, "-I", "-B", _SANDBOX_EXECUTOR, *opts, "--workdir-base", "/tmp"]
+        return [*cmd, *launch_argv(sys.executable, _SANDBOX_EXECUTOR), *opts, "--workdir-base", "/tmp"]
 
     def _new_worker(self, slot: int) -> Worker:
         return LocalWorker(slot, self._argv(slot), dict(_BASE_ENV, HOME="/tmp"))

@@ -3,7 +3,7 @@
 # libraries snippets commonly use into a folder, then `docker import` it.  Skipped when the image
 # already exists (FORCE=1 rebuilds).  Needs root, debootstrap, a Debian mirror and a Docker engine.
 # Usage: infra/sandbox/build_image.sh [TAG]   (env: SUITE, MIRROR, PACKAGES, FORCE, WORKDIR)
-# The executor itself is not baked in: the docker backend mounts sandbox/executor.py read-only,
+# The executor itself is not baked in: the docker backend mounts sandbox/executor/ read-only,
 # so the image never goes stale when the executor changes.
 set -euo pipefail
 TAG="${1:-${SANDBOX_IMAGE:-cleaner-sandbox:latest}}"
@@ -41,6 +41,6 @@ chroot "$ROOTFS" python3 -c "import numpy, sympy, scipy; print('build_image: pyt
 tar --numeric-owner -C "$ROOTFS" -c . | docker import \
     --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1' \
     --change 'USER 10001:10001' --change 'WORKDIR /work' \
-    --change 'CMD ["python3", "-I", "-B", "/opt/cleaner/executor.py"]' \
+    --change 'CMD ["python3", "-I", "-B", "-c", "import sys; sys.path.insert(0, \"/opt/cleaner\"); from cleaner_executor.server import main; main()"]' \
     --message "CLEANER sandbox ($SUITE minbase + python3)" - "$TAG"
 docker image inspect "$TAG" --format 'build_image: built {{.RepoTags}} {{.Size}} bytes'

@@ -1,0 +1,166 @@
+"""The child side of the fork server: a pre-forked process that waits for its request, then runs it.
+
+The child keeps only its pipes (stdout, stderr, status on fd 3, request on fd 4), reads its
+request, starts a new session, drops to an unprivileged uid when asked, applies rlimits and
+runs the caller's setup code (``<setup>``) and then the snippet (``<string>``) like
+``python -c`` would.  Kept to raw syscalls where it can: every Python object touched after
+the fork copies a shared page, and page faults dominate a snippet's cost.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import os
+import resource
+import sys
+import threading
+import traceback
+import types
+
+from .protocol import ProtocolError, read_frame
+
+STATUS_FD = 3
+REQUEST_FD = 4
+SETUP_OK, SETUP_FAILED = b"S", b"F"
+"""The first status byte of a request with setup code, written before the snippet runs."""
+
+
+def vm_size() -> int:
+    """This process's address-space size in bytes (a forked child starts with the same)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
+def child_main(fds: tuple[int, int, int, int], uid: int | None, base_vm: int) -> None:
+    """Runs in the pre-forked child; never returns.  ``fds``: stdout, stderr, status writers
+    and the request reader.  The child keeps only those, waits for its request, then runs it.
+
+    On a normal finish the child closes stdout/stderr and writes its exit code to the status
+    pipe (fd 3) before exiting, so the parent can answer without waiting for the exit teardown.
+    """
+    code = 1
+    try:
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in fds]
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        for target, fd in zip((1, 2, STATUS_FD, REQUEST_FD), high):
+            os.dup2(fd, target)
+        os.closerange(REQUEST_FD + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        try:
+            req = read_frame(lambda n: os.read(REQUEST_FD, n))
+        except ProtocolError:
+            os._exit(0)  # the executor discarded this pre-forked child
+        os.close(REQUEST_FD)
+        _limits(req, uid, base_vm)
+        code = run_snippet(req["code"], req.get("setup"))
+        os.close(1)
+        os.close(2)
+        os.write(STATUS_FD, bytes([code & 0xFF]))
+    except BaseException:  # noqa: BLE001 - the child must always reach _exit
+        try:
+            traceback.print_exc()
+        except BaseException:  # noqa: BLE001
+            pass
+    finally:
+        os._exit(code)
+
+
+def _limits(req: dict, uid: int | None, base_vm: int) -> None:
+    """New session, unprivileged uid, rlimits."""
+    os.setsid()
+    if uid is not None and os.geteuid() == 0:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+    try:
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        os.write(fd, b"1000")  # under a cgroup limit the snippet, not the executor, is killed
+        os.close(fd)
+    except OSError:
+        pass
+    limits = (
+        (resource.RLIMIT_AS, base_vm + int(req["memory_mb"]) * 1024 * 1024),
+        (resource.RLIMIT_NPROC, int(req["max_processes"])),
+        (resource.RLIMIT_FSIZE, int(req.get("file_mb", 64)) * 1024 * 1024),
+        (resource.RLIMIT_CORE, 0),
+        (resource.RLIMIT_CPU, int(float(req["timeout_s"])) + 2),
+    )
+    for lim, val in limits:
+        try:
+            resource.setrlimit(lim, (val, val))
+        except (ValueError, OSError):
+            pass
+
+
+def run_snippet(source: str, setup: str | None = None) -> int:
+    """Run ``setup`` then ``source`` in a fresh ``__main__``; return the exit code."""
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = main
+    sys.argv = ["-c"]
+    if setup is not None:
+        ok = _run_setup(setup, main.__dict__)
+        os.write(STATUS_FD, SETUP_OK if ok else SETUP_FAILED)  # before any snippet code runs
+        if not ok:
+            return 1
+    code = 0
+    try:
+        compiled = compile(source, "<string>", "exec")
+    except (SyntaxError, ValueError) as exc:
+        traceback.print_exception(type(exc), exc, None)
+        return 1
+    try:
+        exec(compiled, main.__dict__)
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except BaseException as exc:  # noqa: BLE001 - report like the interpreter would
+        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next or exc.__traceback__)
+        code = 1
+    try:
+        threading._shutdown()  # wait for non-daemon threads, as the interpreter does
+        atexit._run_exitfuncs()
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001
+            pass
+    return code
+
+
+def _run_setup(setup: str, namespace: dict) -> bool:
+    """Run the caller's setup code in the snippet's globals (filename ``<setup>``), its stdout
+    discarded; on any exception (``SystemExit`` included) print the traceback, return False."""
+    saved = os.dup(1)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.close(null)
+    try:
+        exec(compile(setup, "<setup>", "exec"), namespace)
+        return True
+    except BaseException as exc:  # noqa: BLE001 - a setup failure is reported, never raised
+        tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+        traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+        return False
+    finally:
+        try:
+            sys.stdout.flush()
+        except BaseException:  # noqa: BLE001
+            pass
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1

@@ -1,0 +1,181 @@
+"""The fork server proper: pre-imports, pre-forks one child, serves requests one at a time.
+
+``Executor.handle(request)`` validates a request and runs it in the pre-forked child
+(``child.py``), supervised by ``supervise.py``; after answering, ``cleanup`` kills what is
+left of the snippet and forks the next child in a fresh, empty work dir, so that work is off
+the next request's path.  ``main`` is the entry point (stdio transport, or a unix socket).
+Stdlib only (this package runs inside containers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import importlib
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+
+from .child import child_main, vm_size
+from .outcome import oom_kills, result, setup_failed
+from .protocol import ProtocolError, encode_frame, read_frame, write_all
+from .supervise import killpg, supervise, sweep
+
+_PR_SET_CHILD_SUBREAPER = 36
+_REQUIRED = ("timeout_s", "memory_mb", "max_output_bytes", "max_processes")
+
+
+class Executor:
+    """Runs requests in pre-forked children: ``handle(request) -> response``."""
+
+    def __init__(self, uid: int | None = None, workdir_base: str | None = None):
+        self.uid = uid
+        base = workdir_base or tempfile.gettempdir()
+        self.workdir = os.path.join(base, f"cleaner-run-{os.getpid()}")
+        self.runs = 0
+        self._pending: int | None = None
+        self._next: tuple[int, int, int, int, int] | None = None
+
+    def handle(self, req: dict) -> dict:
+        op = req.get("op", "run")
+        if op == "ping":
+            return {"pong": True, "runs": self.runs}
+        if op != "run" or not isinstance(req.get("code"), str):
+            return {"error": f"bad request: op={op!r}, code must be a string"}
+        if not isinstance(req.get("setup"), (str, type(None))):
+            return {"error": "bad request: setup must be a string or null"}
+        missing = [k for k in _REQUIRED if not isinstance(req.get(k), (int, float))]
+        if missing:
+            return {"error": f"bad request: numeric fields missing: {missing}"}
+        self.runs += 1
+        return self.run(req)
+
+    def run(self, req: dict) -> dict:
+        self.cleanup()
+        pid, out_r, err_r, st_r, req_w = self._next or self._prefork()
+        self._next = None
+        self._pending = pid
+        oom_before = oom_kills()
+        start = time.monotonic()
+        try:
+            try:
+                write_all(req_w, encode_frame(req))
+            except OSError:
+                pass  # the child is gone; supervise sees its exit status
+            os.close(req_w)
+            status, timed_out, flooded, report, out, err = supervise(pid, req, (out_r, err_r, st_r), start)
+        finally:
+            for fd in (out_r, err_r, st_r):
+                os.close(fd)
+        duration = time.monotonic() - start
+        answer = result(status, timed_out, flooded, out, err, duration, oom_kills() > oom_before)
+        return answer if report.setup is True else setup_failed(answer)
+
+    def _prefork(self) -> tuple[int, int, int, int, int]:
+        """Fork the next child in a fresh, empty work dir; it waits for its request."""
+        try:
+            os.rmdir(self.workdir)  # usually empty: one syscall instead of a tree walk
+        except FileNotFoundError:
+            pass
+        except OSError:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        os.mkdir(self.workdir, 0o700)
+        if self.uid is not None and os.geteuid() == 0:
+            os.chown(self.workdir, self.uid, self.uid)
+        os.chdir(self.workdir)  # inherited by the child
+        base_vm = vm_size()
+        (out_r, out_w), (err_r, err_w), (st_r, st_w), (req_r, req_w) = (os.pipe() for _ in range(4))
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        pid = os.fork()
+        if pid == 0:
+            child_main((out_w, err_w, st_w, req_r), self.uid, base_vm)
+        for fd in (out_w, err_w, st_w, req_r):
+            os.close(fd)
+        return pid, out_r, err_r, st_r, req_w
+
+    def cleanup(self) -> None:
+        """Kill what is left of the last snippet, reap it, and pre-fork the next child."""
+        if self._pending is not None:
+            pid, self._pending = self._pending, None
+            killpg(pid)
+            sweep()
+            os.chdir("/")
+        if self._next is None:
+            self._next = self._prefork()
+
+
+def preimport(modules: list[str]) -> tuple[list[str], dict[str, str]]:
+    done, failed = [], {}
+    for name in modules:
+        try:
+            importlib.import_module(name)
+            done.append(name)
+        except Exception as exc:  # noqa: BLE001 - reported in the hello frame
+            failed[name] = f"{type(exc).__name__}: {exc}"
+    return done, failed
+
+
+def serve_stream(executor: Executor, rfd: int, wfd: int, hello: dict) -> None:
+    rfile = os.fdopen(rfd, "rb", buffering=0)
+    wfile = os.fdopen(wfd, "wb", buffering=0)
+    wfile.write(encode_frame(hello))
+    executor.cleanup()  # pre-fork the first child
+    while True:
+        try:
+            req = read_frame(rfile.read)
+        except ProtocolError:
+            return
+        wfile.write(encode_frame(executor.handle(req)))
+        executor.cleanup()
+
+
+def serve_socket(executor: Executor, path: str, hello: dict) -> None:
+    if os.path.exists(path):
+        os.unlink(path)
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    os.chmod(path, 0o666)
+    srv.listen(4)
+    while True:
+        conn, _ = srv.accept()
+        with conn:
+            try:
+                serve_stream(executor, os.dup(conn.fileno()), os.dup(conn.fileno()), hello)
+            except OSError:
+                continue
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="CLEANER sandbox fork-server executor")
+    ap.add_argument("--preimport", default="", help="comma-separated modules to import once")
+    ap.add_argument("--socket", default=None, help="serve a unix socket instead of stdio")
+    ap.add_argument("--uid", type=int, default=None, help="uid snippets run as (when root)")
+    ap.add_argument("--workdir-base", default=None, help="where per-run work dirs are made")
+    args = ap.parse_args(argv)
+    proto_in, proto_out = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(2, 1)  # stray prints of imported modules must not corrupt the protocol
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    done, failed = preimport([m for m in args.preimport.split(",") if m.strip()])
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # children inherit default dispositions
+    gc.freeze()  # keep the collector of forked children off the shared pages (fewer copies)
+    executor = Executor(uid=args.uid, workdir_base=args.workdir_base)
+    # set once here and inherited, rather than in every child (fewer copied pages per snippet)
+    os.environ.update(HOME=executor.workdir, TMPDIR=executor.workdir, PWD=executor.workdir)
+    tempfile.tempdir = None  # forget a cached default so snippets' tempfile uses the work dir
+    hello = {"ready": True, "pid": os.getpid(), "python": sys.version.split()[0],
+             "preimported": done, "failed_imports": failed}
+    if args.socket:
+        serve_socket(executor, args.socket, hello)
+    else:
+        serve_stream(executor, proto_in, proto_out, hello)

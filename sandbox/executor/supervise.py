@@ -1,0 +1,152 @@
+"""The parent side of one snippet: read its output, enforce its limits, reap what it left.
+
+``supervise`` reads stdout/stderr concurrently (capped, never blocking on huge output), kills
+the snippet's process group at the deadline or past 16x the output cap, and returns as soon
+as the child has reported its exit code and closed its streams (without waiting for the exit
+teardown).  ``sweep`` kills and reaps every remaining descendant: the executor is a child
+subreaper (or PID 1), so escaped ``setsid``/double-fork processes are re-parented to it.
+Stdlib only (this package runs inside containers).
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import time
+
+from .outcome import Capture, StatusPipe
+
+DRAIN_S = 0.5
+
+
+def supervise(pid: int, req: dict, fds: tuple[int, int, int], start: float):
+    """Watch child ``pid`` until it ends, times out or floods; returns
+    ``(wait status, timed_out, flooded, StatusPipe, stdout Capture, stderr Capture)``."""
+    out_r, err_r, st_r = fds
+    cap = int(req["max_output_bytes"])
+    hard_cap = max(16 * cap, 1 << 20)
+    caps = {out_r: Capture(cap, keep_tail=False), err_r: Capture(cap, keep_tail=True)}
+    deadline = start + float(req["timeout_s"])
+    sel = selectors.DefaultSelector()
+    for fd in (out_r, err_r, st_r):
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ)
+    pidfd = _pidfd(pid)
+    if pidfd is not None:
+        sel.register(pidfd, selectors.EVENT_READ)
+    report = StatusPipe(st_r, expect_setup=req.get("setup") is not None)
+    status, timed_out, flooded = None, False, False
+    try:
+        while status is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            wait = remaining if pidfd is not None else min(remaining, 0.01)
+            for key, _ in sel.select(wait):
+                if key.fd in caps:
+                    _read_into(key.fd, caps[key.fd], sel)
+                elif key.fd == st_r:
+                    report.read(sel)
+            if sum(c.total for c in caps.values()) > hard_cap:
+                flooded = True
+                break
+            if report.code is not None and not any(fd in caps for fd in sel.get_map()):
+                return report.code << 8, False, False, report, caps[out_r], caps[err_r]
+            status = _poll_exit(pid)
+        killpg(pid)
+        if status is None:
+            status = os.waitpid(pid, 0)[1]
+        _drain(sel, caps)
+        report.read(sel)
+    finally:
+        sel.close()
+        if pidfd is not None:
+            os.close(pidfd)
+    return status, timed_out, flooded, report, caps[out_r], caps[err_r]
+
+
+def _drain(sel, caps) -> None:
+    """Read what is left; escaped writers are swept so EOF normally comes at once."""
+    sweep()
+    end = time.monotonic() + DRAIN_S
+    while any(fd in caps for fd in sel.get_map()) and time.monotonic() < end:
+        for key, _ in sel.select(max(0.0, end - time.monotonic())):
+            if key.fd in caps:
+                _read_into(key.fd, caps[key.fd], sel)
+
+
+def sweep() -> None:
+    """Kill and reap every remaining child (orphans are re-parented to this subreaper)."""
+    for _ in range(100):
+        kids = _children()
+        if not kids:
+            break
+        for kid in kids:
+            try:
+                os.kill(kid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for kid in kids:
+            try:
+                os.waitpid(kid, 0)
+            except ChildProcessError:
+                pass
+
+
+def killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _read_into(fd: int, cap: Capture, sel) -> None:
+    try:
+        data = os.read(fd, 1 << 16)
+    except BlockingIOError:
+        return
+    if data:
+        cap.add(data)
+    else:
+        sel.unregister(fd)
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _poll_exit(pid: int) -> int | None:
+    """Exit status of ``pid`` if it has ended, leaving it unreaped (``waitid`` + WNOWAIT)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return 0
+    if info is None:
+        return None
+    if info.si_code == os.CLD_EXITED:
+        return (info.si_status & 0xFF) << 8
+    return info.si_status & 0x7F
+
+
+def _children() -> list[int]:
+    me = os.getpid()
+    try:
+        with open(f"/proc/{me}/task/{me}/children") as fh:
+            return [int(p) for p in fh.read().split()]
+    except OSError:
+        pass
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    if int(fh.read().rsplit(")", 1)[1].split()[1]) == me:
+                        kids.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    return kids
