@@ -42,7 +42,7 @@ def test_ok_run_captures_stdout(sb):
     [
         ("x = (", "SyntaxError", "SyntaxError: '(' was never closed"),
         ("  x = 1", "IndentationError", "IndentationError: unexpected indent"),
-        ("pritn(1)", "NameError", "NameError: name 'pritn' is not defined"),
+        ("pritn(1)", "NameError", "NameError: name 'pritn' is not defined. Did you mean: 'print'?"),
         ("print(1 / 0)", "ZeroDivisionError", "ZeroDivisionError: division by zero"),
         ("len(3)", "TypeError", "TypeError: object of type 'int' has no len()"),
         ("int('a')", "ValueError", "ValueError: invalid literal for int() with base 10: 'a'"),
@@ -68,6 +68,17 @@ def test_traceback_looks_like_python_c(sb):
     r = sb.run("x = 1\ny = undefined_name")
     assert 'File "<string>", line 2, in <module>' in r.stderr
     assert "executor" not in r.stderr
+
+
+@pytest.mark.parametrize("code", ["xs = [3]\nprint(sortd(xs))", "values = 1\nprint(valuse)", "[].apend(1)", "print(1 +"])
+def test_error_line_is_the_interpreters(sb, code):
+    """The last line is what ``python -c`` prints, "Did you mean" suggestions included (3.10/3.11 print them
+    only from the interpreter's own display, not from the ``traceback`` module)."""
+    import subprocess
+    import sys
+
+    want = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stderr.strip().splitlines()[-1]
+    assert sb.run(code).model_text().splitlines()[-1] == want
 
 
 def test_stdout_before_error_is_kept(sb):

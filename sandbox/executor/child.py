@@ -117,7 +117,9 @@ def run_snippet(source: str, setup: str | None = None) -> int:
     except SystemExit as exc:
         code = _exit_code(exc)
     except BaseException as exc:  # noqa: BLE001 - report like the interpreter would
-        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next or exc.__traceback__)
+        # the interpreter's own display, not ``traceback``'s: only it adds "Did you mean: 'print'?" on 3.10/3.11
+        exc.__traceback__ = exc.__traceback__.tb_next or exc.__traceback__
+        sys.__excepthook__(type(exc), exc, exc.__traceback__)
         code = 1
     try:
         threading._shutdown()  # wait for non-daemon threads, as the interpreter does
