@@ -2,33 +2,65 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-HASH := $(shell cat pyproject.toml | sha1sum | cut -c1-12)
+# Each virtualenv installs exactly its lock (pinned versions for CPython 3.11 on x86_64 Linux), then the project
+# with --no-deps. `make lock` refreshes the locks after a pyproject change (infra/lock.py says how).
+LOCK := requirements.lock
+VERL_LOCK := requirements-verl.lock
+# The CPU torch wheel lives here (a bare `torch` from PyPI is the multi-GB CUDA build).
+WHEELS ?= /opt/wheels
+PIP_VERSION := 26.3
+UV_VERSION := 0.13.8
+HASH := $(shell cat pyproject.toml $(LOCK) | sha1sum | cut -c1-12)
 STAMP := $(VENV)/.installed-$(HASH)
 # verl pins antlr4 4.9 (through hydra), which breaks math-verify's LaTeX parsing: it lives in its own venv,
 # used only by the verl parity tests.
 VERL_VENV ?= .venv-verl
-VERL_STAMP := $(VERL_VENV)/.installed-$(HASH)
+VERL_HASH := $(shell cat pyproject.toml $(VERL_LOCK) | sha1sum | cut -c1-12)
+VERL_STAMP := $(VERL_VENV)/.installed-$(VERL_HASH)
+LOCK_VENV := .venv-lock
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup setup-verl demo test test-fast sandbox-image serve serve-stop clean
+.PHONY: setup setup-verl lock lock-upgrade lock-check demo test test-fast sandbox-image serve serve-stop clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q pip==$(PIP_VERSION)
+	$(PY) -m pip install -q --find-links $(WHEELS) -r $(LOCK)
+	$(PY) -m pip install -q --no-deps -e .
+	$(PY) infra/lock.py installed $(LOCK)
 	touch $(STAMP)
 
 setup: $(STAMP)
 
-$(VERL_STAMP): pyproject.toml
+$(VERL_STAMP): pyproject.toml $(VERL_LOCK)
 	test -x $(VERL_VENV)/bin/python || python3 -m venv $(VERL_VENV)
-	$(VERL_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VERL_VENV)/bin/python -m pip install -q -e '.[test,verl]'
+	$(VERL_VENV)/bin/python -m pip install -q pip==$(PIP_VERSION)
+	$(VERL_VENV)/bin/python -m pip install -q --find-links $(WHEELS) -r $(VERL_LOCK)
+	$(VERL_VENV)/bin/python -m pip install -q --no-deps -e .
+	$(VERL_VENV)/bin/python infra/lock.py installed $(VERL_LOCK)
 	touch $(VERL_STAMP)
 
 setup-verl: $(VERL_STAMP)
+
+# uv resolves; it lives in a venv of its own so that it never shows up in .venv's lock.
+$(LOCK_VENV)/bin/uv:
+	python3 -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install -q uv==$(UV_VERSION) packaging==26.3
+
+lock: $(LOCK_VENV)/bin/uv
+	$(LOCK_VENV)/bin/python infra/lock.py compile --uv $(LOCK_VENV)/bin/uv --find-links $(WHEELS)
+
+lock-upgrade: $(LOCK_VENV)/bin/uv
+	$(LOCK_VENV)/bin/python infra/lock.py compile --uv $(LOCK_VENV)/bin/uv --find-links $(WHEELS) --upgrade
+
+# CI: pyproject and the locks agree, and each venv holds exactly its lock (nothing more, nothing else).
+lock-check: setup setup-verl
+	$(PY) infra/lock.py check
+	$(PY) infra/lock.py installed $(LOCK) --exact
+	$(VERL_VENV)/bin/python infra/lock.py installed $(VERL_LOCK) --exact
+	$(PY) -m pip check
 
 demo: setup
 	$(VENV)/bin/cleaner demo --config configs/tiny.yaml

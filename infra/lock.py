@@ -1,0 +1,152 @@
+"""Lock files: what a fresh machine installs, exactly, for each virtualenv.
+
+    python infra/lock.py compile [--upgrade]        # `make lock` / `make lock-upgrade`: rewrite both locks with uv
+    python infra/lock.py check                      # pyproject and locks agree (CI and tests/test_lock.py)
+    python infra/lock.py installed requirements.lock [--exact]   # this interpreter holds exactly that lock
+
+Two environments, two locks (``LOCKS``): ``.venv`` (base + test) and ``.venv-verl`` (base + test + verl). They
+differ where verl forces it (``SPLIT``: verl pins antlr4 4.9, which breaks math-verify's LaTeX parser); every other
+package has the same version in both. ``make setup`` installs a lock with pip, then the project with ``--no-deps``.
+
+What it simplifies: the locks are ``uv pip compile`` output for CPython 3.11.7 (this machine's) on x86_64 Linux, with torch taken
+from the local CPU wheel folder (``--find-links``, default ``/opt/wheels``), never PyPI's CUDA build. Each lock
+records a digest of the pyproject requirements it was compiled from, so a dependency edited without
+``make lock`` is caught by ``check`` (the digest covers the dependency lists only, not the rest of pyproject).
+A refresh keeps existing pins (uv reads the old lock as preferences) unless ``--upgrade``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCKS = {"requirements.lock": ("test",), "requirements-verl.lock": ("test", "verl")}
+SPLIT = {"antlr4-python3-runtime": "verl pins 4.9 (through hydra/omegaconf); math-verify's LaTeX parser needs 4.13"}
+TARGET = {"python_version": "3.11", "python_full_version": "3.11.7", "sys_platform": "linux",
+          "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
+          "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+DIGEST_PREFIX = "# pyproject requirements sha256: "
+NOT_LOCKED = {"pip", "setuptools", "wheel", "cleaner"}
+
+
+def requirements(pyproject: Path, extras: tuple[str, ...]) -> list[Requirement]:
+    """The base requirements plus those of ``extras``, as written in ``pyproject``."""
+    project = tomllib.loads(pyproject.read_text())["project"]
+    optional = project.get("optional-dependencies", {})
+    unknown = [e for e in extras if e not in optional]
+    if unknown:
+        raise KeyError(f"{pyproject}: no optional-dependencies {unknown}; have {sorted(optional)}")
+    return [Requirement(r) for r in [*project["dependencies"], *(r for e in extras for r in optional[e])]]
+
+
+def digest(pyproject: Path, extras: tuple[str, ...]) -> str:
+    reqs = sorted(str(r) for r in requirements(pyproject, extras))
+    return hashlib.sha256(json.dumps([list(extras), reqs]).encode()).hexdigest()
+
+
+def read_lock(lock: Path) -> tuple[str | None, dict[str, str]]:
+    """(recorded digest, {normalised name: version}) of a lock file."""
+    recorded, pins = None, {}
+    for line in lock.read_text().splitlines():
+        if line.startswith(DIGEST_PREFIX):
+            recorded = line[len(DIGEST_PREFIX):].split()[0]
+        elif line and not line.startswith((" ", "#", "-")):
+            name, _, version = line.split(" ", 1)[0].partition("==")
+            if not version:
+                raise ValueError(f"{lock}: {line!r} is not pinned with ==")
+            pins[canonicalize_name(name.split("[")[0])] = version
+    return recorded, pins
+
+
+def compile_locks(root: Path, uv: str, find_links: str, upgrade: bool) -> None:
+    """Rewrite every lock with ``uv pip compile`` and stamp it with its requirements digest."""
+    for name, extras in LOCKS.items():
+        out = root / name
+        argv = [uv, "pip", "compile", str(root / "pyproject.toml"), *(a for e in extras for a in ("--extra", e)),
+                "--python-version", TARGET["python_full_version"], "--python-platform", "x86_64-unknown-linux-gnu",
+                "--find-links", find_links, "--custom-compile-command", "make lock", "--quiet", "-o", str(out)]
+        subprocess.run(argv + (["--upgrade"] if upgrade else []), check=True, cwd=root)
+        lines = [ln for ln in out.read_text().splitlines() if not ln.startswith(DIGEST_PREFIX)]
+        at = next(i for i, ln in enumerate(lines) if not ln.startswith("#"))
+        lines.insert(at, f"{DIGEST_PREFIX}{digest(root / 'pyproject.toml', extras)} (extras: {', '.join(extras)})")
+        out.write_text("\n".join(lines) + "\n")
+
+
+def lock_problems(root: Path) -> list[str]:
+    """Why the locks do not match pyproject (or each other); empty when they agree."""
+    problems, pinned = [], {}
+    for name, extras in LOCKS.items():
+        lock = root / name
+        if not lock.exists():
+            problems.append(f"{name} is missing: run `make lock`")
+            continue
+        recorded, pins = read_lock(lock)
+        pinned[name] = pins
+        if recorded != digest(root / "pyproject.toml", extras):
+            problems.append(f"{name} was compiled from other pyproject requirements: run `make lock`")
+        for req in requirements(root / "pyproject.toml", extras):
+            if req.marker and not req.marker.evaluate(TARGET):
+                continue
+            have = pins.get(canonicalize_name(req.name))
+            if have is None:
+                problems.append(f"{name}: {req} is not in the lock")
+            elif not req.specifier.contains(Version(have), prereleases=True):
+                problems.append(f"{name}: {req.name}=={have} does not satisfy {req}")
+    if len(pinned) == len(LOCKS):
+        base, *others = pinned.values()
+        for other in others:
+            for pkg in sorted(base.keys() & other.keys()):
+                if base[pkg] != other[pkg] and pkg not in SPLIT:
+                    problems.append(f"{pkg}: {base[pkg]} vs {other[pkg]} between the locks (only {sorted(SPLIT)} may differ)")
+    return problems
+
+
+def installed_problems(lock: Path, exact: bool) -> list[str]:
+    """Differences between this interpreter's packages and ``lock``; ``exact`` also reports unlocked extras."""
+    _, pins = read_lock(lock)
+    have = {canonicalize_name(d.metadata["Name"]): d.version for d in metadata.distributions()}
+    problems = [f"{pkg}: locked {version}, installed {have.get(pkg, 'nothing')}"
+                for pkg, version in sorted(pins.items()) if have.get(pkg) != version]
+    if exact:
+        problems += [f"{pkg} {have[pkg]} is installed but not in {lock.name}"
+                     for pkg in sorted(have.keys() - pins.keys() - NOT_LOCKED)]
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    comp = sub.add_parser("compile", help="rewrite the locks with uv")
+    comp.add_argument("--uv", default="uv")
+    comp.add_argument("--find-links", default="/opt/wheels", help="folder holding the CPU torch wheel")
+    comp.add_argument("--upgrade", action="store_true", help="newest versions allowed, not the old pins")
+    sub.add_parser("check", help="pyproject and the locks agree")
+    inst = sub.add_parser("installed", help="this interpreter holds the lock's versions")
+    inst.add_argument("lock", type=Path)
+    inst.add_argument("--exact", action="store_true", help="also fail on installed packages the lock lacks")
+    args = parser.parse_args(argv)
+    if args.cmd == "compile":
+        compile_locks(ROOT, args.uv, args.find_links, args.upgrade)
+        problems = lock_problems(ROOT)
+    elif args.cmd == "check":
+        problems = lock_problems(ROOT)
+    else:
+        problems = installed_problems(args.lock, args.exact)
+    for p in problems:
+        print(p, file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
