@@ -27,7 +27,16 @@ class SandboxConfig(BaseModel):
     """Process/thread limit for a snippet and its children (RLIMIT_NPROC / pids limit)."""
 
     file_mb: int = Field(64, ge=1)
-    """Largest file a snippet may write, in MiB (RLIMIT_FSIZE); also the docker tmpfs size."""
+    """Largest file a snippet may write, in MiB (RLIMIT_FSIZE)."""
+
+    scratch_mb: int = Field(64, ge=1)
+    """Bytes (MiB) a snippet may keep in its writable dirs (work dir, ``/tmp``, ``/dev/shm``):
+    the size of each of the three docker tmpfs, and of the one tmpfs behind all three on the
+    local backend.  They are emptied before every snippet."""
+
+    scratch_inodes: int = Field(4096, ge=64)
+    """Files and directories a snippet may create there (tmpfs ``nr_inodes``), same scope as
+    ``scratch_mb``."""
 
     cpus: float = Field(1.0, gt=0)
     """CPUs each docker container may use (``--cpus``)."""
@@ -35,8 +44,13 @@ class SandboxConfig(BaseModel):
     workers: int = Field(4, ge=1)
     """Snippets executed at once (local executor processes or docker containers)."""
 
+    spare_workers: int = Field(1, ge=0)
+    """Workers started ahead of need: a retired or failed worker is swapped for a ready spare at
+    once (and a new spare is started in the background), so no caller waits for a start."""
+
     preimport: list[str] = ["math"]
-    """Modules the executor imports once so every forked child inherits them."""
+    """Modules the executor imports once so every forked child inherits them (their import time
+    is paid at each worker start; ``stats()["preimport_s"]`` reports it)."""
 
     infra_retries: int = Field(2, ge=0)
     """Retries of an infrastructure failure (dead executor, lost container) before raising."""
@@ -45,4 +59,5 @@ class SandboxConfig(BaseModel):
     """Docker image tag (docker backend)."""
 
     runs_per_container: int = Field(500, ge=1)
-    """A container is replaced after this many snippets (docker backend)."""
+    """A worker (container or local executor) is replaced after this many snippets; the first
+    workers retire after a staggered share of it, so that no two retire at the same time."""

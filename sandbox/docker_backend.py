@@ -1,14 +1,18 @@
 """The ``docker`` sandbox backend (a warm pool of locked-down containers) and ``auto``.
 
 Each pool slot is a long-lived container of ``cfg.image`` running the executor package
-(``sandbox/executor/``, mounted read-only) as PID 1, serving a unix socket in a per-container host directory.  A
-snippet therefore costs a fork inside an already running container, not a container start.
-Containers run with ``--network none``, a read-only root, tmpfs ``/work`` and ``/tmp``, memory /
-pids / cpu limits, a non-root uid (distinct per slot, so RLIMIT_NPROC counts per container),
-all capabilities dropped and no-new-privileges.  A container is replaced after
-``cfg.runs_per_container`` snippets or on any anomaly (died, hung, garbage); the snippet is
-then retried on another container.  All containers carry labels naming the pool and its owner
-process: ``close()`` removes the pool's own, and a new pool removes those of dead owners.
+(``sandbox/executor/``, mounted read-only) as PID 1, which connects once to a unix socket the
+host listens on in a per-container directory mounted read-only (the listener is closed and the
+socket file removed as soon as the executor is connected: no writable host directory in the
+container).  A snippet therefore costs a fork inside an already running container, not a
+container start.  Containers run with ``--network none``, a read-only root, tmpfs ``/work``,
+``/tmp`` and ``/dev/shm`` (each capped in bytes and inodes, emptied before every snippet),
+memory / pids / cpu limits, a non-root uid (distinct per slot, so RLIMIT_NPROC counts per
+container), all capabilities dropped and no-new-privileges.  A container is replaced after
+``cfg.runs_per_container`` snippets or on any anomaly (died, hung, garbage); see
+``sandbox/pool.py`` for retries, spares and worker-killing snippets.  All containers carry
+labels naming the pool and its owner process: ``close()`` removes the pool's own, and a new
+pool removes those of dead owners.
 
 ``auto`` picks docker when the SDK, an engine and the image are present, else local with a
 warning naming what is missing.  Build the image with ``make sandbox-image``
@@ -26,12 +30,13 @@ import time
 import uuid
 import weakref
 
-from sandbox.executor import install, launch_argv
 from sandbox.base import register
 from sandbox.config import SandboxConfig
+from sandbox.executor import install, launch_argv
 from sandbox.local import LocalSandbox
-from sandbox.pool import FramedChannel, Worker, WorkerError, WorkerPool
+from sandbox.pool import WorkerPool
 from sandbox.result import SandboxInfraError
+from sandbox.worker import FramedChannel, Worker, WorkerError
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +45,14 @@ LABEL = "cleaner.sandbox"
 STARTUP_TIMEOUT_S = 60.0
 """Seconds a container may take to start, pre-import and open its socket."""
 EXECUTOR_HEADROOM_MB = 256
-"""Container memory on top of ``memory_mb`` for the executor and pre-imported modules."""
+"""Container memory on top of ``memory_mb`` (and of the scratch tmpfs, which count against it)
+for the executor and pre-imported modules."""
 _SOCK_DIR = "/run/cleaner"
 _EXECUTOR = "/opt/cleaner"
+_SCRATCH = {"/work": "exec", "/tmp": "noexec", "/dev/shm": "noexec"}
+_WIPED = [*_SCRATCH, "/dev/mqueue"]
+"""The container's only writable dirs (tmpfs, capped in bytes and inodes), emptied by the
+executor before every snippet: path -> extra mount option."""
 
 
 def docker_client(timeout: float = 30):
@@ -72,43 +82,54 @@ def image_present(client, image: str) -> bool:
 
 
 class ContainerWorker(Worker):
-    """One container running the executor, reached through a unix socket on the host."""
+    """One container running the executor, reached through a unix socket the host listens on.
+
+    The host binds the socket in a per-container directory that the container sees read-only;
+    the executor connects to it once, after which the host closes the listener and removes the
+    socket file, so nothing in the container can reach the host through it any more."""
 
     def __init__(self, slot: int, pool: "DockerSandbox"):
         super().__init__(slot)
         self.hostdir = tempfile.mkdtemp(prefix=f"slot{slot}-", dir=pool.tmp)
-        os.chmod(self.hostdir, 0o777)
+        os.chmod(self.hostdir, 0o755)
         self.sock: socket.socket | None = None
         self.container = None
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            path = os.path.join(self.hostdir, "executor.sock")
+            listener.bind(path)
+            os.chmod(path, 0o666)  # the container's uid connects (it cannot write the directory)
+            listener.listen(1)
             self.container = pool.client.containers.run(**pool.container_spec(slot, self.hostdir))
-            self._connect(os.path.join(self.hostdir, "executor.sock"))
+            self._accept(listener, path)
         except WorkerError:
             self.kill()
             raise
         except Exception as exc:  # noqa: BLE001 - any engine error is an infra failure
             self.kill()
             raise WorkerError(f"could not start a container from {pool.cfg.image!r}: {exc}") from exc
+        finally:
+            listener.close()
 
-    def _connect(self, path: str) -> None:
+    def _accept(self, listener: socket.socket, path: str) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        listener.settimeout(0.05)
         while time.monotonic() < deadline:
-            if os.path.exists(path):
-                try:
-                    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                    sock.connect(path)
-                    self.sock = sock
-                    self.channel = FramedChannel(sock.fileno(), sock.fileno())
-                    self.await_hello(max(1.0, deadline - time.monotonic()))
-                    return
-                except OSError:
-                    sock.close()
-            self.container.reload()
-            if self.container.status in {"exited", "dead"}:
-                logs = self.container.logs(tail=20).decode("utf-8", "replace")
-                raise WorkerError(f"container exited at start-up: {logs.strip()[-500:]}")
-            time.sleep(0.02)
-        raise WorkerError(f"container executor did not open its socket in {STARTUP_TIMEOUT_S}s")
+            try:
+                sock, _ = listener.accept()
+            except TimeoutError:
+                self.container.reload()
+                if self.container.status in {"exited", "dead"}:
+                    logs = self.container.logs(tail=20).decode("utf-8", "replace")
+                    raise WorkerError(f"container exited at start-up: {logs.strip()[-500:]}") from None
+                continue
+            os.unlink(path)
+            sock.settimeout(None)
+            self.sock = sock
+            self.channel = FramedChannel(sock.fileno(), sock.fileno())
+            self.await_hello(max(1.0, deadline - time.monotonic()))
+            return
+        raise WorkerError(f"container executor did not connect within {STARTUP_TIMEOUT_S}s")
 
     def kill(self) -> None:
         if self.sock is not None:
@@ -130,7 +151,6 @@ class DockerSandbox(WorkerPool):
 
     name = "docker"
     isolation = "docker"
-    replace_in_background = True
 
     def __init__(self, cfg: SandboxConfig, client=None):
         super().__init__(cfg)
@@ -154,9 +174,11 @@ class DockerSandbox(WorkerPool):
     def container_spec(self, slot: int, hostdir: str) -> dict:
         cfg = self.cfg
         uid = self._uid_base + slot % 100
-        command = [*launch_argv("python3", _EXECUTOR), "--socket", f"{_SOCK_DIR}/executor.sock",
-                   "--preimport", ",".join(cfg.preimport), "--workdir-base", "/work"]
-        mem = f"{cfg.memory_mb + EXECUTOR_HEADROOM_MB}m"
+        command = [*launch_argv("python3", _EXECUTOR), "--connect", f"{_SOCK_DIR}/executor.sock",
+                   "--preimport", ",".join(cfg.preimport), "--workdir-base", "/work",
+                   "--scratch", ",".join(_WIPED)]
+        mem = f"{cfg.memory_mb + EXECUTOR_HEADROOM_MB + len(_SCRATCH) * cfg.scratch_mb}m"
+        scratch = f"size={cfg.scratch_mb}m,nr_inodes={cfg.scratch_inodes},mode=1777"
         return dict(
             image=cfg.image, command=command, detach=True, user=f"{uid}:{uid}",
             name=f"cleaner-sbx-{self.pool_id}-{slot}-{uuid.uuid4().hex[:6]}",
@@ -165,9 +187,8 @@ class DockerSandbox(WorkerPool):
             security_opt=["no-new-privileges"], ipc_mode="private",
             mem_limit=mem, memswap_limit=mem, pids_limit=cfg.max_processes + 8,
             nano_cpus=int(cfg.cpus * 1e9),
-            tmpfs={"/work": f"rw,nosuid,nodev,size={cfg.file_mb}m,mode=1777",
-                   "/tmp": "rw,nosuid,nodev,noexec,size=16m,mode=1777"},
-            volumes={hostdir: {"bind": _SOCK_DIR, "mode": "rw"},
+            tmpfs={path: f"rw,nosuid,nodev,{opts},{scratch}" for path, opts in _SCRATCH.items()},
+            volumes={hostdir: {"bind": _SOCK_DIR, "mode": "ro"},
                      self.executor_path: {"bind": _EXECUTOR, "mode": "ro"}},
             environment={"HOME": "/work", "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1",
                          "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},

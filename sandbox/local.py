@@ -1,13 +1,17 @@
 """The ``local`` sandbox backend: a pool of fork-server executors running on the host.
 
 Each worker is the executor package (``sandbox/executor/``) run by ``python -I`` with a minimal
-environment.  Isolation is the best the host offers, stated in ``.isolation`` and logged at start-up:
+environment.  Isolation is the best the host offers, stated in ``.isolation`` and logged at
+start-up (``sandbox/THREAT_MODEL.md`` has the details and the tests that prove them):
 
-* ``bwrap``: the executor (which exits when its stdin closes, i.e. when the host process
-  dies; ``--die-with-parent`` would kill it with the thread that spawned it) runs inside bubblewrap with no network, its own pid/ipc/uts
-  namespaces, a tmpfs ``/tmp`` and only the system and Python directories mounted read-only
-  (no home, no project tree); snippets additionally run under rlimits and, when the host
-  runs as root, as an unprivileged uid per worker.
+* ``bwrap``: as root, a launcher (``_LAUNCH``, in a private mount namespace) mounts one tmpfs
+  capped in bytes and inodes for the writable dirs (``/work``, ``/tmp``, ``/dev/shm``), stages
+  the Python dirs, drops to the worker's own unprivileged uid and starts bubblewrap: new user
+  namespace without nested ones (``--disable-userns``), the executor as PID 1 of a new pid
+  namespace, no network, own ipc/uts/cgroup namespaces, read-only system and Python dirs
+  (a virtualenv is mounted at ``/opt/venv``), read-only ``/`` and ``/dev``, no home, no project
+  tree.  Without root, bubblewrap starts directly with ``--size``-capped tmpfs.  The executor
+  exits when its stdin closes, i.e. when the host process dies.
 * ``rlimits``: plain resource limits (+ an unprivileged uid when root and the Python install
   is readable by others).  This is NOT isolation: a snippet can read what the user can read
   and reach the network; a loud warning says so.
@@ -29,10 +33,11 @@ import weakref
 from functools import lru_cache
 from pathlib import Path
 
-from sandbox.executor import install, launch_argv
 from sandbox.base import register
 from sandbox.config import SandboxConfig
-from sandbox.pool import FramedChannel, Worker, WorkerError, WorkerPool
+from sandbox.executor import install, launch_argv
+from sandbox.pool import WorkerPool
+from sandbox.worker import FramedChannel, Worker, WorkerError
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +45,22 @@ STARTUP_TIMEOUT_S = 60.0
 """Seconds an executor may take to pre-import its modules and greet."""
 
 _SANDBOX_EXECUTOR = "/opt/cleaner"
+_VENV = "/opt/venv"
+_SCRATCH = {"work": "/work", "tmp": "/tmp", "shm": "/dev/shm"}
+"""The writable dirs inside bubblewrap (name of the source dir -> mount point), emptied by the
+executor before every snippet."""
+_LAUNCH = """set -e
+mnt=$1 uid=$2 size=$3 inodes=$4
+shift 4
+mount -t tmpfs -o "size=${size}m,nr_inodes=$inodes,mode=0755,nosuid,nodev" cleaner-scratch "$mnt"
+mkdir -m 1777 "$mnt/work" "$mnt/tmp" "$mnt/shm"
+while [ "$1" != "--" ]; do mount --rbind "$1" "$2"; shift 2; done
+shift
+exec setpriv --reuid="$uid" --regid="$uid" --clear-groups --inh-caps=-all -- "$@"
+"""
+"""Run as root inside a private mount namespace (``unshare --mount``): one tmpfs capped in bytes
+and inodes for the scratch dirs, the Python dirs staged where an unprivileged uid can bind
+them, then bubblewrap as the worker's own unprivileged uid.  Nothing is mounted on the host."""
 _BASE_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",
@@ -51,16 +72,24 @@ _BASE_ENV = {
 
 @lru_cache(maxsize=1)
 def bwrap_works() -> bool:
-    """True when ``bwrap`` exists and can create the namespaces we use."""
+    """True when ``bwrap`` exists and can create the namespaces we use (as an unprivileged uid
+    when this process is root, as the workers do)."""
     exe = shutil.which("bwrap")
     if not exe:
         return False
-    probe = [exe, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "--proc", "/proc",
-             "--die-with-parent", "true"]
+    probe = [exe, "--unshare-user", "--disable-userns", "--unshare-pid", "--as-pid-1", "--unshare-net",
+             "--ro-bind", "/", "/", "--proc", "/proc", "true"]
+    if os.geteuid() == 0 and shutil.which("setpriv"):
+        probe = [shutil.which("setpriv"), "--reuid=65534", "--regid=65534", "--clear-groups", "--", *probe]
     try:
         return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
     except (OSError, subprocess.SubprocessError):
         return False
+
+
+def _launcher_tools() -> bool:
+    """True when the tools of the capped-scratch launcher exist (util-linux, a POSIX shell)."""
+    return all(shutil.which(tool) for tool in ("unshare", "mount", "mkdir", "setpriv")) and os.path.exists("/bin/sh")
 
 
 def _readable_by_others(path: str) -> bool:
@@ -77,6 +106,25 @@ def _python_dirs() -> list[str]:
     dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
             str(Path(os.path.realpath(sys.executable)).parent.parent)}
     return sorted(d for d in dirs if d and os.path.isdir(d))
+
+
+def _python_binds() -> tuple[list[tuple[str, str]], str]:
+    """(source, destination) dirs of this Python inside bubblewrap, and its executable there.
+
+    A virtualenv is mounted at ``/opt/venv`` whatever its host path (it finds itself through
+    its ``pyvenv.cfg``), so a clone under ``/tmp`` or ``/work`` cannot collide with the scratch
+    dirs; the base installation keeps its path (the venv's ``home`` points there)."""
+    binds, exe = [], sys.executable
+    if sys.prefix != sys.base_prefix:
+        binds.append((sys.prefix, _VENV))
+        exe = os.path.join(_VENV, os.path.relpath(sys.executable, sys.prefix))
+    base = {sys.base_prefix, sys.base_exec_prefix, str(Path(os.path.realpath(sys.executable)).parent.parent)}
+    binds += [(d, d) for d in sorted(base) if d and os.path.isdir(d) and d != sys.prefix]
+    clash = [d for _, d in binds for m in _SCRATCH.values() if d == m or d.startswith(m + "/")]
+    if clash:
+        raise ValueError(f"sandbox.backend=local: the Python installation {clash} lies under a "
+                         f"writable sandbox dir ({sorted(_SCRATCH.values())}); install it elsewhere")
+    return binds, exe
 
 
 class LocalWorker(Worker):
@@ -117,6 +165,26 @@ class LocalWorker(Worker):
             log.error("executor pid %d did not exit after SIGKILL", self.proc.pid)
 
 
+def _bwrap(scratch: list[str], pydirs: list[tuple[str, str]], executor_dir: str) -> list[str]:
+    """bubblewrap: new user (no nested ones), pid (the executor is PID 1), net, ipc, uts and
+    cgroup namespaces; read-only system and Python dirs; ``scratch`` args mount the writable
+    dirs; ``pydirs`` are (source, destination) pairs; everything else read-only."""
+    cmd = [shutil.which("bwrap"), "--unshare-user", "--disable-userns", "--unshare-pid", "--as-pid-1",
+           "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+           "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev",
+           "--perms", "0755", "--dir", "/etc", "--perms", "0755", "--dir", "/opt"]
+    for d in ("/usr", "/bin", "/lib", "/lib64", "/sbin", "/etc/ld.so.cache",
+              "/etc/localtime", "/etc/alternatives", "/etc/ssl"):
+        cmd += ["--ro-bind-try", d, d]
+    for source, dest in pydirs:
+        for parent in reversed(Path(dest).parents[:-1]):
+            cmd += ["--perms", "0755", "--dir", str(parent)]
+        cmd += ["--ro-bind", source, dest]
+    cmd += [*scratch, "--ro-bind", executor_dir, _SANDBOX_EXECUTOR, "--remount-ro", "/dev",
+            "--remount-ro", "/", "--chdir", "/work"]
+    return cmd
+
+
 @register("local")
 class LocalSandbox(WorkerPool):
     """Pool of ``cfg.workers`` host executors; see the module docstring for isolation."""
@@ -132,6 +200,11 @@ class LocalSandbox(WorkerPool):
         self.isolation = "bwrap" if bwrap_works() else "rlimits"
         root = os.geteuid() == 0
         self._drop_uid = root and (self.isolation == "bwrap" or all(map(_readable_by_others, _python_dirs())))
+        self._capped = self.isolation == "bwrap" and root and _launcher_tools()
+        if self._capped:
+            os.makedirs(os.path.join(self._tmp, "scratch"), mode=0o755)
+            for i in range(len(_python_binds()[0])):
+                os.makedirs(os.path.join(self._tmp, "stage", str(i)), mode=0o755)
         self._uid_base = 200000 + (os.getpid() % 10000) * 100
         self._announce(root)
         self._prewarm()
@@ -141,6 +214,9 @@ class LocalSandbox(WorkerPool):
         if self.isolation == "bwrap":
             log.info("local sandbox: bubblewrap isolation (no network, read-only system dirs), "
                      "snippets run as %s", who)
+            if not self._capped:
+                log.warning("local sandbox: not root, so the scratch tmpfs are capped in bytes but "
+                            "not in inodes")
             return
         log.warning(
             "local sandbox: NO ISOLATION — only rlimits (time, memory, processes, output); "
@@ -149,23 +225,27 @@ class LocalSandbox(WorkerPool):
 
     def _argv(self, slot: int) -> list[str]:
         opts = ["--preimport", ",".join(self.cfg.preimport)]
-        if self._drop_uid:
-            opts += ["--uid", str(self._uid_base + slot % 100)]
         if self.isolation != "bwrap":
+            if self._drop_uid:
+                opts += ["--uid", str(self._uid_base + slot % 100)]
             return [*launch_argv(sys.executable, self._executor_path), *opts, "--workdir-base", self._tmp]
-        cmd = [shutil.which("bwrap"), "--unshare-net", "--unshare-pid", "--unshare-ipc",
-               "--unshare-uts", "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev",
-               "--perms", "1777", "--tmpfs", "/tmp", "--perms", "0755", "--dir", "/etc",
-               "--perms", "0755", "--dir", "/opt"]
-        for d in ("/usr", "/bin", "/lib", "/lib64", "/sbin", "/etc/ld.so.cache",
-                  "/etc/localtime", "/etc/alternatives", "/etc/ssl"):
-            cmd += ["--ro-bind-try", d, d]
-        for d in _python_dirs():
-            for parent in reversed(Path(d).parents[:-1]):
-                cmd += ["--perms", "0755", "--dir", str(parent)]
-            cmd += ["--ro-bind", d, d]
-        cmd += ["--ro-bind", self._executor_path, _SANDBOX_EXECUTOR, "--chdir", "/tmp"]
-        return [*cmd, *launch_argv(sys.executable, _SANDBOX_EXECUTOR), *opts, "--workdir-base", "/tmp"]
+        opts += ["--workdir-base", "/work", "--scratch", ",".join(_SCRATCH.values())]
+        pybinds, python = _python_binds()
+        executor = [*launch_argv(python, _SANDBOX_EXECUTOR), *opts]
+        if not self._capped:
+            sized = ["--size", str(self.cfg.scratch_mb * 2**20)]
+            scratch = [a for dest in _SCRATCH.values() for a in (*sized, "--perms", "1777", "--tmpfs", dest)]
+            return [*_bwrap(scratch, pybinds, self._executor_path), *executor]
+        uid = self._uid_base + slot % 100
+        stages = [os.path.join(self._tmp, "stage", str(i)) for i in range(len(pybinds))]
+        scratch = [a for name, dest in _SCRATCH.items()
+                   for a in ("--bind", os.path.join(self._tmp, "scratch", name), dest)]
+        binds = _bwrap(scratch, [(stage, dest) for stage, (_, dest) in zip(stages, pybinds)], self._executor_path)
+        return [shutil.which("unshare"), "--mount", "--", "/bin/sh", "-c", _LAUNCH, "cleaner-launch",
+                os.path.join(self._tmp, "scratch"), str(uid), str(self.cfg.scratch_mb),
+                str(self.cfg.scratch_inodes), *[a for (src, _), stage in zip(pybinds, stages) for a in (src, stage)],
+                "--",
+                *binds, *executor]
 
     def _new_worker(self, slot: int) -> Worker:
         return LocalWorker(slot, self._argv(slot), dict(_BASE_ENV, HOME="/tmp"))

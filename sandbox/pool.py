@@ -1,41 +1,43 @@
-"""A pool of executor workers with infra-failure retries, shared by the local and docker backends.
+"""A pool of executor workers, shared by the local and docker backends.
 
-A *worker* is anything that answers executor requests (``sandbox/executor.py`` frames): a host
-process (local backend) or a container (docker backend).  ``WorkerPool`` keeps ``cfg.workers``
-of them warm, lends one per snippet (so concurrency is bounded by the pool), validates every
-answer, and treats a dead, hung or garbage-speaking worker as an *infrastructure* failure: the
-worker is replaced, the snippet is retried on another one up to ``cfg.infra_retries`` times,
-and only then ``SandboxInfraError`` is raised.  Infra failures never become results.
+``WorkerPool`` keeps ``cfg.workers`` warm workers (``sandbox/worker.py``) and lends one per
+snippet, so concurrency is bounded by the pool.  What it guarantees:
 
-Backends subclass ``WorkerPool`` and implement ``_new_worker(slot)``.
+* **Infra failures never become results.**  A dead, hung or garbage-speaking worker is
+  replaced and the snippet retried on another one, up to ``cfg.infra_retries`` times; then
+  ``SandboxInfraError`` is raised.
+* **Blast radius of one.**  A snippet that kills, stops or corrupts the worker it runs on is
+  re-run once on a fresh worker; if it takes that one down too (and a canary snippet still
+  runs fine on the pool, so the infrastructure is healthy), the death is that snippet's
+  result: ``error_kind="worker_killed"`` with the detail.  Other snippets are unaffected.
+* **No replacement stalls.**  ``cfg.spare_workers`` ready workers wait aside: a retired or
+  failed worker is swapped for a spare at once and the old one is killed, and a new spare
+  started, on a background thread.  The first workers retire after a staggered share of
+  ``cfg.runs_per_container`` (1/n, 2/n, ... of it), so retirements are spread out.
+
+Backends subclass ``WorkerPool`` and implement ``_new_worker(slot)``; ``slot`` (0-99) is unique
+among live workers (backends derive a per-worker uid from it).
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
-import os
 import queue
-import select
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from sandbox.config import SandboxConfig
-from sandbox.executor import MAX_FRAME, ProtocolError, decode_payload, encode_frame
 from sandbox.result import ExecutionResult, SandboxInfraError
+from sandbox.worker import DeadWorker, Worker, WorkerError, result_from_dict
 
 log = logging.getLogger(__name__)
 
 REQUEST_GRACE_S = 5.0
 """Extra seconds a worker gets beyond the snippet's timeout before it counts as hung."""
-
-_FIELDS = {f.name: f for f in dataclasses.fields(ExecutionResult)}
-
-
-class WorkerError(Exception):
-    """A worker failed as infrastructure (died, hung, spoke garbage, could not start)."""
+SLOTS = 100
+"""Live workers (with spares) a pool may have at once; slots number them for per-worker uids."""
 
 
 class FairQueue:
@@ -77,141 +79,83 @@ class FairQueue:
             return self.queue.popleft()
 
 
-class FramedChannel:
-    """Length-prefixed JSON request/response over a pair of file descriptors, with deadlines."""
-
-    def __init__(self, rfd: int, wfd: int):
-        self.rfd, self.wfd = rfd, wfd
-
-    def send(self, obj: dict) -> None:
-        data = memoryview(encode_frame(obj))
-        try:
-            while data:
-                data = data[os.write(self.wfd, data):]
-        except OSError as exc:
-            raise WorkerError(f"write to executor failed: {exc}") from None
-
-    def recv(self, timeout: float) -> dict:
-        deadline = time.monotonic() + timeout
-        header = self._read(4, deadline)
-        size = int.from_bytes(header, "big")
-        if size > MAX_FRAME:
-            raise WorkerError(f"executor sent a frame of {size} bytes (garbage)")
-        try:
-            return decode_payload(self._read(size, deadline))
-        except ProtocolError as exc:
-            raise WorkerError(f"executor sent garbage: {exc}") from None
-
-    def call(self, obj: dict, timeout: float) -> dict:
-        self.send(obj)
-        return self.recv(timeout)
-
-    def _read(self, n: int, deadline: float) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise WorkerError(f"executor did not answer within the deadline ({n} bytes due)")
-            ready, _, _ = select.select([self.rfd], [], [], remaining)
-            if not ready:
-                continue
-            try:
-                chunk = os.read(self.rfd, n - len(buf))
-            except OSError as exc:
-                raise WorkerError(f"read from executor failed: {exc}") from None
-            if not chunk:
-                raise WorkerError("executor closed its channel (died)")
-            buf += chunk
-        return bytes(buf)
-
-
-def result_from_dict(obj: dict) -> ExecutionResult:
-    """Validate an executor answer; anything malformed is a ``WorkerError`` (garbage)."""
-    if "error" in obj:
-        raise WorkerError(f"executor refused the request: {obj['error']}")
-    missing = [name for name, f in _FIELDS.items() if name not in obj and f.default is dataclasses.MISSING]
-    extra = sorted(set(obj) - set(_FIELDS))
-    if missing or extra:
-        raise WorkerError(f"executor answer malformed: missing={missing} extra={extra}")
-    checks = {"ok": bool, "stdout": str, "stderr": str, "timed_out": bool,
-              "memory_exceeded": bool, "duration_s": (int, float)}
-    for name, typ in checks.items():
-        if not isinstance(obj[name], typ):
-            raise WorkerError(f"executor answer field {name!r} has type {type(obj[name]).__name__}")
-    return ExecutionResult(**{k: obj[k] for k in obj})
-
-
-class Worker:
-    """One executor endpoint. Subclasses set ``self.channel`` and implement ``kill()``."""
-
-    channel: FramedChannel
-    hello: dict
-
-    def __init__(self, slot: int):
-        self.slot = slot
-        self.runs = 0
-
-    def request(self, req: dict, timeout: float) -> dict:
-        self.runs += 1
-        return self.channel.call(req, timeout)
-
-    def await_hello(self, timeout: float) -> dict:
-        self.hello = self.channel.recv(timeout)
-        if self.hello.get("ready") is not True:
-            raise WorkerError(f"executor greeting malformed: {self.hello!r}")
-        return self.hello
-
-    def kill(self) -> None:
-        raise NotImplementedError
-
-
 class WorkerPool:
-    """Lends warm workers to snippets; retries infra failures on fresh workers; keeps stats."""
+    """Lends warm workers to snippets; retries infra failures; blames worker-killing snippets."""
 
     name = "pool"
     isolation = "unknown"
-    replace_in_background = False
-    """Start replacement workers on a helper thread (slow starts, e.g. containers)."""
 
     def __init__(self, cfg: SandboxConfig):
         self.cfg = cfg
         self._idle = FairQueue()
+        self._spares: collections.deque = collections.deque()
         self._lock = threading.Lock()
         self._closed = False
         self._threads: ThreadPoolExecutor | None = None
-        self._respawns: list[threading.Thread] = []
+        self._background: list[threading.Thread] = []
+        self._free_slots = list(range(SLOTS))
         self._stats = {"executions": 0, "ok": 0, "timeouts": 0, "infra_retries": 0,
-                       "infra_errors": 0, "worker_restarts": 0, "retired": 0,
-                       "total_duration_s": 0.0}
+                       "infra_errors": 0, "worker_restarts": 0, "retired": 0, "worker_kills": 0,
+                       "spares_used": 0, "total_duration_s": 0.0, "max_worker_wait_s": 0.0,
+                       "preimport_s": 0.0}
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def _new_worker(self, slot: int) -> Worker:
         raise NotImplementedError
 
+    def _start(self, retire_after: int) -> Worker:
+        """Start a worker in a free slot that retires after ``retire_after`` requests."""
+        with self._lock:
+            slot = self._free_slots.pop(0) if self._free_slots else SLOTS
+        try:
+            worker = self._new_worker(slot)
+        except BaseException:
+            self._release(slot)
+            raise
+        worker.retire_after = max(1, retire_after)
+        with self._lock:
+            self._stats["preimport_s"] = float(worker.hello.get("preimport_s", 0.0))
+        return worker
+
+    def _release(self, slot: int) -> None:
+        if 0 <= slot < SLOTS:
+            with self._lock:
+                self._free_slots.append(slot)
+                self._free_slots.sort()
+
     def _prewarm(self) -> None:
-        with ThreadPoolExecutor(max_workers=min(self.cfg.workers, 8)) as ex:
-            futures = [ex.submit(self._new_worker, slot) for slot in range(self.cfg.workers)]
-            errors = []
+        n, full = self.cfg.workers, self.cfg.runs_per_container
+        limits = [full * (i + 1) // n for i in range(n)] + [full] * self.cfg.spare_workers
+        with ThreadPoolExecutor(max_workers=min(len(limits), 8)) as ex:
+            futures = [ex.submit(self._start, limit) for limit in limits]
+            started, errors = [], []
             for fut in futures:
                 try:
-                    self._idle.put(fut.result())
+                    started.append(fut.result())
                 except Exception as exc:  # noqa: BLE001 - collected and raised below
                     errors.append(exc)
+        for worker in started[:n]:
+            self._idle.put(worker)
+        self._spares.extend(started[n:])
         if errors:
             self.close()
             raise SandboxInfraError(f"{self.name}: could not start workers: {errors[0]}") from errors[0]
-        failed = self._idle.queue[0].hello.get("failed_imports") if self._idle.queue else None
+        failed = started[0].hello.get("failed_imports") if started else None
         if failed:
             log.warning("%s: sandbox.preimport modules failed to import: %s", self.name, failed)
+        if started and started[0].hello.get("seccomp") is False:
+            log.warning("%s: no seccomp filter on this machine: snippets of the same uid can still "
+                        "prlimit/renice their executor (see sandbox/THREAT_MODEL.md)", self.name)
 
     def close(self) -> None:
         self._closed = True
         if self._threads is not None:
             self._threads.shutdown(wait=True)
-        for thread in list(self._respawns):
-            thread.join(timeout=60)  # a replacement being started is killed by its own thread
-        idle = []
+        for thread in list(self._background):
+            thread.join(timeout=60)  # a worker being started is killed by its own thread
+        idle = list(self._spares)
+        self._spares.clear()
         while True:
             try:
                 idle.append(self._idle.get_nowait())
@@ -250,17 +194,21 @@ class WorkerPool:
         if setup is not None and not isinstance(setup, str):
             raise TypeError(f"{self.name}.run(setup=): setup must be str or None, got {type(setup).__name__}")
         req = self._request(code, setup)
-        last: Exception | None = None
+        blame_after = min(2, self.cfg.infra_retries + 1)
+        deaths, last, start = 0, None, time.monotonic()
         for attempt in range(self.cfg.infra_retries + 1):
             if attempt:
                 self._count("infra_retries")
-            worker = self._idle.get()
+            worker = self._lend()
             try:
-                result = result_from_dict(worker.request(req, self.cfg.timeout_s + REQUEST_GRACE_S))
+                result = self._ask(worker, req)
             except WorkerError as exc:
                 last = exc
                 log.warning("%s: worker %d failed (%s); replacing it", self.name, worker.slot, exc)
-                self._replace(worker)
+                self._swap(worker, reason="worker_restarts")
+                deaths += exc.during_snippet
+                if deaths >= blame_after and self._canary_ok():
+                    return self._worker_killed(deaths, exc, time.monotonic() - start)
                 continue
             self._give_back(worker)
             self._record(result)
@@ -285,41 +233,82 @@ class WorkerPool:
                                                    thread_name_prefix=f"{self.name}-run")
         return list(self._threads.map(self.run, codes, setups))
 
+    def _lend(self) -> Worker:
+        start = time.monotonic()
+        worker = self._idle.get()
+        waited = time.monotonic() - start
+        with self._lock:
+            self._stats["max_worker_wait_s"] = max(self._stats["max_worker_wait_s"], waited)
+        return worker
+
+    def _ask(self, worker: Worker, req: dict) -> ExecutionResult:
+        return result_from_dict(worker.request(req, self.cfg.timeout_s + REQUEST_GRACE_S))
+
+    def _canary_ok(self) -> bool:
+        """Whether a trivial snippet runs on the pool (then the infrastructure is healthy)."""
+        worker = self._lend()
+        try:
+            ok = self._ask(worker, self._request("pass")).ok
+        except WorkerError as exc:
+            log.warning("%s: canary failed on worker %d (%s)", self.name, worker.slot, exc)
+            self._swap(worker, reason="worker_restarts")
+            return False
+        self._give_back(worker)
+        return ok
+
+    def _worker_killed(self, deaths: int, exc: WorkerError, duration: float) -> ExecutionResult:
+        self._count("worker_kills")
+        detail = (f"worker_killed: the sandbox worker failed while running this snippet, on {deaths} "
+                  f"fresh workers in a row, while a canary snippet ran fine: {exc}")
+        result = ExecutionResult(ok=False, exit_code=None, stdout="", stderr=detail,
+                                 error_kind="worker_killed", timed_out=False, memory_exceeded=False,
+                                 duration_s=round(duration, 6))
+        self._record(result)
+        return result
+
     def _give_back(self, worker: Worker) -> None:
         if self._closed:
             worker.kill()
-        elif worker.runs >= self.cfg.runs_per_container:
-            self._count("retired")
-            self._replace(worker, counted=False)
+        elif worker.runs >= worker.retire_after:
+            self._swap(worker, reason="retired")
         else:
             self._idle.put(worker)
 
-    def _replace(self, worker: Worker, counted: bool = True) -> None:
-        """Kill ``worker`` and put a fresh one for its slot in the pool (or a dead placeholder)."""
-        if counted:
-            self._count("worker_restarts")
-        if self.replace_in_background and not self._closed:
-            thread = threading.Thread(target=self._respawn, args=(worker,), daemon=True,
-                                      name=f"{self.name}-respawn-{worker.slot}")
-            with self._lock:
-                self._respawns = [t for t in self._respawns if t.is_alive()] + [thread]
-            thread.start()
-        else:
-            self._respawn(worker)
+    def _swap(self, worker: Worker, reason: str) -> None:
+        """Put a ready spare in ``worker``'s place; kill ``worker`` and start its successor (a new
+        spare, or the replacement itself when no spare was ready) on a background thread."""
+        self._count(reason)
+        with self._lock:
+            spare = self._spares.popleft() if self._spares and not self._closed else None
+            if spare is not None:
+                self._stats["spares_used"] += 1
+        if spare is not None:
+            self._idle.put(spare)
+        thread = threading.Thread(target=self._renew, args=(worker, spare is None), daemon=True,
+                                  name=f"{self.name}-renew-{worker.slot}")
+        with self._lock:
+            self._background = [t for t in self._background if t.is_alive()] + [thread]
+        thread.start()
 
-    def _respawn(self, worker: Worker) -> None:
-        worker.kill()
+    def _renew(self, old: Worker, into_idle: bool) -> None:
+        old.kill()
+        self._release(old.slot)
         if self._closed:
             return
         try:
-            fresh = self._new_worker(worker.slot)
-        except Exception as exc:  # noqa: BLE001 - the placeholder fails its next request
-            log.error("%s: could not restart worker %d: %s", self.name, worker.slot, exc)
-            fresh = _DeadWorker(worker.slot, str(exc))
+            fresh = self._start(self.cfg.runs_per_container)
+        except Exception as exc:  # noqa: BLE001 - a placeholder fails its next request
+            log.error("%s: could not start a worker: %s", self.name, exc)
+            fresh = DeadWorker(-1, str(exc)) if into_idle else None
+        if fresh is None:
+            return
         if self._closed:
             fresh.kill()
-        else:
+        elif into_idle:
             self._idle.put(fresh)
+        else:
+            with self._lock:
+                self._spares.append(fresh)
 
     # -- stats -----------------------------------------------------------------------------
 
@@ -337,20 +326,7 @@ class WorkerPool:
     def stats(self) -> dict[str, float]:
         with self._lock:
             out = dict(self._stats)
+            out["spares_ready"] = len(self._spares)
         out["mean_duration_s"] = out["total_duration_s"] / out["executions"] if out["executions"] else 0.0
         out["workers"] = self.cfg.workers
         return out
-
-
-class _DeadWorker(Worker):
-    """Stands in for a worker that could not be restarted; its next request fails as infra."""
-
-    def __init__(self, slot: int, reason: str):
-        super().__init__(slot)
-        self.reason = reason
-
-    def request(self, req: dict, timeout: float) -> dict:
-        raise WorkerError(f"worker could not be started: {self.reason}")
-
-    def kill(self) -> None:
-        return None

@@ -36,7 +36,7 @@ def _cfg(**kw) -> SandboxConfig:
 
 
 def test_containers_are_locked_down(client):
-    with DockerSandbox(_cfg(max_processes=40, cpus=0.5), client=client) as box:
+    with DockerSandbox(_cfg(max_processes=40, cpus=0.5, spare_workers=0), client=client) as box:
         containers = box.containers()
         assert len(containers) == 2
         for c in containers:
@@ -47,9 +47,11 @@ def test_containers_are_locked_down(client):
             assert host["CapDrop"] == ["ALL"]
             assert "no-new-privileges" in host["SecurityOpt"]
             assert host["PidsLimit"] == 48
-            assert host["Memory"] == (256 + 256) * 2**20
+            assert host["Memory"] == (256 + 256 + 3 * 64) * 2**20
             assert host["NanoCpus"] == 5 * 10**8
-            assert set(host["Tmpfs"]) == {"/work", "/tmp"}
+            assert set(host["Tmpfs"]) == {"/work", "/tmp", "/dev/shm"}
+            assert all("size=64m,nr_inodes=4096" in opts for opts in host["Tmpfs"].values())
+            assert [m["RW"] for m in c.attrs["Mounts"] if m["Type"] == "bind"] == [False, False]
             assert not c.attrs["Config"]["User"].startswith("0")
         uids = {c.attrs["Config"]["User"] for c in containers}
         assert len(uids) == 2, "each slot runs as its own uid"
@@ -69,7 +71,7 @@ def test_leftovers_of_a_dead_owner_are_removed(client):
     fake = client.containers.create(SandboxConfig().image, command=["true"],
                                     labels={LABEL: "crashed", f"{LABEL}.owner": f"{_hostname()}:999999999"},
                                     name=f"cleaner-sbx-leftover-{uuid.uuid4().hex[:6]}")
-    with DockerSandbox(_cfg(workers=1), client=client) as box:
+    with DockerSandbox(_cfg(workers=1, spare_workers=0), client=client) as box:
         assert box.removed_leftovers >= 1
         live = box.containers()
         assert remove_leftovers(client) == 0, "a live pool's containers are not leftovers"
@@ -79,7 +81,7 @@ def test_leftovers_of_a_dead_owner_are_removed(client):
 
 
 def test_container_replaced_after_runs_per_container(client):
-    with DockerSandbox(_cfg(workers=1, runs_per_container=3), client=client) as box:
+    with DockerSandbox(_cfg(workers=1, runs_per_container=3, spare_workers=0), client=client) as box:
         first = {c.id for c in box.containers()}
         results = [box.run(f"print({i})") for i in range(7)]
         assert [r.stdout for r in results] == [f"{i}\n" for i in range(7)]
@@ -89,7 +91,7 @@ def test_container_replaced_after_runs_per_container(client):
 
 
 def test_killed_container_is_retried_on_another(client):
-    with DockerSandbox(_cfg(workers=2, infra_retries=2), client=client) as box:
+    with DockerSandbox(_cfg(workers=2, infra_retries=2, spare_workers=0), client=client) as box:
         victim = box.containers()[0]
         victim.kill()
         results = box.run_many([f"print({i})" for i in range(6)])
@@ -101,7 +103,7 @@ def test_killed_container_is_retried_on_another(client):
 
 def test_hung_container_is_replaced(client, monkeypatch):
     monkeypatch.setattr("sandbox.pool.REQUEST_GRACE_S", 1.0)
-    with DockerSandbox(_cfg(workers=1, timeout_s=1.0, infra_retries=1), client=client) as box:
+    with DockerSandbox(_cfg(workers=1, timeout_s=1.0, infra_retries=1, spare_workers=0), client=client) as box:
         (victim,) = box.containers()
         victim.pause()
         r = box.run("print('fresh')")
@@ -111,7 +113,7 @@ def test_hung_container_is_replaced(client, monkeypatch):
 
 
 def test_infra_failure_is_raised_not_scored(client):
-    with DockerSandbox(_cfg(workers=1, infra_retries=1), client=client) as box:
+    with DockerSandbox(_cfg(workers=1, infra_retries=1, spare_workers=0), client=client) as box:
         box.container_spec = _broken_spec(box.container_spec)
         box.containers()[0].kill()
         with pytest.raises(SandboxInfraError, match="infra_retries=1"):

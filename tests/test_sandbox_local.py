@@ -149,7 +149,7 @@ def test_killed_executor_is_retried_transparently():
 
 
 def test_persistent_failure_raises_infra_error():
-    cfg = SandboxConfig(workers=1, timeout_s=TIMEOUT_S, preimport=[], infra_retries=2)
+    cfg = SandboxConfig(workers=1, timeout_s=TIMEOUT_S, preimport=[], infra_retries=2, spare_workers=0)
     with LocalSandbox(cfg) as box:
         box._argv = lambda slot: [sys.executable, "-c", "pass"]
         os.killpg(box.worker_pids()[0], signal.SIGKILL)
@@ -167,7 +167,7 @@ def test_garbage_answer_is_infra_not_code_failure():
                "sys.stdin.buffer.read(8)\n"
                "os.write(1, struct.pack('>I', 5) + b'{oops')\n"
                "sys.stdin.buffer.read()\n")
-    cfg = SandboxConfig(workers=1, timeout_s=TIMEOUT_S, preimport=[], infra_retries=1)
+    cfg = SandboxConfig(workers=1, timeout_s=TIMEOUT_S, preimport=[], infra_retries=1, spare_workers=0)
     with LocalSandbox(cfg) as box:
         box._argv = lambda slot: [sys.executable, "-c", garbage]
         os.killpg(box.worker_pids()[0], signal.SIGKILL)
@@ -246,7 +246,8 @@ def test_docker_backend_without_engine_raises_a_clear_error(monkeypatch):
 
 def test_close_removes_the_pool_dir_and_executors():
     box = LocalSandbox(SandboxConfig(workers=2, preimport=[]))
-    tmp, pids = box._tmp, box.worker_pids()
+    tmp, pids = box._tmp, box.worker_pids() + [w.pid for w in box._spares]
+    assert len(pids) == 3
     box.close()
     assert not os.path.exists(tmp)
     for pid in pids:

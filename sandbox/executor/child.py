@@ -1,10 +1,12 @@
 """The child side of the fork server: a pre-forked process that waits for its request, then runs it.
 
-The child keeps only its pipes (stdout, stderr, status on fd 3, request on fd 4), reads its
-request, starts a new session, drops to an unprivileged uid when asked, applies rlimits and
-runs the caller's setup code (``<setup>``) and then the snippet (``<string>``) like
-``python -c`` would.  Kept to raw syscalls where it can: every Python object touched after
-the fork copies a shared page, and page faults dominate a snippet's cost.
+Before its request arrives the child keeps only its pipes (stdout, stderr, status on fd 3,
+request on fd 4), starts a new session, drops to an unprivileged uid when asked, installs the
+``Guard`` (seccomp) and writes ``READY`` on the status pipe: the executor never hands code to
+a child that did not get that far.  With the request it applies rlimits and runs the caller's
+setup code (``<setup>``), then the snippet (``<string>``) like ``python -c`` would.  Kept to raw
+syscalls where it can: every Python object touched after the fork copies a shared page, and
+page faults dominate a snippet's cost.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from .protocol import ProtocolError, read_frame
 
 STATUS_FD = 3
 REQUEST_FD = 4
+READY = b"R"
+"""The first status byte: the child is isolated and waits for its request."""
 SETUP_OK, SETUP_FAILED = b"S", b"F"
-"""The first status byte of a request with setup code, written before the snippet runs."""
+"""The next status byte of a request with setup code, written before the snippet runs."""
 
 
 def vm_size() -> int:
@@ -35,7 +39,7 @@ def vm_size() -> int:
         return 0
 
 
-def child_main(fds: tuple[int, int, int, int], uid: int | None, base_vm: int) -> None:
+def child_main(fds: tuple[int, int, int, int], uid: int | None, base_vm: int, guard) -> None:
     """Runs in the pre-forked child; never returns.  ``fds``: stdout, stderr, status writers
     and the request reader.  The child keeps only those, waits for its request, then runs it.
 
@@ -49,12 +53,14 @@ def child_main(fds: tuple[int, int, int, int], uid: int | None, base_vm: int) ->
         for target, fd in zip((1, 2, STATUS_FD, REQUEST_FD), high):
             os.dup2(fd, target)
         os.closerange(REQUEST_FD + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        _isolate(uid, guard)
+        os.write(STATUS_FD, READY)
         try:
             req = read_frame(lambda n: os.read(REQUEST_FD, n))
         except ProtocolError:
             os._exit(0)  # the executor discarded this pre-forked child
         os.close(REQUEST_FD)
-        _limits(req, uid, base_vm)
+        _limits(req, base_vm)
         code = run_snippet(req["code"], req.get("setup"))
         os.close(1)
         os.close(2)
@@ -68,25 +74,31 @@ def child_main(fds: tuple[int, int, int, int], uid: int | None, base_vm: int) ->
         os._exit(code)
 
 
-def _limits(req: dict, uid: int | None, base_vm: int) -> None:
-    """New session, unprivileged uid, rlimits."""
+def _isolate(uid: int | None, guard) -> None:
+    """New session, unprivileged uid, the seccomp guard, first in line for the OOM killer."""
     os.setsid()
     if uid is not None and os.geteuid() == 0:
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
+    guard.apply()
     try:
         fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
         os.write(fd, b"1000")  # under a cgroup limit the snippet, not the executor, is killed
         os.close(fd)
     except OSError:
         pass
+
+
+def _limits(req: dict, base_vm: int) -> None:
+    """Rlimits of the request (no POSIX message queues at all: they would outlive the snippet)."""
     limits = (
         (resource.RLIMIT_AS, base_vm + int(req["memory_mb"]) * 1024 * 1024),
         (resource.RLIMIT_NPROC, int(req["max_processes"])),
         (resource.RLIMIT_FSIZE, int(req.get("file_mb", 64)) * 1024 * 1024),
         (resource.RLIMIT_CORE, 0),
         (resource.RLIMIT_CPU, int(float(req["timeout_s"])) + 2),
+        (resource.RLIMIT_MSGQUEUE, 0),
     )
     for lim, val in limits:
         try:

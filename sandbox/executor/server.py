@@ -2,8 +2,10 @@
 
 ``Executor.handle(request)`` validates a request and runs it in the pre-forked child
 (``child.py``), supervised by ``supervise.py``; after answering, ``cleanup`` kills what is
-left of the snippet and forks the next child in a fresh, empty work dir, so that work is off
-the next request's path.  ``main`` is the entry point (stdio transport, or a unix socket).
+left of the snippet, empties every writable directory (``scratch.wipe``) and forks the next
+child, so that work is off the next request's path.  ``main`` is the entry point: the
+executor makes itself non-dumpable, then talks over stdio, or connects to a unix socket the
+host listens on (``--connect``; nothing in the sandbox needs a writable host directory).
 Stdlib only (this package runs inside containers).
 """
 
@@ -14,29 +16,39 @@ import ctypes
 import gc
 import importlib
 import os
-import shutil
+import select
 import signal
 import socket
 import sys
 import tempfile
 import time
 
-from .child import child_main, vm_size
+from .child import READY, child_main, vm_size
+from .guard import Guard
 from .outcome import oom_kills, result, setup_failed
 from .protocol import ProtocolError, encode_frame, read_frame, write_all
+from .scratch import wipe
 from .supervise import killpg, supervise, sweep
 
 _PR_SET_CHILD_SUBREAPER = 36
 _REQUIRED = ("timeout_s", "memory_mb", "max_output_bytes", "max_processes")
+READY_TIMEOUT_S = 10.0
+"""Seconds a pre-forked child may take to isolate itself before the request counts as refused."""
 
 
 class Executor:
-    """Runs requests in pre-forked children: ``handle(request) -> response``."""
+    """Runs requests in pre-forked children: ``handle(request) -> response``.
 
-    def __init__(self, uid: int | None = None, workdir_base: str | None = None):
+    ``scratch``: the writable directories emptied before every child (the work dir always is).
+    """
+
+    def __init__(self, uid: int | None = None, workdir_base: str | None = None,
+                 scratch: list[str] | None = None, guard: Guard | None = None):
         self.uid = uid
         base = workdir_base or tempfile.gettempdir()
         self.workdir = os.path.join(base, f"cleaner-run-{os.getpid()}")
+        self.scratch = [*(scratch or []), self.workdir]
+        self.guard = guard or Guard(enabled=False)
         self.runs = 0
         self._pending: int | None = None
         self._next: tuple[int, int, int, int, int] | None = None
@@ -60,9 +72,13 @@ class Executor:
         pid, out_r, err_r, st_r, req_w = self._next or self._prefork()
         self._next = None
         self._pending = pid
-        oom_before = oom_kills()
-        start = time.monotonic()
         try:
+            refused = _await_ready(st_r, err_r)
+            if refused:
+                os.close(req_w)
+                return {"error": f"sandbox child could not isolate itself: {refused}"}
+            oom_before = oom_kills()
+            start = time.monotonic()
             try:
                 write_all(req_w, encode_frame(req))
             except OSError:
@@ -78,13 +94,13 @@ class Executor:
 
     def _prefork(self) -> tuple[int, int, int, int, int]:
         """Fork the next child in a fresh, empty work dir; it waits for its request."""
+        left = wipe(self.scratch)
+        if left:  # a worker that cannot forget must not run another snippet
+            raise SystemExit(f"executor: could not empty {left}")
         try:
-            os.rmdir(self.workdir)  # usually empty: one syscall instead of a tree walk
-        except FileNotFoundError:
+            os.mkdir(self.workdir, 0o700)
+        except FileExistsError:
             pass
-        except OSError:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-        os.mkdir(self.workdir, 0o700)
         if self.uid is not None and os.geteuid() == 0:
             os.chown(self.workdir, self.uid, self.uid)
         os.chdir(self.workdir)  # inherited by the child
@@ -94,7 +110,7 @@ class Executor:
             stream.flush()
         pid = os.fork()
         if pid == 0:
-            child_main((out_w, err_w, st_w, req_r), self.uid, base_vm)
+            child_main((out_w, err_w, st_w, req_r), self.uid, base_vm, self.guard)
         for fd in (out_w, err_w, st_w, req_r):
             os.close(fd)
         return pid, out_r, err_r, st_r, req_w
@@ -108,6 +124,21 @@ class Executor:
             os.chdir("/")
         if self._next is None:
             self._next = self._prefork()
+
+
+def _await_ready(st_r: int, err_r: int) -> str | None:
+    """Wait for the child's ``READY`` byte; None when it came, else why not (its stderr)."""
+    ready, _, _ = select.select([st_r], [], [], READY_TIMEOUT_S)
+    first = os.read(st_r, 1) if ready else b""
+    if first == READY:
+        return None
+    why = "no answer" if not ready else "it exited"
+    os.set_blocking(err_r, False)
+    try:
+        detail = os.read(err_r, 4096).decode("utf-8", "replace").strip()
+    except OSError:
+        detail = ""
+    return f"{why}: {detail[-1000:]}" if detail else why
 
 
 def preimport(modules: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -135,28 +166,28 @@ def serve_stream(executor: Executor, rfd: int, wfd: int, hello: dict) -> None:
         executor.cleanup()
 
 
-def serve_socket(executor: Executor, path: str, hello: dict) -> None:
-    if os.path.exists(path):
-        os.unlink(path)
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(path)
-    os.chmod(path, 0o666)
-    srv.listen(4)
+def connect(path: str) -> socket.socket:
+    """Connect to the host's listening socket (retried briefly while it appears)."""
+    deadline = time.monotonic() + 30
     while True:
-        conn, _ = srv.accept()
-        with conn:
-            try:
-                serve_stream(executor, os.dup(conn.fileno()), os.dup(conn.fileno()), hello)
-            except OSError:
-                continue
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+            return sock
+        except OSError:
+            sock.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="CLEANER sandbox fork-server executor")
     ap.add_argument("--preimport", default="", help="comma-separated modules to import once")
-    ap.add_argument("--socket", default=None, help="serve a unix socket instead of stdio")
+    ap.add_argument("--connect", default=None, help="talk over this unix socket instead of stdio")
     ap.add_argument("--uid", type=int, default=None, help="uid snippets run as (when root)")
     ap.add_argument("--workdir-base", default=None, help="where per-run work dirs are made")
+    ap.add_argument("--scratch", default="", help="comma-separated writable dirs emptied before each snippet")
     args = ap.parse_args(argv)
     proto_in, proto_out = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -166,16 +197,23 @@ def main(argv: list[str] | None = None) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+    guard = Guard()
+    dumpable = not guard.protect_executor()
+    start = time.monotonic()
     done, failed = preimport([m for m in args.preimport.split(",") if m.strip()])
+    import_s = time.monotonic() - start
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # children inherit default dispositions
     gc.freeze()  # keep the collector of forked children off the shared pages (fewer copies)
-    executor = Executor(uid=args.uid, workdir_base=args.workdir_base)
+    executor = Executor(uid=args.uid, workdir_base=args.workdir_base, guard=guard,
+                        scratch=[d for d in args.scratch.split(",") if d])
     # set once here and inherited, rather than in every child (fewer copied pages per snippet)
     os.environ.update(HOME=executor.workdir, TMPDIR=executor.workdir, PWD=executor.workdir)
     tempfile.tempdir = None  # forget a cached default so snippets' tempfile uses the work dir
     hello = {"ready": True, "pid": os.getpid(), "python": sys.version.split()[0],
-             "preimported": done, "failed_imports": failed}
-    if args.socket:
-        serve_socket(executor, args.socket, hello)
+             "executable": sys.executable, "preimported": done, "failed_imports": failed,
+             "preimport_s": round(import_s, 4), "seccomp": guard.seccomp, "dumpable": dumpable}
+    if args.connect:
+        sock = connect(args.connect)
+        serve_stream(executor, os.dup(sock.fileno()), os.dup(sock.fileno()), hello)
     else:
         serve_stream(executor, proto_in, proto_out, hello)
