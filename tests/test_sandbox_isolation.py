@@ -190,7 +190,7 @@ def test_hello_reports_the_guard_and_preimport_cost(box):
     worker = box._idle.queue[0]
     assert worker.hello["seccomp"] is True and worker.hello["dumpable"] is False
     assert worker.hello["preimported"] == ["math"] and worker.hello["preimport_s"] >= 0
-    assert box.stats()["preimport_s"] == worker.hello["preimport_s"]
+    assert box.stats()["preimport_s"] in {w.hello["preimport_s"] for w in [*box._idle.queue, *box._spares]}
 
 
 # -- blast radius: the snippet that brings its worker down is the only one affected ------------
