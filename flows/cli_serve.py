@@ -27,7 +27,15 @@ import httpx
 import typer
 
 from flows import serve_api
-from flows.serve_stack import ORDER, ServeError, StackConfig, Supervisor, group_alive, read_state, wait_http
+from flows.serve_stack import (
+    ORDER,
+    ServeError,
+    StackConfig,
+    Supervisor,
+    group_alive,
+    read_state,
+    wait_http,
+)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Local Prefect server + worker + MLflow server.")
 

@@ -4,7 +4,8 @@
 * With ``--auth``: ``<stack folder>/credentials.json`` (mode 0600, created once, reused at every start) holds the
   Prefect API auth string (``admin:<random>``; the server checks it, the worker and flows send it as
   ``PREFECT_API_AUTH_STRING``) and the MLflow admin user and password. MLflow runs its ``basic-auth`` app with
-  ``<stack folder>/mlflow-auth.ini`` (its user database next to it, default permission READ); the admin password
+  ``<stack folder>/mlflow-auth.ini`` (its user database next to it, default permission READ) and the Flask secret
+  key its CSRF protection needs (``MLFLOW_FLASK_SERVER_SECRET_KEY``, also in the file); the admin password
   reaches it through ``MLFLOW_AUTH_ADMIN_PASSWORD`` on its first start only, never through the ini. Further users
   and permissions go through MLflow's auth API (``mlflow.server.get_app_client("basic-auth", ...)``).
 
@@ -41,7 +42,7 @@ def prepare_auth(folder: Path, host: str, auth: bool) -> dict:
     path = folder / "credentials.json"
     if not path.exists():
         creds = {"prefect": f"admin:{secrets.token_urlsafe(24)}",
-                 "mlflow_admin": [MLFLOW_ADMIN, secrets.token_urlsafe(24)]}
+                 "mlflow_admin": [MLFLOW_ADMIN, secrets.token_urlsafe(24)], "mlflow_secret": secrets.token_hex(32)}
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(creds, f, indent=1)
@@ -54,7 +55,7 @@ def prepare_auth(folder: Path, host: str, auth: bool) -> dict:
                    f"admin_username = {creds['mlflow_admin'][0]}\n"
                    "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
     return {"file": str(path.resolve()), "prefect": creds["prefect"], "mlflow_admin": tuple(creds["mlflow_admin"]),
-            "mlflow_config": str(ini.resolve())}
+            "mlflow_secret": creds["mlflow_secret"], "mlflow_config": str(ini.resolve())}
 
 
 def prefect_auth_string(state: dict) -> str | None:

@@ -77,6 +77,7 @@ class StackConfig:
         if self.auth and name == "mlflow":
             env["MLFLOW_AUTH_CONFIG_PATH"] = self.auth["mlflow_config"]
             env["MLFLOW_AUTH_ADMIN_PASSWORD"] = self.auth["mlflow_admin"][1]
+            env["MLFLOW_FLASK_SERVER_SECRET_KEY"] = self.auth["mlflow_secret"]
         return env
 
     def argv(self, name: str) -> list[str]:
@@ -239,7 +240,7 @@ class Supervisor:
 
     def _create_pool(self) -> None:
         argv = [_bin("prefect"), "work-pool", "create", self.cfg.pool, "--type", "process", "--overwrite"]
-        done = subprocess.run(argv, env=self.cfg.env("worker"), capture_output=True, text=True, timeout=120)
+        done = subprocess.run(argv, env=self.cfg.env("worker"), capture_output=True, text=True, timeout=120, check=False)
         with open(self.logs / "worker.log", "a") as f:
             f.write(done.stdout + done.stderr)
         if done.returncode != 0:

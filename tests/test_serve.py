@@ -1,5 +1,6 @@
-"""``prefect.yaml`` is a valid deployment file for our flows, and ``cleaner serve`` starts a
-Prefect server + process worker + MLflow server that runs a deployment, then stops by group.
+"""``prefect.yaml`` is a valid deployment file for our flows; the parts of ``cleaner serve`` that need no running
+stack: stopping process groups, back-off restarts, adopting orphaned flow processes, scheduler errors in a real
+Prefect log, the auth guard and credentials. Served stacks are tested in test_stack.py and test_team_stack.py.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def free_port() -> int:
 
 
 def _cli(args: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def _groups_alive(pgids) -> list[int]:
@@ -78,43 +79,6 @@ def test_stop_groups_ends_whole_groups_and_escalates(tmp_path):
     finally:
         for proc in (polite, stubborn):
             proc.wait(timeout=10)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_serve_deploys_runs_and_stops(warm_model_dir, tmp_path):
-    from tests.flowrun import tiny_overrides
-
-    serve = tmp_path / "serve"
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    env.pop("PREFECT_API_URL", None)
-    py, prefect = sys.executable, str(Path(sys.executable).parent / "prefect")
-    ports = [str(free_port()), str(free_port())]
-    started = _cli([py, "-m", "flows.cli_serve", "start", "--detach", "--dir", str(serve), "--prefect-port", ports[0],
-                    "--mlflow-port", ports[1], "--mlflow-store", f"sqlite:///{tmp_path / 'mlflow-ui.db'}",
-                    "--artifacts", str(tmp_path / "ui-artifacts")], env, 420)
-    assert started.returncode == 0, started.stdout + started.stderr
-    state = json.loads((serve / "pids.json").read_text())
-    assert set(state["pids"]) == {"prefect", "worker", "mlflow"}
-    assert {p.name for p in (serve / "logs").iterdir()} == {"prefect.log", "worker.log", "mlflow.log", "supervisor.log"}
-    try:
-        env["PREFECT_API_URL"] = state["prefect_api"]
-        deployed = _cli([prefect, "--no-prompt", "deploy", "--name", "train-tiny"], env, 180)
-        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-        params = json.dumps({"overrides": [*tiny_overrides(tmp_path, warm_model_dir, steps=1),
-                                           "data.prompts_per_step=2", "rollout.n_samples=2"], "run_id": "served"})
-        ran = _cli([prefect, "deployment", "run", "train/train-tiny", "--params", params, "--watch",
-                    "--watch-timeout", "360"], env, 420)
-        worker_log = (serve / "logs" / "worker.log").read_text()[-3000:]
-        assert ran.returncode == 0, ran.stdout + ran.stderr + worker_log
-        assert "Completed" in ran.stdout, ran.stdout
-        assert (tmp_path / "runs" / "served" / "steps" / "000000" / "logged.json").exists(), worker_log
-    finally:
-        stopped = _cli([py, "-m", "flows.cli_serve", "stop", "--dir", str(serve)], env, 120)
-    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    assert stopped.stdout.strip() == "stopped: worker, mlflow, prefect"
-    assert not _groups_alive(state["pids"].values())
-    assert not (serve / "pids.json").exists()
 
 
 LOG = ROOT / "tests" / "data" / "prefect-sqlalchemy21-scheduler.log"
@@ -242,5 +206,5 @@ os.kill(orphan, 9)
 
 def test_a_flow_process_whose_worker_died_stays_below_the_supervisor(tmp_path):
     done = subprocess.run([sys.executable, "-c", ORPHAN, str(ROOT), str(tmp_path / "pid")], capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, check=False)
     assert done.stdout.split() == ["True", "True"], done.stdout + done.stderr

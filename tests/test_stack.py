@@ -34,7 +34,7 @@ INTERVAL_S = 40
 
 
 def cli(args: list[str], env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def serve(*args: str, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -191,6 +191,9 @@ def test_stop_refuses_during_a_run_and_force_cancels_it(stack):
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     print(f"serve stop --force took {time.time() - t0:.0f} s")
     assert stopped.stdout.strip() == "stopped: worker, mlflow, prefect"
+    assert not (stack.folder / "pids.json").exists()
+    assert {p.name for p in (stack.folder / "logs").iterdir()} == {"prefect.log", "worker.log", "mlflow.log",
+                                                                    "supervisor.log"}
     assert not [n for n, p in pids.items() if _alive(p)]
     assert not _pid_alive(pid), f"flow process {pid} survived the stack"
     db = sqlite3.connect(f"file:{stack.tmp / 'prefect-home' / 'prefect.db'}?mode=ro", uri=True)
