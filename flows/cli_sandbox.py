@@ -1,10 +1,12 @@
 """``cleaner sandbox`` sub-commands (a typer app mounted by ``flows/cli.py``).
 
     cleaner sandbox bench [--backends docker,local,subprocess] [--concurrency 1,8,32]
-                          [--snippets trivial,cpu_50ms,numpy] [-n 200] [--workers CORES]
+                          [--snippets trivial,cpu_50ms,numpy] [-n 200] [--reps 2] [--workers CORES]
+                          [--preimport math] [--runs-per-container 500] [--long-factor 2]
                           [--out runs/sandbox_bench.json]
 
-Prints a table of executions/s and p50/p95/p99 latency and writes the same data as JSON.
+Prints tables of executions/s and p50/p95/p99 latency (each pool against a plain interpreter of
+its own build, see ``sandbox/bench.py``) and writes the same data as JSON.
 """
 
 from __future__ import annotations
@@ -33,14 +35,20 @@ def bench(
     backends: str = typer.Option("docker,local,subprocess", help="Backends to measure (comma-separated)."),
     concurrency: str = typer.Option("1,8,32", help="Client concurrency levels (comma-separated)."),
     snippets: str = typer.Option("trivial,cpu_50ms,numpy", help="Snippets (comma-separated)."),
-    n: int = typer.Option(200, "-n", min=1, help="Executions per (backend, snippet, concurrency)."),
+    n: int = typer.Option(200, "-n", min=1, help="Executions per (backend, snippet, concurrency), over all reps."),
+    reps: int = typer.Option(2, min=1, help="Interleaved repetitions of every cell (runners in rotated order)."),
     workers: int = typer.Option(0, min=0, help="Executors / containers in each pool (0: one per CPU core)."),
+    preimport: str = typer.Option("math", help="Modules the pools pre-import (the plain runners import them too)."),
+    runs_per_container: int = typer.Option(500, min=1, help="Snippets a worker serves before it is replaced."),
+    long_factor: float = typer.Option(2.0, min=0, help="Long run: this many times runs_per_container x workers."),
     out: Path = typer.Option(Path("runs/sandbox_bench.json"), help="Where the JSON report goes."),
 ) -> None:
-    """Measure executions/s and p50/p95/p99 latency of the sandbox backends vs a subprocess baseline."""
+    """Measure executions/s and p50/p95/p99 latency of the sandbox backends vs plain interpreters."""
     import logging
+    import os
 
-    from sandbox.bench import SNIPPETS, render, run_bench, write_json
+    from sandbox.bench import BACKENDS, SNIPPETS, render, run_bench, write_json
+    from sandbox.config import SandboxConfig
 
     logging.basicConfig(level=logging.WARNING)
     try:
@@ -52,10 +60,13 @@ def bench(
     if unknown:
         raise typer.BadParameter(f"--snippets: unknown {unknown}; valid: {sorted(SNIPPETS)}")
     chosen = _csv(backends, "backends")
-    bad = sorted(set(chosen) - {"docker", "local", "subprocess", "auto"})
+    bad = sorted(set(chosen) - set(BACKENDS))
     if bad:
-        raise typer.BadParameter(f"--backends: unknown {bad}; valid: docker, local, subprocess, auto")
-    report = run_bench(backends=chosen, snippets=names, concurrency=levels, n=n, workers=workers or None)
+        raise typer.BadParameter(f"--backends: unknown {bad}; valid: {', '.join(BACKENDS)}")
+    cfg = SandboxConfig(workers=workers or os.cpu_count() or 1, timeout_s=30, runs_per_container=runs_per_container,
+                        preimport=[m for m in preimport.split(",") if m.strip()])
+    report = run_bench(backends=chosen, snippets=names, concurrency=levels, n=n, cfg=cfg, reps=reps,
+                       long_factor=long_factor)
     render(report)
     typer.echo(f"wrote {write_json(report, out)}")
 

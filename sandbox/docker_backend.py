@@ -152,8 +152,10 @@ class DockerSandbox(WorkerPool):
     name = "docker"
     isolation = "docker"
 
-    def __init__(self, cfg: SandboxConfig, client=None):
+    def __init__(self, cfg: SandboxConfig, client=None, spawn: bool = False):
+        """``spawn``: run every snippet in a fresh interpreter (the benchmark's baseline)."""
         super().__init__(cfg)
+        self.spawn = spawn
         self.client = client or docker_client()
         if not image_present(self.client, cfg.image):
             raise SandboxInfraError(
@@ -176,7 +178,7 @@ class DockerSandbox(WorkerPool):
         uid = self._uid_base + slot % 100
         command = [*launch_argv("python3", _EXECUTOR), "--connect", f"{_SOCK_DIR}/executor.sock",
                    "--preimport", ",".join(cfg.preimport), "--workdir-base", "/work",
-                   "--scratch", ",".join(_WIPED)]
+                   "--scratch", ",".join(_WIPED), *(["--spawn"] if self.spawn else [])]
         mem = f"{cfg.memory_mb + EXECUTOR_HEADROOM_MB + len(_SCRATCH) * cfg.scratch_mb}m"
         scratch = f"size={cfg.scratch_mb}m,nr_inodes={cfg.scratch_inodes},mode=1777"
         return dict(

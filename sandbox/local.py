@@ -191,8 +191,10 @@ class LocalSandbox(WorkerPool):
 
     name = "local"
 
-    def __init__(self, cfg: SandboxConfig):
+    def __init__(self, cfg: SandboxConfig, spawn: bool = False):
+        """``spawn``: run every snippet in a fresh interpreter (the benchmark's baseline)."""
         super().__init__(cfg)
+        self.spawn = spawn
         self._tmp = tempfile.mkdtemp(prefix="cleaner-sandbox-")
         self._remove_tmp = weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
         os.chmod(self._tmp, 0o711)
@@ -224,7 +226,7 @@ class LocalSandbox(WorkerPool):
             "bubblewrap or use sandbox.backend=docker for untrusted code.", who)
 
     def _argv(self, slot: int) -> list[str]:
-        opts = ["--preimport", ",".join(self.cfg.preimport)]
+        opts = ["--preimport", ",".join(self.cfg.preimport), *(["--spawn"] if self.spawn else [])]
         if self.isolation != "bwrap":
             if self._drop_uid:
                 opts += ["--uid", str(self._uid_base + slot % 100)]

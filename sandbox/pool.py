@@ -96,8 +96,8 @@ class WorkerPool:
         self._free_slots = list(range(SLOTS))
         self._stats = {"executions": 0, "ok": 0, "timeouts": 0, "infra_retries": 0,
                        "infra_errors": 0, "worker_restarts": 0, "retired": 0, "worker_kills": 0,
-                       "spares_used": 0, "total_duration_s": 0.0, "max_worker_wait_s": 0.0,
-                       "preimport_s": 0.0}
+                       "spares_used": 0, "replacement_gaps": 0, "max_replacement_gap_s": 0.0,
+                       "total_duration_s": 0.0, "max_worker_wait_s": 0.0, "preimport_s": 0.0}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -284,13 +284,15 @@ class WorkerPool:
                 self._stats["spares_used"] += 1
         if spare is not None:
             self._idle.put(spare)
-        thread = threading.Thread(target=self._renew, args=(worker, spare is None), daemon=True,
+        thread = threading.Thread(target=self._renew, args=(worker, spare is None, time.monotonic()), daemon=True,
                                   name=f"{self.name}-renew-{worker.slot}")
         with self._lock:
             self._background = [t for t in self._background if t.is_alive()] + [thread]
         thread.start()
 
-    def _renew(self, old: Worker, into_idle: bool) -> None:
+    def _renew(self, old: Worker, into_idle: bool, since: float) -> None:
+        """Kill ``old``, start its successor; ``into_idle``: no spare took ``old``'s place, so the
+        pool is one worker short from ``since`` until the successor is in (a *replacement gap*)."""
         old.kill()
         self._release(old.slot)
         if self._closed:
@@ -306,6 +308,10 @@ class WorkerPool:
             fresh.kill()
         elif into_idle:
             self._idle.put(fresh)
+            with self._lock:
+                self._stats["replacement_gaps"] += 1
+                self._stats["max_replacement_gap_s"] = max(self._stats["max_replacement_gap_s"],
+                                                           time.monotonic() - since)
         else:
             with self._lock:
                 self._spares.append(fresh)

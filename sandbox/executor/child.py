@@ -15,15 +15,15 @@ import atexit
 import fcntl
 import os
 import resource
+import struct
 import sys
-import threading
 import traceback
 import types
 
-from .protocol import ProtocolError, read_frame
-
 STATUS_FD = 3
 REQUEST_FD = 4
+_REQUEST = struct.Struct(">dIIIII")
+"""timeout_s, memory_mb, max_processes, file_mb, code bytes, setup bytes + 1 (0: no setup)."""
 READY = b"R"
 """The first status byte: the child is isolated and waits for its request."""
 SETUP_OK, SETUP_FAILED = b"S", b"F"
@@ -39,12 +39,15 @@ def vm_size() -> int:
         return 0
 
 
-def child_main(fds: tuple[int, int, int, int], uid: int | None, base_vm: int, guard) -> None:
+def child_main(fds: tuple[int, int, int, int], uid: int | None, base_vm: int, guard,
+               spawn: tuple[list[str], dict, str] | None = None) -> None:
     """Runs in the pre-forked child; never returns.  ``fds``: stdout, stderr, status writers
     and the request reader.  The child keeps only those, waits for its request, then runs it.
 
     On a normal finish the child closes stdout/stderr and writes its exit code to the status
     pipe (fd 3) before exiting, so the parent can answer without waiting for the exit teardown.
+    ``spawn`` (argv, env, prelude): instead, exec a fresh interpreter on ``prelude + code`` (the
+    plain-subprocess baseline of ``sandbox/bench.py``, isolated exactly like a snippet).
     """
     code = 1
     try:
@@ -56,12 +59,16 @@ def child_main(fds: tuple[int, int, int, int], uid: int | None, base_vm: int, gu
         _isolate(uid, guard)
         os.write(STATUS_FD, READY)
         try:
-            req = read_frame(lambda n: os.read(REQUEST_FD, n))
-        except ProtocolError:
+            limits, source, setup = _read_request()
+        except EOFError:
             os._exit(0)  # the executor discarded this pre-forked child
         os.close(REQUEST_FD)
-        _limits(req, base_vm)
-        code = run_snippet(req["code"], req.get("setup"))
+        _limits(limits, base_vm)
+        if spawn is not None:
+            argv, env, prelude = spawn
+            os.set_inheritable(STATUS_FD, False)
+            os.execve(argv[0], [*argv, prelude + source], env)
+        code = run_snippet(source, setup)
         os.close(1)
         os.close(2)
         os.write(STATUS_FD, bytes([code & 0xFF]))
@@ -90,14 +97,42 @@ def _isolate(uid: int | None, guard) -> None:
         pass
 
 
-def _limits(req: dict, base_vm: int) -> None:
+def encode_request(req: dict) -> bytes:
+    """The request as the child reads it: a fixed header and the UTF-8 code and setup (no JSON
+    in the child: every object it builds costs copy-on-write page faults)."""
+    code = req["code"].encode("utf-8", "surrogatepass")
+    setup = req.get("setup")
+    extra = b"" if setup is None else setup.encode("utf-8", "surrogatepass")
+    return _REQUEST.pack(float(req["timeout_s"]), int(req["memory_mb"]), int(req["max_processes"]),
+                         int(req.get("file_mb", 64)), len(code), 0 if setup is None else len(extra) + 1) + code + extra
+
+
+def _read_request() -> tuple[tuple, str, str | None]:
+    timeout_s, memory_mb, processes, file_mb, n_code, n_setup = _REQUEST.unpack(_read_exact(_REQUEST.size))
+    source = _read_exact(n_code).decode("utf-8", "surrogatepass")
+    setup = _read_exact(n_setup - 1).decode("utf-8", "surrogatepass") if n_setup else None
+    return (timeout_s, memory_mb, processes, file_mb), source, setup
+
+
+def _read_exact(n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = os.read(REQUEST_FD, n - len(data))
+        if not chunk:
+            raise EOFError
+        data += chunk
+    return data
+
+
+def _limits(req: tuple, base_vm: int) -> None:
     """Rlimits of the request (no POSIX message queues at all: they would outlive the snippet)."""
+    timeout_s, memory_mb, processes, file_mb = req
     limits = (
-        (resource.RLIMIT_AS, base_vm + int(req["memory_mb"]) * 1024 * 1024),
-        (resource.RLIMIT_NPROC, int(req["max_processes"])),
-        (resource.RLIMIT_FSIZE, int(req.get("file_mb", 64)) * 1024 * 1024),
+        (resource.RLIMIT_AS, base_vm + memory_mb * 1024 * 1024),
+        (resource.RLIMIT_NPROC, processes),
+        (resource.RLIMIT_FSIZE, file_mb * 1024 * 1024),
         (resource.RLIMIT_CORE, 0),
-        (resource.RLIMIT_CPU, int(float(req["timeout_s"])) + 2),
+        (resource.RLIMIT_CPU, int(timeout_s) + 2),
         (resource.RLIMIT_MSGQUEUE, 0),
     )
     for lim, val in limits:
@@ -134,7 +169,9 @@ def run_snippet(source: str, setup: str | None = None) -> int:
         sys.__excepthook__(type(exc), exc, exc.__traceback__)
         code = 1
     try:
-        threading._shutdown()  # wait for non-daemon threads, as the interpreter does
+        threading = sys.modules.get("threading")  # not imported here: its at-fork hook costs ~130
+        if threading is not None:                   # page faults in every child; snippets import it
+            threading._shutdown()  # wait for non-daemon threads, as the interpreter does
         atexit._run_exitfuncs()
     except SystemExit as exc:
         code = _exit_code(exc)

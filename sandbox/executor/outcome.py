@@ -61,14 +61,14 @@ class StatusPipe:
         self.setup: bool | None = None if expect_setup else True
         self.code: int | None = None
 
-    def read(self, sel) -> None:
+    def read(self, watch) -> None:
+        """Read what is there; at EOF tell ``watch`` (a ``supervise._Watch``) the pipe closed."""
         try:
             data = os.read(self.fd, 64)
         except OSError:
             return
         if not data:
-            if self.fd in sel.get_map():
-                sel.unregister(self.fd)
+            watch.close(self.fd)
             return
         if self.setup is None:
             self.setup, data = data[:1] == SETUP_OK, data[1:]

@@ -18,6 +18,8 @@ def wipe(dirs: list[str]) -> list[str]:
     left = []
     for root in dirs:
         try:
+            if os.stat(root).st_size == 0:  # an empty tmpfs (or btrfs) directory: nothing to do
+                continue
             fd = os.open(root, _DIR_FLAGS)
         except FileNotFoundError:
             continue

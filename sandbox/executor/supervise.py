@@ -11,7 +11,7 @@ Stdlib only (this package runs inside containers).
 from __future__ import annotations
 
 import os
-import selectors
+import select
 import signal
 import time
 
@@ -22,19 +22,17 @@ DRAIN_S = 0.5
 
 def supervise(pid: int, req: dict, fds: tuple[int, int, int], start: float):
     """Watch child ``pid`` until it ends, times out or floods; returns
-    ``(wait status, timed_out, flooded, StatusPipe, stdout Capture, stderr Capture)``."""
+    ``(wait status, timed_out, flooded, StatusPipe, stdout Capture, stderr Capture)``.
+    ``fds`` (stdout, stderr, status read ends) are non-blocking."""
     out_r, err_r, st_r = fds
     cap = int(req["max_output_bytes"])
     hard_cap = max(16 * cap, 1 << 20)
     caps = {out_r: Capture(cap, keep_tail=False), err_r: Capture(cap, keep_tail=True)}
     deadline = start + float(req["timeout_s"])
-    sel = selectors.DefaultSelector()
-    for fd in (out_r, err_r, st_r):
-        os.set_blocking(fd, False)
-        sel.register(fd, selectors.EVENT_READ)
+    watch = _Watch(fds)
     pidfd = _pidfd(pid)
     if pidfd is not None:
-        sel.register(pidfd, selectors.EVENT_READ)
+        watch.poller.register(pidfd, select.POLLIN)
     report = StatusPipe(st_r, expect_setup=req.get("setup") is not None)
     status, timed_out, flooded = None, False, False
     try:
@@ -44,37 +42,52 @@ def supervise(pid: int, req: dict, fds: tuple[int, int, int], start: float):
                 timed_out = True
                 break
             wait = remaining if pidfd is not None else min(remaining, 0.01)
-            for key, _ in sel.select(wait):
-                if key.fd in caps:
-                    _read_into(key.fd, caps[key.fd], sel)
-                elif key.fd == st_r:
-                    report.read(sel)
-            if sum(c.total for c in caps.values()) > hard_cap:
+            for fd, _ in watch.poller.poll(wait * 1000):
+                if fd in caps:
+                    _read_into(fd, caps[fd], watch)
+                elif fd == st_r:
+                    report.read(watch)
+            if caps[out_r].total + caps[err_r].total > hard_cap:
                 flooded = True
                 break
-            if report.code is not None and not any(fd in caps for fd in sel.get_map()):
+            if report.code is not None and out_r not in watch.open and err_r not in watch.open:
                 return report.code << 8, False, False, report, caps[out_r], caps[err_r]
             status = _poll_exit(pid)
         killpg(pid)
         if status is None:
             status = os.waitpid(pid, 0)[1]
-        _drain(sel, caps)
-        report.read(sel)
+        _drain(watch, caps)
+        report.read(watch)
     finally:
-        sel.close()
         if pidfd is not None:
             os.close(pidfd)
     return status, timed_out, flooded, report, caps[out_r], caps[err_r]
 
 
-def _drain(sel, caps) -> None:
+class _Watch:
+    """A ``poll`` set of the child's pipes and which of them are still open (no epoll instance
+    per snippet: ``poll`` keeps its set in user space)."""
+
+    def __init__(self, fds):
+        self.poller = select.poll()
+        self.open = set(fds)
+        for fd in fds:
+            self.poller.register(fd, select.POLLIN)
+
+    def close(self, fd: int) -> None:
+        if fd in self.open:
+            self.open.discard(fd)
+            self.poller.unregister(fd)
+
+
+def _drain(watch: _Watch, caps) -> None:
     """Read what is left; escaped writers are swept so EOF normally comes at once."""
     sweep()
     end = time.monotonic() + DRAIN_S
-    while any(fd in caps for fd in sel.get_map()) and time.monotonic() < end:
-        for key, _ in sel.select(max(0.0, end - time.monotonic())):
-            if key.fd in caps:
-                _read_into(key.fd, caps[key.fd], sel)
+    while any(fd in watch.open for fd in caps) and time.monotonic() < end:
+        for fd, _ in watch.poller.poll(max(0.0, end - time.monotonic()) * 1000):
+            if fd in caps:
+                _read_into(fd, caps[fd], watch)
 
 
 def sweep() -> None:
@@ -102,7 +115,7 @@ def killpg(pid: int) -> None:
         pass
 
 
-def _read_into(fd: int, cap: Capture, sel) -> None:
+def _read_into(fd: int, cap: Capture, watch: _Watch) -> None:
     try:
         data = os.read(fd, 1 << 16)
     except BlockingIOError:
@@ -110,7 +123,7 @@ def _read_into(fd: int, cap: Capture, sel) -> None:
     if data:
         cap.add(data)
     else:
-        sel.unregister(fd)
+        watch.close(fd)
 
 
 def _pidfd(pid: int) -> int | None:
