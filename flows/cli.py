@@ -8,6 +8,7 @@
     cleaner eval [--checkpoint DIR]  the evaluate flow: pass@k, first-call failures, recovery, SAAR off and on
     cleaner compare                  CLEANER vs DAPO vs SAAR-everywhere over seeds, with a report
     cleaner query "SQL"              query the DuckDB store
+    cleaner bench-rollout            rollout before/after continuous batching (ratios in one run)
     cleaner sandbox ... / data ...   sandbox benchmark, dataset tools
 
 Every command takes ``--config`` (YAML) and repeatable ``--set key.path=value`` overrides.
@@ -173,6 +174,17 @@ def bench_engines_cmd(model: Path = typer.Option(Path("assets/tiny-warm"), help=
     from models.bench_engines import bench_engines
 
     bench_engines(model, work_dir, steps=steps, echo=console.print)
+
+
+@app.command("bench-rollout")
+def bench_rollout_cmd(model: Path = typer.Option(Path("assets/tiny-warm"), help="Policy folder."),
+                      prompts: int = typer.Option(32, help="Held-out prompts."),
+                      samples: int = typer.Option(8, help="Samples per prompt."),
+                      repeats: int = typer.Option(3, help="Alternating before/after repeats (the first warms up).")) -> None:
+    """Rollout wall time and useful tokens/s, static rounds vs continuous batching, as ratios."""
+    from tasks.bench_rollout import bench_rollout
+
+    bench_rollout(model, n_prompts=prompts, n_samples=samples, repeats=repeats, echo=console.print)
 
 
 @app.command()

@@ -1,24 +1,21 @@
-"""``cleaner serve``: a local Prefect server, a process worker and an MLflow server on 127.0.0.1.
+"""``cleaner serve``: a Prefect server, a process worker and an MLflow server, supervised.
 
-What it simplifies: running deployments from ``prefect.yaml`` and browsing MLflow needs three
-long-lived servers; this starts them with one command, each in its own process group, with
-their logs in one folder and their PIDs recorded, and stops them cleanly by process group.
+What it simplifies: running deployments from ``prefect.yaml`` and browsing MLflow needs three long-lived
+servers; this starts them with one command, keeps them alive (``flows/serve_stack.py``: a crashed server is
+restarted with back-off, the others keep running), and stops them without leaving a flow run Running or a flow
+process behind.
 
-    cleaner serve start             # foreground; Ctrl-C stops everything
-    cleaner serve start --detach    # return once all three answer; stop later with:
-    cleaner serve stop
-    cleaner serve status
+    cleaner serve start [--detach]      # foreground (Ctrl-C stops everything) or a background supervisor
+    cleaner serve status                # servers, restarts, scheduler errors from the Prefect log
+    cleaner serve restart mlflow        # or prefect / worker
+    cleaner serve stop [--force]        # refuses while flow runs are active; --force cancels them and waits
 
-Layout (``--dir``, default ``.serve``): ``logs/prefect.log``, ``logs/worker.log``,
-``logs/mlflow.log`` and ``pids.json`` (name → process-group id, ports, URLs). The MLflow server
-reads the same store the flows write by default (``sqlite:///mlflow.db``, ``./mlartifacts``), so
-runs started from deployments appear in its UI.
+Layout (``--dir``, default ``.serve``): ``logs/{prefect,worker,mlflow,supervisor}.log`` and ``pids.json``. The MLflow
+server reads the store the flows write by default (``sqlite:///mlflow.db``, ``./mlartifacts``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -29,182 +26,133 @@ from pathlib import Path
 import httpx
 import typer
 
+from flows import serve_api
+from flows.serve_stack import (
+    ORDER,
+    ServeError,
+    StackConfig,
+    Supervisor,
+    group_alive,
+    read_state,
+    wait_http,
+)
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Local Prefect server + worker + MLflow server.")
 
 DirOpt = typer.Option(Path(".serve"), "--dir", help="Folder for logs/ and pids.json.")
 
 
-class ServeError(RuntimeError):
-    """A server of the stack did not come up."""
-
-
-def _bin(name: str) -> str:
-    """The console script next to this interpreter (the project's venv), else the one on PATH."""
-    local = Path(sys.executable).parent / name
-    return str(local) if local.exists() else name
-
-
-def _spawn(name: str, argv: list[str], logs: Path, env: dict[str, str]) -> subprocess.Popen:
-    log = open(logs / f"{name}.log", "ab")
+def _pid_alive(pid: int | None) -> bool:
     try:
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
-    finally:
-        log.close()
-
-
-def _wait_http(name: str, url: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise ServeError(f"{name} exited with code {proc.returncode} before answering {url}; see {log}")
-        try:
-            if httpx.get(url, timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise ServeError(f"{name} did not answer {url} within {timeout_s:.0f} s; see {log}")
-
-
-def stop_groups(pids: dict[str, int], grace_s: float = 15.0) -> list[str]:
-    """Stop each process group, last started first (the worker before the servers it talks to):
-    SIGTERM, then SIGKILL after ``grace_s``. Returns the names that were running."""
-    stopped = []
-    for name, pgid in reversed(list(pids.items())):
-        if not _group_alive(pgid):
-            continue
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-        except ProcessLookupError:
-            continue
-        stopped.append(name)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and _group_alive(pgid):
-            time.sleep(0.2)
-        if _group_alive(pgid):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-    return stopped
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether the group has a live (non-zombie) process; reaps the leader when it is our child."""
-    try:
-        os.waitpid(pgid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, TypeError):
         return False
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return True
-    for stat in proc.glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def start_stack(folder: Path, prefect_port: int, mlflow_port: int, pool: str, mlflow_store: str,
-                artifacts: Path, timeout_s: float = 180.0) -> dict:
-    """Start the three servers and create the work pool; returns what ``pids.json`` records."""
-    logs = folder / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    api = f"http://127.0.0.1:{prefect_port}/api"
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_API_URL": api,
-           "PREFECT_UI_API_URL": api, "PREFECT_SERVER_API_HOST": "127.0.0.1"}
-    state: dict = {"pids": {}, "prefect_api": api, "mlflow_uri": f"http://127.0.0.1:{mlflow_port}", "pool": pool}
-    procs: dict[str, subprocess.Popen] = {}
+def _running(folder: Path) -> bool:
     try:
-        procs["prefect"] = _spawn("prefect", [_bin("prefect"), "server", "start", "--host", "127.0.0.1",
-                                              "--port", str(prefect_port)], logs, env)
-        procs["mlflow"] = _spawn("mlflow", [_bin("mlflow"), "server", "--backend-store-uri", mlflow_store,
-                                            "--artifacts-destination", str(artifacts), "--host", "127.0.0.1",
-                                            "--port", str(mlflow_port), "--workers", "1"], logs, env)
-        state["pids"] = {k: p.pid for k, p in procs.items()}
-        _write_state(folder, state)
-        _wait_http("prefect server", f"{api}/health", procs["prefect"], logs / "prefect.log", timeout_s)
-        _create_pool(pool, env, logs / "worker.log")
-        procs["worker"] = _spawn("worker", [_bin("prefect"), "worker", "start", "--pool", pool, "--type", "process"],
-                                 logs, env)
-        state["pids"]["worker"] = procs["worker"].pid
-        _write_state(folder, state)
-        _wait_http("mlflow server", f"{state['mlflow_uri']}/health", procs["mlflow"], logs / "mlflow.log", timeout_s)
-    except BaseException:
-        stop_groups({k: p.pid for k, p in procs.items()}, grace_s=5.0)
-        (folder / "pids.json").unlink(missing_ok=True)
-        raise
-    return state
+        state = read_state(folder)
+    except FileNotFoundError:
+        return False
+    return _pid_alive(state.get("supervisor")) or any(group_alive(p) for p in state["pids"].values())
 
 
-def _create_pool(pool: str, env: dict[str, str], log: Path) -> None:
-    argv = [_bin("prefect"), "work-pool", "create", pool, "--type", "process", "--overwrite"]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
-    with open(log, "a") as f:
-        f.write(done.stdout + done.stderr)
-    if done.returncode != 0:
-        raise ServeError(f"creating work pool {pool!r} failed (exit {done.returncode}): {done.stderr.strip()[-400:]}")
+def _token(state: dict) -> str | None:
+    from flows.serve_auth import prefect_auth_string
 
-
-def _write_state(folder: Path, state: dict) -> None:
-    tmp = folder / ".pids.json.tmp"
-    tmp.write_text(json.dumps(state, indent=1))
-    tmp.replace(folder / "pids.json")
-
-
-def _interrupt(*_) -> None:
-    raise KeyboardInterrupt
-
-
-def read_state(folder: Path) -> dict:
-    path = folder / "pids.json"
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no stack recorded here (start one with `cleaner serve start`)")
-    return json.loads(path.read_text())
+    return prefect_auth_string(state)
 
 
 @app.command()
 def start(folder: Path = DirOpt,
-          prefect_port: int = typer.Option(4200, help="Prefect server port (127.0.0.1)."),
-          mlflow_port: int = typer.Option(5000, help="MLflow server port (127.0.0.1)."),
+          prefect_port: int = typer.Option(4200, help="Prefect server port."),
+          mlflow_port: int = typer.Option(5000, help="MLflow server port."),
           pool: str = typer.Option("cleaner-process", help="Work pool (type process) the worker polls."),
           mlflow_store: str = typer.Option("sqlite:///mlflow.db", help="MLflow backend store URI."),
           artifacts: Path = typer.Option(Path("mlartifacts"), help="MLflow artifacts folder."),
-          detach: bool = typer.Option(False, help="Return once the stack answers; stop it with `cleaner serve stop`."),
-          timeout: float = typer.Option(300.0, help="Seconds each server may take to answer.")) -> None:
-    """Start a Prefect server, a process worker and an MLflow server on 127.0.0.1."""
-    if (folder / "pids.json").exists() and any(_group_alive(p) for p in read_state(folder)["pids"].values()):
+          host: str = typer.Option("127.0.0.1", help="Address the servers listen on; other than loopback needs --auth."),
+          auth: bool = typer.Option(False, help="Team stack: MLflow basic auth + Prefect API auth (see docs/team.md)."),
+          detach: bool = typer.Option(False, help="Run the supervisor in the background; stop it with `cleaner serve stop`."),
+          timeout: float = typer.Option(300.0, help="Seconds each server may take to answer."),
+          cancel_timeout: float = typer.Option(120.0, help="At stop, seconds active flow runs get to end once cancelled.")) -> None:
+    """Start a Prefect server, a process worker and an MLflow server, and keep them running."""
+    from flows.serve_auth import AuthError, prepare_auth
+
+    if _running(folder):
         typer.echo(f"a stack is already running (see {folder / 'pids.json'}); `cleaner serve stop --dir {folder}` first")
         raise typer.Exit(1)
+    folder.mkdir(parents=True, exist_ok=True)
     try:
-        state = start_stack(folder, prefect_port, mlflow_port, pool, mlflow_store, artifacts.resolve(), timeout)
+        creds = prepare_auth(folder, host, auth)
+    except AuthError as err:
+        typer.echo(f"serve refused: {err}")
+        raise typer.Exit(2) from None
+    cfg = StackConfig(folder, prefect_port, mlflow_port, pool, mlflow_store, artifacts.resolve(), host, timeout,
+                      cancel_timeout, creds)
+    if detach:
+        _start_detached(cfg, auth)
+        return
+    _run_foreground(cfg)
+
+
+def _run_foreground(cfg: StackConfig) -> None:
+    sup = Supervisor(cfg, echo=lambda m: typer.echo(m, err=True))
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, interrupt)
+    try:
+        sup.start()
     except ServeError as err:
         typer.echo(f"serve failed: {err}")
         raise typer.Exit(1) from None
-    typer.echo(f"Prefect UI/API  {state['prefect_api'][:-4]}   (export PREFECT_API_URL={state['prefect_api']})\n"
-               f"MLflow UI       {state['mlflow_uri']}\nworker          pool {pool!r}\n"
-               f"logs            {folder / 'logs'}   PIDs {folder / 'pids.json'}")
-    if detach:
-        return
-    typer.echo("Ctrl-C stops the stack.")
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _interrupt)
-    try:
-        while all(_group_alive(p) for p in state["pids"].values()):
-            time.sleep(1.0)
-        typer.echo(f"a server exited; stopping the rest (logs in {folder / 'logs'})")
     except KeyboardInterrupt:
-        pass
-    finally:
-        stopped = stop_groups(state["pids"])
-        (folder / "pids.json").unlink(missing_ok=True)
-        typer.echo(f"stopped: {', '.join(stopped) or 'nothing'}")
+        raise typer.Exit(130) from None
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: sup.stopping.set())
+    _print_urls(cfg)
+    typer.echo("Ctrl-C stops the stack (active flow runs are cancelled first).")
+    sup.watch()
+    stopped = sup.shutdown()
+    typer.echo(f"stopped: {', '.join(stopped) or 'nothing'}")
+
+
+def _start_detached(cfg: StackConfig, auth: bool) -> None:
+    argv = [sys.executable, "-m", "flows.cli_serve", "start", "--dir", str(cfg.folder), "--prefect-port",
+            str(cfg.prefect_port), "--mlflow-port", str(cfg.mlflow_port), "--pool", cfg.pool, "--mlflow-store",
+            cfg.mlflow_store, "--artifacts", str(cfg.artifacts), "--host", cfg.host, "--timeout", str(cfg.timeout_s),
+            "--cancel-timeout", str(cfg.cancel_timeout_s), *(["--auth"] if auth else [])]
+    (cfg.folder / "pids.json").unlink(missing_ok=True)
+    logs = cfg.folder / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / "supervisor.log", "ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    deadline = time.monotonic() + 3 * cfg.timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = (logs / "supervisor.log").read_text()[-1500:]
+            typer.echo(f"serve failed: the supervisor exited with code {proc.returncode}:\n{tail}")
+            raise typer.Exit(1)
+        try:
+            if read_state(cfg.folder).get("ready"):
+                _print_urls(cfg)
+                return
+        except (FileNotFoundError, ValueError):
+            pass
+        time.sleep(0.5)
+    typer.echo(f"serve failed: the stack was not ready within {3 * cfg.timeout_s:.0f} s; see {logs}")
+    raise typer.Exit(1)
+
+
+def _print_urls(cfg: StackConfig) -> None:
+    creds = f"\ncredentials     {cfg.auth['file']} (0600)" if cfg.auth else ""
+    typer.echo(f"Prefect UI/API  {cfg.prefect_api[:-4]}   (export PREFECT_API_URL={cfg.prefect_api})\n"
+               f"MLflow UI       {cfg.mlflow_uri}\nworker          pool {cfg.pool!r}\n"
+               f"logs            {cfg.folder / 'logs'}   PIDs {cfg.folder / 'pids.json'}{creds}")
 
 
 def _state_or_exit(folder: Path) -> dict:
@@ -217,21 +165,93 @@ def _state_or_exit(folder: Path) -> dict:
 
 
 @app.command()
-def stop(folder: Path = DirOpt) -> None:
-    """Stop a stack started with ``--detach`` (each process group: SIGTERM, then SIGKILL)."""
+def stop(folder: Path = DirOpt,
+         force: bool = typer.Option(False, help="Cancel active flow runs (through Prefect) and wait for them."),
+         timeout: float = typer.Option(300.0, help="Seconds to wait for the stack to stop.")) -> None:
+    """Stop the stack; refuses while flow runs are active unless ``--force``."""
     state = _state_or_exit(folder)
-    stopped = stop_groups(state["pids"])
+    alive = [n for n, pgid in state["pids"].items() if group_alive(pgid)]
+    if not force and "prefect" in alive:
+        try:
+            runs = serve_api.active_runs(state["prefect_api"], _token(state))
+        except httpx.HTTPError:
+            runs = []
+        if runs:
+            names = ", ".join(f"{r['name']} ({r['state'].lower()})" for r in runs)
+            typer.echo(f"{len(runs)} flow run(s) active: {names}. `cleaner serve stop --force` cancels them "
+                       "through Prefect, waits for them, then stops the stack.")
+            raise typer.Exit(1)
+    sup = state.get("supervisor")
+    if _pid_alive(sup):
+        os.kill(sup, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _pid_alive(sup) and time.monotonic() < deadline:
+            time.sleep(0.5)
+    if _pid_alive(sup) or any(group_alive(p) for p in state["pids"].values()):
+        from flows.serve_stack import stop_groups
+
+        stop_groups(state["pids"])
     (folder / "pids.json").unlink(missing_ok=True)
-    typer.echo(f"stopped: {', '.join(stopped) or 'nothing (already gone)'}")
+    typer.echo(f"stopped: {', '.join(reversed(alive)) or 'nothing (already gone)'}")
+
+
+@app.command()
+def restart(name: str = typer.Argument(..., help=f"One of: {', '.join(ORDER)}."), folder: Path = DirOpt,
+            timeout: float = typer.Option(300.0, help="Seconds the server may take to answer again.")) -> None:
+    """Restart one server of a running stack (the others keep running)."""
+    if name not in ORDER:
+        typer.echo(f"unknown server {name!r}; one of: {', '.join(ORDER)}")
+        raise typer.Exit(2)
+    state = _state_or_exit(folder)
+    if not _pid_alive(state.get("supervisor")):
+        typer.echo(f"no supervisor is running for {folder} (start the stack with `cleaner serve start`)")
+        raise typer.Exit(1)
+    old = state["pids"].get(name)
+    (folder / f"restart-{name}").touch()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        new = read_state(folder)["pids"].get(name)
+        if new != old and group_alive(new):
+            break
+        time.sleep(0.3)
+    else:
+        typer.echo(f"{name} was not restarted within {timeout:.0f} s; see {folder / 'logs'}")
+        raise typer.Exit(1)
+    url = {"prefect": f"{state['prefect_api']}/health", "mlflow": f"{state['mlflow_uri']}/health"}.get(name)
+    if url:
+        try:
+            wait_http(name, url, lambda: group_alive(new), folder / "logs" / f"{name}.log",
+                      max(1.0, deadline - time.monotonic()), _token(state))
+        except ServeError as err:
+            typer.echo(str(err))
+            raise typer.Exit(1) from None
+    typer.echo(f"{name} restarted: pgid {old} -> {new}")
 
 
 @app.command()
 def status(folder: Path = DirOpt) -> None:
-    """Which servers of the recorded stack are alive."""
+    """Which servers are alive, how often each was restarted, and scheduler errors in the Prefect log.
+    Exit 1 when a server is down or the scheduler is failing."""
     state = _state_or_exit(folder)
+    healthy = _pid_alive(state.get("supervisor"))
+    typer.echo(f"{'supervisor':10s} pid  {state.get('supervisor', 0):<8d} {'running' if healthy else 'stopped'}")
     for name, pgid in state["pids"].items():
-        typer.echo(f"{name:8s} pgid {pgid:<8d} {'running' if _group_alive(pgid) else 'stopped'}")
+        up = group_alive(pgid)
+        healthy &= up
+        typer.echo(f"{name:10s} pgid {pgid:<8d} {'running' if up else 'stopped'}"
+                   f"   restarts {state.get('restarts', {}).get(name, 0)}")
+    log = folder / "logs" / "prefect.log"
+    errors = serve_api.scheduler_errors(log, state.get("log_offsets", {}).get("prefect", 0))
+    if errors:
+        healthy = False
+        last = errors[-1]
+        typer.echo(f"scheduler  {len(errors)} error(s) since the Prefect server started, last at {last.time}: "
+                   f"{last.exception or last.message}\n           schedules are not producing runs; see {log}")
+    else:
+        typer.echo(f"scheduler  no errors in {log}")
     typer.echo(f"PREFECT_API_URL={state['prefect_api']}  MLflow {state['mlflow_uri']}")
+    if not healthy:
+        raise typer.Exit(1)
 
 
 if __name__ == "__main__":

@@ -5,13 +5,18 @@ per request, the new token ids, their log-probs under the sampling distribution 
 generation stopped (``stop`` = end-of-turn token, ``length`` = budget used up). Stopping
 is on the end-of-turn id only: a hermes turn ends ``...</tool_call><|im_end|>``.
 
-``TransformersEngine`` runs a ``from_pretrained`` checkpoint in-process (CPU or one GPU),
-left-pads the whole batch and calls ``generate`` once per chunk of ``max_batch``. It is
+``TransformersEngine`` runs a ``from_pretrained`` checkpoint in-process (CPU or one GPU). By
+default (``batching: continuous``) it decodes with ``models.decode.DecodeStream``: rows join and
+leave one batch, so a finished row stops costing compute, and only sampled tokens' log-probs
+are kept; ``stream(seed)`` hands that batch to a caller (the rollout) that submits each turn as
+soon as its trajectory is ready and reuses each trajectory's cached prefix. ``batching:
+static`` is the previous path (left-pad a chunk of ``max_batch``, one ``generate`` with full
+logits, every row decoding to the longest budget), kept as the benchmark's baseline. It is
 the default for the demo and the tests. Engines are built by name from a registry
 (``@register_engine``); an HTTP engine for SGLang servers plugs in the same way.
 
-Simplifications: per-request budgets are honoured by truncating after one batched
-``generate`` with the largest budget (cheap at these sizes); top-k is not offered.
+Simplifications: top-k is not offered; in ``static`` mode per-request budgets are honoured by
+truncating after one batched ``generate`` with the largest budget.
 """
 
 from __future__ import annotations
@@ -38,6 +43,10 @@ class EngineConfig(BaseModel):
 
     max_batch: int = Field(64, ge=1)
     """Largest number of sequences generated in one forward batch."""
+
+    batching: Literal["continuous", "static"] = "continuous"
+    """In-process engine: ``continuous`` (finished rows leave the batch, queued ones join, prefixes are
+    reused across turns) or ``static`` (one padded ``generate`` per chunk; the benchmark's baseline)."""
 
     device: str = "cpu"
     """Torch device of the in-process engine (``cpu`` or ``cuda``)."""
@@ -131,6 +140,8 @@ class TransformersEngine:
             torch.set_num_threads(cfg.threads)
         self.model_path = str(model_path)
         self.model = load_causal_lm(model_path, cfg.device)
+        self.counters = {"generated": 0, "decode_slots": 0}
+        """Tokens returned to callers, and row-tokens decoded for them (padding after a row finished included)."""
 
     def load_weights(self, path: str | Path) -> None:
         """Weight sync: load the new checkpoint's parameters into the live model."""
@@ -140,8 +151,24 @@ class TransformersEngine:
         self.model.load_state_dict(fresh.state_dict())
         self.model_path = str(path)
 
+    def stream(self, seed: int, keep_prefix: bool = True):
+        """A continuous decoding batch (``models.decode.DecodeStream``) on this engine's model."""
+        from models.decode import DecodeStream
+
+        return DecodeStream(self.model, self.eos_id, self.pad_id, self.cfg.temperature, self.cfg.top_p,
+                            self.cfg.max_batch, seed, keep_prefix, counters=self.counters)
+
     @torch.no_grad()
     def generate(self, requests: list[GenRequest], seed: int) -> list[GenOutput]:
+        if self.cfg.batching == "continuous":
+            stream = self.stream(seed, keep_prefix=False)
+            for i, r in enumerate(requests):
+                stream.submit(i, r.input_ids, r.max_new_tokens)
+            outs: list[GenOutput | None] = [None] * len(requests)
+            while stream.busy:
+                for i, ids, lps, reason in stream.step():
+                    outs[i] = GenOutput(ids, lps, reason)
+            return outs  # type: ignore[return-value]
         torch.manual_seed(seed)
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].input_ids))
         outputs: list[GenOutput | None] = [None] * len(requests)
@@ -173,6 +200,7 @@ class TransformersEngine:
             return_dict_in_generate=True,
         )
         new = out.sequences[:, width:].cpu()
+        self.counters["decode_slots"] += new.numel()
         logits = torch.stack(out.logits, dim=1).float().cpu() / self.cfg.temperature
         lps = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
         return [self._trim(new[row].tolist(), lps[row].tolist(), r.max_new_tokens) for row, r in enumerate(reqs)]
@@ -180,5 +208,8 @@ class TransformersEngine:
     def _trim(self, toks: list[int], lps: list[float], cap: int) -> GenOutput:
         if self.eos_id in toks[:cap]:
             end = toks.index(self.eos_id) + 1
-            return GenOutput(toks[:end], lps[:end], "stop")
-        return GenOutput(toks[:cap], lps[:cap], "length")
+            out = GenOutput(toks[:end], lps[:end], "stop")
+        else:
+            out = GenOutput(toks[:cap], lps[:cap], "length")
+        self.counters["generated"] += len(out.token_ids)
+        return out

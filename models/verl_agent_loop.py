@@ -148,9 +148,9 @@ class CleanerAgentLoop(AgentLoopBase):
             out = await self.server_manager.generate(request_id, prompt_ids=req.input_ids, sampling_params=params)
             return self.gen_output(out, req)
 
-        async def aexecute(code: str):
+        async def aexecute(code: str, setup: str | None = None):
             box = shared_sandbox(self.sandbox_cfg)
-            return (await asyncio.to_thread(box.run_many, [code]))[0]
+            return (await asyncio.to_thread(box.run_many, [code], [setup]))[0]
 
         return to_output(await self.rollout.drive(traj, agenerate, aexecute))
 

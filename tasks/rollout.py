@@ -1,8 +1,13 @@
 """Multi-turn tool-use rollout with SAAR, as an enum state machine over a batch of trajectories.
 
-Every trajectory is in one ``State``; the driver (``rollout``) generates for all trajectories
-that wait on the engine in one batch, executes all pending tool calls in one sandbox batch,
-and hands each result to the small handler of that state:
+Every trajectory is in one ``State``; a driver hands each engine output and each tool result
+to the small handler of that state. Two drivers share the handlers: **continuous** (when the
+engine offers ``stream``): a turn is submitted as soon as its trajectory is ready, a finished
+turn's tool call runs in a thread while the others keep decoding, and its next turn joins the
+batch with the trajectory's cached prefix (no round waits for its longest turn); **rounds**
+(any engine): generate for every waiting trajectory in one batch, then execute every pending
+call in one sandbox batch. Every tool call runs with the prompt's bound inputs
+(``extra_info["setup"]``, run by the sandbox before the snippet in the same globals):
 
     GENERATING ──turn with a call──▶ EXECUTING ──ok──────────────────────▶ GENERATING
         │                               │ fail, SAAR on, retries left
@@ -26,8 +31,10 @@ rollout (``SandboxInfraError``): they are never a code failure, a SAAR trigger o
 
 from __future__ import annotations
 
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm.auto import tqdm
@@ -55,6 +62,13 @@ class RolloutConfig(BaseModel):
 
     max_tool_response_chars: int = Field(256, ge=16)
     """Characters of a tool response the model sees (head kept, rest marked truncated)."""
+
+    scheduling: Literal["continuous", "rounds"] = "continuous"
+    """``continuous``: turns join the engine's decoding batch as soon as their trajectory is ready
+    (engines with ``stream``); ``rounds``: all waiting turns are generated together, then all calls run."""
+
+    tool_threads: int = Field(8, ge=1)
+    """Continuous scheduling: tool calls running at once (threads calling the sandbox)."""
 
     saar: SAARConfig = SAARConfig()
     """SAAR rollback settings."""
@@ -162,13 +176,14 @@ class Rollout:
     async def drive(self, t: Trajectory, agenerate, aexecute) -> Trajectory:
         """Run one trajectory to its end with async callables, through the same handlers as ``run``.
 
-        ``agenerate(GenRequest) -> GenOutput``; ``aexecute(code) -> ExecutionResult``. Used where an
+        ``agenerate(GenRequest) -> GenOutput``; ``aexecute(code, setup) -> ExecutionResult``. Used where an
         outer framework schedules trajectories one by one (the verl agent loop).
         """
         while t.state is not State.TERMINATED:
             if t.state is State.EXECUTING:
                 call = t.pending
-                self.on_executed(t, await aexecute(call.code) if call.code is not None else _call_failure(call))
+                res = await aexecute(call.code, setup_of(t)) if call.code is not None else _call_failure(call)
+                self.on_executed(t, res)
             else:
                 out = await agenerate(self.request(t))
                 (self.on_retry_generated if t.state is State.RETRYING else self.on_generated)(t, out)
@@ -178,6 +193,16 @@ class Rollout:
     def run(self, items: list[PromptItem], seed: int, step: int, progress: bool = True) -> list[Trajectory]:
         trajs = self.new_trajectories(items, seed, step)
         bar = tqdm(total=len(trajs), desc=f"rollout step {step}", disable=not progress, leave=False)
+        if self.cfg.scheduling == "continuous" and hasattr(self.engine, "stream"):
+            self._run_continuous(trajs, seed, step, bar)
+        else:
+            self._run_rounds(trajs, seed, step, bar)
+        bar.close()
+        for t in trajs:
+            t.truncate(self.cfg.max_response_tokens)
+        return trajs
+
+    def _run_rounds(self, trajs: list[Trajectory], seed: int, step: int, bar) -> None:
         round_ = 0
         while True:
             gen = [t for t in trajs if t.state in (State.GENERATING, State.RETRYING)]
@@ -187,16 +212,48 @@ class Rollout:
                     (self.on_retry_generated if t.state is State.RETRYING else self.on_generated)(t, out)
             exe = [t for t in trajs if t.state is State.EXECUTING]
             if exe:
-                for t, res in zip(exe, self._execute([t.pending for t in exe])):
+                for t, res in zip(exe, self._execute(exe)):
                     self.on_executed(t, res)
             bar.update(sum(t.state is State.TERMINATED for t in trajs) - bar.n)
             if not gen and not exe:
                 break
             round_ += 1
-        bar.close()
-        for t in trajs:
-            t.truncate(self.cfg.max_response_tokens)
-        return trajs
+
+    def _run_continuous(self, trajs: list[Trajectory], seed: int, step: int, bar) -> None:
+        """Turns join the engine's decoding batch when ready; tool calls run in threads meanwhile."""
+        stream = self.engine.stream(seed=hash((seed, step)) % 2**31)
+        by_id = {t.traj_id: t for t in trajs}
+        running: dict[Future, Trajectory] = {}
+        with ThreadPoolExecutor(max_workers=self.cfg.tool_threads, thread_name_prefix="tool") as pool:
+
+            def route(t: Trajectory) -> None:
+                while t.state is State.EXECUTING and t.pending.code is None:
+                    self.on_executed(t, _call_failure(t.pending))
+                if t.state is State.EXECUTING:
+                    running[pool.submit(self.sandbox.run, t.pending.code, setup_of(t))] = t
+                elif t.state is State.TERMINATED:
+                    stream.release(t.traj_id)
+                    bar.update(1)
+                else:
+                    req = self.request(t)
+                    stream.submit(t.traj_id, req.input_ids, req.max_new_tokens)
+
+            for t in trajs:
+                route(t)
+            while stream.busy or running:
+                if stream.busy:
+                    for key, ids, lps, reason in stream.step():
+                        t = by_id[key]
+                        (self.on_retry_generated if t.state is State.RETRYING else self.on_generated)(
+                            t, GenOutput(ids, lps, reason))
+                        route(t)
+                    done = [f for f in running if f.done()]
+                else:
+                    done = wait(running, return_when=FIRST_COMPLETED).done
+                for f in done:
+                    t = running.pop(f)
+                    self.on_executed(t, f.result())
+                    route(t)
 
     def request(self, t: Trajectory) -> GenRequest:
         """The engine request of a trajectory waiting in GENERATING or RETRYING."""
@@ -207,10 +264,11 @@ class Rollout:
             ctx, start = t.prompt_ids + t.response_ids, len(t.response_ids)
         return GenRequest(ctx, max(1, min(self.cfg.max_new_tokens, self.cfg.max_response_tokens - start)))
 
-    def _execute(self, calls: list[ParsedCall]) -> list[ExecutionResult]:
-        codes = [c.code for c in calls if c.code is not None]
-        ran = iter(self.sandbox.run_many(codes) if codes else [])
-        return [next(ran) if c.code is not None else _call_failure(c) for c in calls]
+    def _execute(self, trajs: list[Trajectory]) -> list[ExecutionResult]:
+        calls = [(t.pending, setup_of(t)) for t in trajs]
+        runnable = [(c.code, s) for c, s in calls if c.code is not None]
+        ran = iter(self.sandbox.run_many([c for c, _ in runnable], setups=[s for _, s in runnable]) if runnable else [])
+        return [next(ran) if c.code is not None else _call_failure(c) for c, _ in calls]
 
     def _terminate(self, t: Trajectory, reason: str) -> None:
         t.state, t.finish_reason, t.pending = State.TERMINATED, reason, None
@@ -314,6 +372,12 @@ class Rollout:
         if len(t.response_ids) >= self.cfg.max_response_tokens:
             return self._terminate(t, "length")
         t.state = State.GENERATING
+
+
+def setup_of(t: Trajectory) -> str | None:
+    """The bound-input code of the trajectory's prompt (``extra_info["setup"]``), run before every call."""
+    setup = t.item.extra_info.get("setup") if t.item.extra_info else None
+    return setup or None
 
 
 def _call_failure(call: ParsedCall) -> ExecutionResult:

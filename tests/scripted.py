@@ -2,7 +2,9 @@
 
 Each trajectory (by request order) answers with the next text of its script, encoded with
 the real tokenizer and ended by the real end-of-turn id; log-probs are a fixed per-call value
-so splices can be traced.
+so splices can be traced. ``stream`` offers the continuous-batching contract of
+``models.decode.DecodeStream`` (submit / step / release / busy): a key gets the next unused
+script on its first submit, and every submitted turn finishes at the next ``step``.
 """
 
 from __future__ import annotations
@@ -31,3 +33,38 @@ class ScriptedEngine:
             ids = self.chat.encode(script.pop(0)) + [self.eos_id]
             outs.append(GenOutput(ids, [-0.01 * self.calls] * len(ids), "stop"))
         return outs
+
+    def stream(self, seed: int, keep_prefix: bool = True) -> "ScriptedStream":
+        return ScriptedStream(self)
+
+
+class ScriptedStream:
+    def __init__(self, engine: ScriptedEngine):
+        self.engine = engine
+        self.script_of: dict = {}
+        self.queue: list[tuple[object, GenRequest]] = []
+        self.released: list = []
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.queue)
+
+    def submit(self, key, input_ids: list[int], max_new_tokens: int) -> None:
+        self.queue.append((key, GenRequest(list(input_ids), max_new_tokens)))
+
+    def release(self, key) -> None:
+        self.released.append(key)
+
+    def step(self) -> list[tuple[object, list[int], list[float], str]]:
+        done, self.queue = self.queue, []
+        out = []
+        for key, req in done:
+            if key not in self.script_of:
+                self.script_of[key] = self.engine.scripts[len(self.script_of)]
+            script = self.script_of[key]
+            assert script, f"script of {key!r} ran out"
+            self.engine.calls += 1
+            self.engine.requests.append(req)
+            ids = self.engine.chat.encode(script.pop(0)) + [self.engine.eos_id]
+            out.append((key, ids, [-0.01 * self.engine.calls] * len(ids), "stop"))
+        return out

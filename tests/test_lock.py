@@ -55,8 +55,8 @@ def test_the_locks_differ_only_where_verl_forces_it(copy):
     assert {p for p in base.keys() & verl.keys() if base[p] != verl[p]} == {"antlr4-python3-runtime"}
     path = copy / "requirements-verl.lock"
     path.write_text(path.read_text().replace(f"\nzipp=={verl['zipp']}\n", "\nzipp==0.0.1\n"))
-    assert lock.lock_problems(copy) == [f"zipp: {base['zipp']} vs 0.0.1 between the locks "
-                                        f"(only ['antlr4-python3-runtime'] may differ)"]
+    expected = f"zipp: {base['zipp']} vs 0.0.1 between the locks (only ['antlr4-python3-runtime'] may differ)"
+    assert lock.lock_problems(copy) == [expected]
 
 
 @pytest.mark.parametrize("name", sorted(lock.LOCKS))

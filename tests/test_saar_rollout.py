@@ -28,6 +28,16 @@ LONG_FIX = "\n".join([
 ])
 
 
+SCHEDULING = {"mode": "rounds"}
+
+
+@pytest.fixture(autouse=True, params=["rounds", "continuous"])
+def scheduling(request):
+    """Every scenario runs under both drivers (round batches; continuous batching with threads)."""
+    SCHEDULING["mode"] = request.param
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def box():
     with make_sandbox(SandboxConfig(backend="local", workers=1)) as b:
@@ -35,7 +45,8 @@ def box():
 
 
 def run(chat, box, script, **saar) -> "object":
-    cfg = RolloutConfig(n_samples=1, max_turns=4, saar=SAARConfig(raw_share=0.0, **saar))
+    cfg = RolloutConfig(n_samples=1, max_turns=4, saar=SAARConfig(raw_share=0.0, **saar),
+                        scheduling=SCHEDULING["mode"])
     engine = ScriptedEngine(chat, [script])
     traj = Rollout(cfg, engine, chat, box).run([ITEM], seed=0, step=0, progress=False)[0]
     assert traj.state is State.TERMINATED

@@ -1,0 +1,110 @@
+"""What ``cleaner serve`` asks its servers: active flow runs (to cancel them at stop) and errors in the logs.
+
+* ``active_runs`` / ``cancel_runs`` / ``wait_terminal`` / ``force_cancel`` talk to the Prefect REST API with httpx
+  (``POST /flow_runs/filter``, ``POST /flow_runs/{id}/set_state``), with the API auth string when the stack has one.
+  Cancelling goes through Prefect's orchestration, so the worker kills the flow process, the flow's
+  ``on_cancellation`` hooks run and the deployment's concurrency slot is released.
+* ``log_errors`` reads a Prefect server log (``HH:MM:SS.mmm | LEVEL | logger - message`` lines, a traceback after an
+  ERROR) from a byte offset, so ``serve status`` reports only what happened since the server last started;
+  ``scheduler_errors`` keeps those of the scheduler services (a scheduler that fails every loop is silent otherwise:
+  the schedule looks active and no run is ever created).
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ACTIVE = ("PENDING", "RUNNING", "CANCELLING")
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
+HEADER = re.compile(r"^(\d\d:\d\d:\d\d(?:\.\d+)?) \| ([A-Z]+)\s*\| (\S+) - (.*)$")
+SCHEDULER_TASKS = ("schedule_deployments", "schedule_recent_deployments")
+
+
+def headers(auth_string: str | None) -> dict[str, str]:
+    """Prefect's API auth (``user:password``) as the Basic header its clients send."""
+    if not auth_string:
+        return {}
+    return {"Authorization": "Basic " + base64.b64encode(auth_string.encode()).decode()}
+
+
+def active_runs(api: str, auth_string: str | None = None, timeout_s: float = 10.0) -> list[dict]:
+    """Flow runs that hold a process or a slot: ``{id, name, state, deployment_id}``."""
+    body = {"flow_runs": {"state": {"type": {"any_": list(ACTIVE)}}}, "limit": 200}
+    resp = httpx.post(f"{api}/flow_runs/filter", json=body, headers=headers(auth_string), timeout=timeout_s)
+    resp.raise_for_status()
+    return [{"id": r["id"], "name": r["name"], "state": r["state_type"], "deployment_id": r.get("deployment_id")}
+            for r in resp.json()]
+
+
+def set_state(api: str, run_id: str, state: str, message: str, force: bool, auth_string: str | None = None) -> str:
+    """Propose a state; returns Prefect's answer (``ACCEPT``, ``REJECT``, ``ABORT``, ``WAIT``)."""
+    body = {"state": {"type": state, "message": message}, "force": force}
+    resp = httpx.post(f"{api}/flow_runs/{run_id}/set_state", json=body, headers=headers(auth_string), timeout=10.0)
+    resp.raise_for_status()
+    return resp.json()["status"]
+
+
+def cancel_runs(api: str, runs: list[dict], auth_string: str | None = None) -> None:
+    for run in runs:
+        if run["state"] != "CANCELLING":
+            set_state(api, run["id"], "CANCELLING", "cleaner serve stop: the stack is stopping", False, auth_string)
+
+
+def wait_terminal(api: str, ids: set[str], timeout_s: float, auth_string: str | None = None) -> set[str]:
+    """Wait until none of ``ids`` is active; returns those still active at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    left = set(ids)
+    while left:
+        left = {r["id"] for r in active_runs(api, auth_string)} & left
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    return left
+
+
+def force_cancel(api: str, ids: set[str], auth_string: str | None = None) -> None:
+    """Mark runs whose process is gone as Cancelled, so no run stays Running and no slot stays held."""
+    for run_id in ids:
+        set_state(api, run_id, "CANCELLED", "cleaner serve stop: the flow process was stopped with the stack",
+                  True, auth_string)
+
+
+@dataclass(frozen=True)
+class LogError:
+    time: str
+    source: str
+    message: str
+    exception: str
+
+
+def log_errors(log: Path, offset: int = 0) -> list[LogError]:
+    """ERROR records of a Prefect server log from byte ``offset``, each with the last line of its traceback."""
+    if not log.exists():
+        return []
+    with open(log, "rb") as f:
+        f.seek(offset)
+        lines = f.read().decode("utf-8", "replace").splitlines()
+    errors: list[LogError] = []
+    current: list[str] | None = None
+    for line in [*lines, "00:00:00 | END | eof - "]:
+        head = HEADER.match(line)
+        if head is None:
+            if current is not None and line.strip():
+                current.append(line.strip())
+            continue
+        if current is not None:
+            tail = current[4:]
+            errors.append(LogError(current[0], current[2], current[3], tail[-1] if tail else ""))
+        current = list(head.groups()) if head.group(2) in ("ERROR", "CRITICAL") else None
+    return errors
+
+
+def scheduler_errors(log: Path, offset: int = 0) -> list[LogError]:
+    return [e for e in log_errors(log, offset)
+            if "scheduler" in e.source or any(t in e.message for t in SCHEDULER_TASKS)]

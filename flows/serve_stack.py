@@ -1,0 +1,343 @@
+"""The ``cleaner serve`` supervisor: a Prefect server, an MLflow server and a process worker, kept alive.
+
+Each server runs in its own process group; the supervisor (the foreground ``cleaner serve start``, or its
+detached copy) restarts one that exits, after a back-off (1, 2, 4 … 60 s; reset once it stayed up a minute),
+without touching the others; ``restart-<name>`` files in the stack folder ask it to restart one now. It is a
+Linux child subreaper, so a flow process whose worker died is re-parented to it, not to init: at stop it
+cancels active flow runs through the Prefect API (the worker kills their processes, hooks run, slots are
+released), waits, kills what is left below it, marks runs whose process is gone Cancelled, then stops the
+worker, MLflow and Prefect. State (process groups, ports, restarts, log offsets) is in ``pids.json``.
+
+MLflow is sized for a small machine: one uvicorn worker and no job-execution consumers
+(``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``: 2 processes / ~0.5 GB instead of 10 / ~2 GB here); telemetry is
+off for both servers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from flows import serve_api
+from flows.serve_auth import env_for_clients
+
+ORDER = ("prefect", "mlflow", "worker")
+BACKOFF_S = (1, 2, 4, 8, 16, 30, 60)
+STABLE_S = 60.0
+PR_SET_CHILD_SUBREAPER = 36
+QUIET = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
+
+
+class ServeError(RuntimeError):
+    """A server of the stack did not come up."""
+
+
+@dataclass
+class StackConfig:
+    """What the stack serves and where; ``auth`` holds the credentials of a team stack (see ``flows/serve_auth``)."""
+
+    folder: Path
+    prefect_port: int = 4200
+    mlflow_port: int = 5000
+    pool: str = "cleaner-process"
+    mlflow_store: str = "sqlite:///mlflow.db"
+    artifacts: Path = Path("mlartifacts")
+    host: str = "127.0.0.1"
+    timeout_s: float = 300.0
+    cancel_timeout_s: float = 120.0
+    auth: dict = field(default_factory=dict)
+
+    @property
+    def prefect_api(self) -> str:
+        return f"http://{_client_host(self.host)}:{self.prefect_port}/api"
+
+    @property
+    def mlflow_uri(self) -> str:
+        return f"http://{_client_host(self.host)}:{self.mlflow_port}"
+
+    def env(self, name: str) -> dict[str, str]:
+        env = {**os.environ, **QUIET, "PREFECT_API_URL": self.prefect_api, "PREFECT_UI_API_URL": self.prefect_api,
+               "PREFECT_SERVER_API_HOST": self.host}
+        if name == "mlflow":
+            env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
+        env.update(env_for_clients(self.auth))
+        if self.auth and name == "prefect":
+            env["PREFECT_SERVER_API_AUTH_STRING"] = self.auth["prefect"]
+        if self.auth and name == "mlflow":
+            env["MLFLOW_AUTH_CONFIG_PATH"] = self.auth["mlflow_config"]
+            env["MLFLOW_AUTH_ADMIN_PASSWORD"] = self.auth["mlflow_admin"][1]
+            env["MLFLOW_FLASK_SERVER_SECRET_KEY"] = self.auth["mlflow_secret"]
+        return env
+
+    def argv(self, name: str) -> list[str]:
+        if name == "prefect":
+            return [_bin("prefect"), "server", "start", "--host", self.host, "--port", str(self.prefect_port)]
+        if name == "mlflow":
+            argv = [_bin("mlflow"), "server", "--backend-store-uri", self.mlflow_store, "--artifacts-destination",
+                    str(self.artifacts), "--host", self.host, "--port", str(self.mlflow_port), "--workers", "1"]
+            return argv + (["--app-name", "basic-auth"] if self.auth else [])
+        return [_bin("prefect"), "worker", "start", "--pool", self.pool, "--type", "process"]
+
+    def health_url(self, name: str) -> str | None:
+        return {"prefect": f"{self.prefect_api}/health", "mlflow": f"{self.mlflow_uri}/health"}.get(name)
+
+
+def _client_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+def _bin(name: str) -> str:
+    """The console script next to this interpreter (the project's venv), else the one on PATH."""
+    local = Path(sys.executable).parent / name
+    return str(local) if local.exists() else name
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether the group has a live (non-zombie) process; reaps the leader when it is our child."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pgid, os.WNOHANG)
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return any(st[1] == pgid and st[2] != "Z" for st in _proc_table().values())
+
+
+def _proc_table() -> dict[int, tuple[int, int, str]]:
+    """pid → (ppid, pgid, state) of every process, from /proc."""
+    table = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        table[int(stat.parent.name)] = (int(fields[1]), int(fields[2]), fields[0])
+    return table
+
+
+def descendants(root: int) -> dict[int, int]:
+    """pid → pgid of every live process below ``root``."""
+    table, found, frontier = _proc_table(), {}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, pgid, state) in table.items():
+            if ppid == parent and pid not in found:
+                if state != "Z":
+                    found[pid] = pgid
+                frontier.append(pid)
+    return found
+
+
+def stop_groups(pids: dict[str, int], grace_s: float = 15.0) -> list[str]:
+    """Stop each process group, last started first: SIGTERM, then SIGKILL after ``grace_s``.
+    Returns the names that were running."""
+    stopped = []
+    for name, pgid in reversed(list(pids.items())):
+        if not group_alive(pgid):
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        stopped.append(name)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and group_alive(pgid):
+            time.sleep(0.2)
+        if group_alive(pgid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+    return stopped
+
+
+def wait_http(name: str, url: str, alive, log: Path, timeout_s: float, auth_string: str | None = None) -> None:
+    """Until ``url`` answers 200; ``alive()`` false means the server died first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not alive():
+            raise ServeError(f"{name} exited before answering {url}; see {log}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2.0, headers=serve_api.headers(auth_string)).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise ServeError(f"{name} did not answer {url} within {timeout_s:.0f} s; see {log}")
+
+
+def read_state(folder: Path) -> dict:
+    path = folder / "pids.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no stack recorded here (start one with `cleaner serve start`)")
+    return json.loads(path.read_text())
+
+
+class Supervisor:
+    """Starts the stack, keeps every server alive, stops everything it started (and what they started)."""
+
+    def __init__(self, cfg: StackConfig, echo=print):
+        self.cfg, self.echo = cfg, echo
+        self.logs = cfg.folder / "logs"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.started: dict[str, float] = {}
+        self.crashes: dict[str, int] = {}
+        self.due: dict[str, float] = {}
+        self.stopping = threading.Event()
+        self.state = {"supervisor": os.getpid(), "pids": {}, "prefect_api": cfg.prefect_api,
+                      "mlflow_uri": cfg.mlflow_uri, "pool": cfg.pool, "host": cfg.host, "ready": False,
+                      "restarts": {}, "log_offsets": {}, "auth_file": cfg.auth.get("file")}
+
+    # -- processes -------------------------------------------------------------------------------
+    def spawn(self, name: str) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log_path = self.logs / f"{name}.log"
+        with open(log_path, "ab") as log:
+            self.state["log_offsets"][name] = log.tell()
+            self.procs[name] = subprocess.Popen(self.cfg.argv(name), stdout=log, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, env=self.cfg.env(name),
+                                                start_new_session=True)
+        self.started[name] = time.monotonic()
+        self.state["pids"][name] = self.procs[name].pid
+        self.write_state()
+
+    def alive(self, name: str) -> bool:
+        proc = self.procs.get(name)
+        return proc is not None and proc.poll() is None
+
+    def wait_ready(self, name: str) -> None:
+        url = self.cfg.health_url(name)
+        if url:
+            wait_http(name, url, lambda: self.alive(name), self.logs / f"{name}.log", self.cfg.timeout_s,
+                      self.cfg.auth.get("prefect"))
+
+    def write_state(self) -> None:
+        tmp = self.cfg.folder / ".pids.json.tmp"
+        tmp.write_text(json.dumps(self.state, indent=1))
+        tmp.replace(self.cfg.folder / "pids.json")
+
+    def start(self) -> None:
+        """Start Prefect, create the work pool, start MLflow and the worker; raise ServeError if one fails."""
+        _become_subreaper()
+        try:
+            self.spawn("prefect")
+            self.spawn("mlflow")
+            self.wait_ready("prefect")
+            self._create_pool()
+            self.spawn("worker")
+            self.wait_ready("mlflow")
+        except BaseException:
+            self.stop_servers(grace_s=5.0)
+            (self.cfg.folder / "pids.json").unlink(missing_ok=True)
+            raise
+        self.state["ready"] = True
+        self.write_state()
+
+    def _create_pool(self) -> None:
+        argv = [_bin("prefect"), "work-pool", "create", self.cfg.pool, "--type", "process", "--overwrite"]
+        done = subprocess.run(argv, env=self.cfg.env("worker"), capture_output=True, text=True, timeout=120, check=False)
+        with open(self.logs / "worker.log", "a") as f:
+            f.write(done.stdout + done.stderr)
+        if done.returncode != 0:
+            raise ServeError(f"creating work pool {self.cfg.pool!r} failed (exit {done.returncode}): "
+                             f"{done.stderr.strip()[-400:]}")
+
+    # -- supervision -----------------------------------------------------------------------------
+    def watch(self, poll_s: float = 0.5) -> None:
+        """Until asked to stop: restart requested servers now and crashed ones after their back-off."""
+        while not self.stopping.is_set():
+            now = time.monotonic()
+            for name in [n for n in ORDER if n in self.procs]:
+                request = self.cfg.folder / f"restart-{name}"
+                if request.exists():
+                    request.unlink(missing_ok=True)
+                    self.echo(f"{name}: restart requested")
+                    self._stop_one(name)
+                    self._respawn(name, crashed=False)
+                elif not self.alive(name):
+                    self._after_exit(name, now)
+                elif now - self.started[name] > STABLE_S:
+                    self.crashes[name] = 0
+            self._reap_orphans()
+            self.stopping.wait(poll_s)
+
+    def _after_exit(self, name: str, now: float) -> None:
+        if name not in self.due:
+            code = self.procs[name].returncode
+            n = self.crashes[name] = self.crashes.get(name, 0) + 1
+            delay = BACKOFF_S[min(n, len(BACKOFF_S)) - 1]
+            self.due[name] = now + delay
+            self.echo(f"{name} exited (code {code}); restarting in {delay} s (crash {n}, see {self.logs / name}.log)")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.procs[name].pid, signal.SIGKILL)
+        elif now >= self.due[name]:
+            self._respawn(name, crashed=True)
+
+    def _respawn(self, name: str, crashed: bool) -> None:
+        self.due.pop(name, None)
+        if not crashed:
+            self.crashes[name] = 0
+        self.state["restarts"][name] = self.state["restarts"].get(name, 0) + 1
+        self.spawn(name)
+        self.echo(f"{name} restarted (pgid {self.procs[name].pid})")
+
+    def _stop_one(self, name: str) -> None:
+        if name in self.procs:
+            stop_groups({name: self.procs[name].pid})
+            self.procs[name].poll()
+
+    def _reap_orphans(self) -> None:
+        """As a subreaper, collect re-parented processes that exited (not our servers: Popen reaps those)."""
+        mine = {p.pid for p in self.procs.values()}
+        for pid, (ppid, _, state) in _proc_table().items():
+            if ppid == os.getpid() and state == "Z" and pid not in mine:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+
+    # -- stopping --------------------------------------------------------------------------------
+    def shutdown(self) -> list[str]:
+        """Cancel active flow runs, stop the servers and every process below us; returns what was stopped."""
+        self.state["ready"] = False
+        self.write_state()
+        token = self.cfg.auth.get("prefect")
+        gone: set[str] = set()
+        if self.alive("prefect"):
+            try:
+                runs = serve_api.active_runs(self.cfg.prefect_api, token)
+                if runs:
+                    self.echo(f"cancelling {len(runs)} active flow run(s): {', '.join(r['name'] for r in runs)}")
+                    serve_api.cancel_runs(self.cfg.prefect_api, runs, token)
+                    gone = serve_api.wait_terminal(self.cfg.prefect_api, {r["id"] for r in runs},
+                                                   self.cfg.cancel_timeout_s, token)
+            except httpx.HTTPError as err:
+                self.echo(f"could not cancel flow runs through {self.cfg.prefect_api}: {err}")
+        stopped = stop_groups({"worker": self.procs["worker"].pid} if "worker" in self.procs else {})
+        self._kill_descendants()
+        if gone and self.alive("prefect"):
+            with contextlib.suppress(httpx.HTTPError):
+                serve_api.force_cancel(self.cfg.prefect_api, gone, token)
+        stopped += self.stop_servers()
+        (self.cfg.folder / "pids.json").unlink(missing_ok=True)
+        return stopped
+
+    def stop_servers(self, grace_s: float = 15.0) -> list[str]:
+        return stop_groups({n: self.procs[n].pid for n in ORDER if n in self.procs}, grace_s)
+
+    def _kill_descendants(self, grace_s: float = 10.0) -> None:
+        """Flow processes (and what they started) left below us: SIGTERM their groups, then SIGKILL."""
+        servers = {p.pid for p in self.procs.values()}
+        left = {pg for pg in descendants(os.getpid()).values() if pg not in servers}
+        if left:
+            self.echo(f"stopping {len(left)} leftover process group(s) of flow runs")
+            stop_groups({f"flow-{pg}": pg for pg in left}, grace_s)
+
+
+def _become_subreaper() -> None:
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)

@@ -1,0 +1,258 @@
+"""Continuous batching for the in-process engine: rows join and leave one decoding batch.
+
+A ``DecodeStream`` holds the rows being decoded and their key/value cache as one left-padded
+batch (``[rows, kv_heads, width, head_dim]`` per layer). Every ``step()``:
+
+1. **decode**: one forward of one token for every row in the batch; each samples its next token.
+2. **admit**: queued requests join while fewer than ``max_batch`` rows decode. A joiner's
+   prompt is prefilled in one forward with the other joiners; when the stream keeps prefixes
+   (``keep_prefix``) and the same key was decoded before, the cached keys/values of the longest
+   common prefix are reused and only the new suffix is fed (a multi-turn trajectory re-feeds
+   only its tool response, not its whole history). The joiners' caches are merged into the batch.
+3. **leave**: rows that sampled the end-of-turn id or used their budget leave the batch at
+   once (their cache is kept under their key when ``keep_prefix``); the batch is trimmed to the
+   longest remaining row.
+
+So no row ever decodes padding after it finished, a long turn does not hold back the others,
+and only the sampled tokens' log-probs are kept (never full logits). Positions are explicit
+(``position_ids`` = each row's own token count), so padding anywhere in the cache is masked
+out and never shifts a row.
+
+Sampling: temperature, optional nucleus (``top_p``), one uniform draw per row and token from
+a generator seeded by (seed, key, turn), so what a row samples does not depend on which other
+rows share its batch (up to floating-point noise of different batch shapes). The log-prob of a
+sampled token is under the temperature-scaled distribution, as the static engine reports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class _Row:
+    key: object
+    budget: int
+    fed: list[int]
+    """Ids whose keys/values are in the cache (the prompt, then every sampled token but the last)."""
+    next_id: int = -1
+    out: list[int] = field(default_factory=list)
+    lps: list[float] = field(default_factory=list)
+    gen: torch.Generator | None = None
+
+
+@dataclass
+class _Pending:
+    key: object
+    input_ids: list[int]
+    budget: int
+
+
+def _row_seed(seed: int, key: object, n_ids: int) -> int:
+    digest = hashlib.blake2b(f"{seed}:{key!r}:{n_ids}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+class DecodeStream:
+    """Rows join (``submit``), decode together (``step``) and leave when done (see module docstring)."""
+
+    def __init__(self, model, eos_id: int, pad_id: int, temperature: float = 1.0, top_p: float = 1.0,
+                 max_batch: int = 64, seed: int = 0, keep_prefix: bool = False, counters: dict | None = None):
+        self.model = model
+        self.eos_id, self.pad_id = eos_id, pad_id
+        self.temperature, self.top_p = temperature, top_p
+        self.max_batch, self.seed, self.keep_prefix = max_batch, seed, keep_prefix
+        self.device = next(model.parameters()).device
+        self.queue: deque[_Pending] = deque()
+        self.rows: list[_Row] = []
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.store: dict[object, tuple[list[int], list[torch.Tensor], list[torch.Tensor]]] = {}
+        self.stats = {"forwards": 0, "row_tokens": 0, "prefill_tokens": 0, "reused_tokens": 0}
+        self.counters = counters if counters is not None else {}
+        """Shared with the engine: ``generated`` tokens and ``decode_slots`` (equal here: no row decodes padding)."""
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.queue or self.rows)
+
+    def submit(self, key: object, input_ids: list[int], max_new_tokens: int) -> None:
+        if not input_ids:
+            raise ValueError(f"request {key!r}: empty input_ids")
+        self.queue.append(_Pending(key, list(input_ids), max(1, max_new_tokens)))
+
+    def release(self, key: object) -> None:
+        """Forget the cached prefix of ``key`` (its trajectory ended)."""
+        self.store.pop(key, None)
+
+    @torch.no_grad()
+    def step(self) -> list[tuple[object, list[int], list[float], str]]:
+        """Decode one token for every row, admit queued requests, retire finished rows.
+
+        Returns (key, token ids, log-probs, finish reason) of the rows that finished.
+        """
+        decoded = list(range(len(self.rows)))
+        if decoded:
+            self._decode()
+        return self._retire(decoded + self._admit())
+
+    # -- admission ----------------------------------------------------------------------------
+
+    def _admit(self) -> list[int]:
+        joiners: list[tuple[_Pending, int]] = []
+        while self.queue and len(self.rows) + len(joiners) < self.max_batch:
+            req = self.queue.popleft()
+            joiners.append((req, self._reusable(req)))
+        if not joiners:
+            return []
+        first = len(self.rows)
+        keys, values, lasts = self._prefill(joiners)
+        for (req, _), logits in zip(joiners, lasts):
+            row = _Row(req.key, req.budget, req.input_ids,
+                       gen=torch.Generator().manual_seed(_row_seed(self.seed, req.key, len(req.input_ids))))
+            self.rows.append(row)
+            self._sample([row], logits[None])
+        self._merge(keys, values, [len(req.input_ids) for req, _ in joiners])
+        return list(range(first, len(self.rows)))
+
+    def _reusable(self, req: _Pending) -> int:
+        """Length of the cached prefix of ``req.key`` that ``req.input_ids`` starts with (keeps ≥ 1 id to feed)."""
+        if not self.keep_prefix or req.key not in self.store:
+            return 0
+        ids = self.store[req.key][0]
+        n = 0
+        limit = min(len(ids), len(req.input_ids) - 1)
+        while n < limit and ids[n] == req.input_ids[n]:
+            n += 1
+        return n
+
+    def _prefill(self, joiners: list[tuple[_Pending, int]]):
+        """One forward over the joiners' new suffixes on top of their reused prefixes (left-padded)."""
+        n_layers = self.model.config.num_hidden_layers
+        c_max = max(c for _, c in joiners)
+        s_max = max(len(req.input_ids) - c for req, c in joiners)
+        ids = torch.full((len(joiners), s_max), self.pad_id, dtype=torch.long)
+        pos = torch.zeros((len(joiners), s_max), dtype=torch.long)
+        attn = torch.zeros((len(joiners), c_max + s_max), dtype=torch.long)
+        past = None
+        if c_max:
+            past_k, past_v = [], []
+            for layer in range(n_layers):
+                ks, vs = [], []
+                for req, c in joiners:
+                    k, v = self.store[req.key][1][layer][:, :c], self.store[req.key][2][layer][:, :c]
+                    ks.append(_left_pad(k, c_max))
+                    vs.append(_left_pad(v, c_max))
+                past_k.append(torch.stack(ks))
+                past_v.append(torch.stack(vs))
+            past = list(zip(past_k, past_v))
+        for row, (req, c) in enumerate(joiners):
+            suffix = req.input_ids[c:]
+            ids[row, s_max - len(suffix) :] = torch.tensor(suffix)
+            pos[row, s_max - len(suffix) :] = torch.arange(c, c + len(suffix))
+            attn[row, c_max - c : c_max] = 1
+            attn[row, c_max + s_max - len(suffix) :] = 1
+            self.stats["reused_tokens"] += c
+            self.stats["prefill_tokens"] += len(suffix)
+        keys, values, logits = self._forward(ids, pos, attn, past, c_max)
+        return keys, values, logits[:, -1]
+
+    def _merge(self, keys: list[torch.Tensor], values: list[torch.Tensor], lengths: list[int]) -> None:
+        """Append admitted rows (caches ``[n, h, w, d]``, left-padded) to the batch cache."""
+        if not self.keys:
+            self.keys, self.values = keys, values
+            return
+        width = max(self.keys[0].shape[2], keys[0].shape[2])
+        self.keys = [torch.cat([_left_pad(a, width), _left_pad(b, width)]) for a, b in zip(self.keys, keys)]
+        self.values = [torch.cat([_left_pad(a, width), _left_pad(b, width)]) for a, b in zip(self.values, values)]
+
+    # -- decoding -----------------------------------------------------------------------------
+
+    def _decode(self) -> None:
+        """One token for every row in the batch."""
+        width = self.keys[0].shape[2]
+        ids = torch.tensor([[row.next_id] for row in self.rows])
+        pos = torch.tensor([[len(row.fed)] for row in self.rows])
+        attn = torch.zeros((len(self.rows), width + 1), dtype=torch.long)
+        for j, row in enumerate(self.rows):
+            attn[j, width - len(row.fed) :] = 1
+        self.keys, self.values, logits = self._forward(ids, pos, attn, list(zip(self.keys, self.values)), width)
+        for row in self.rows:
+            row.fed.append(row.next_id)
+        self._sample(self.rows, logits[:, -1])
+
+    def _forward(self, ids, pos, attn, past, past_len: int):
+        from transformers import DynamicCache
+
+        cache = DynamicCache(past) if past is not None else DynamicCache()
+        cache_position = torch.arange(past_len, past_len + ids.shape[1])
+        out = self.model(input_ids=ids.to(self.device), position_ids=pos.to(self.device),
+                         attention_mask=attn.to(self.device), past_key_values=cache,
+                         cache_position=cache_position.to(self.device), use_cache=True, logits_to_keep=1)
+        self.stats["forwards"] += 1
+        self.stats["row_tokens"] += int(ids.shape[0] * ids.shape[1])
+        layers = out.past_key_values.layers
+        return [lay.keys for lay in layers], [lay.values for lay in layers], out.logits.float()
+
+    def _sample(self, rows: list[_Row], logits: torch.Tensor) -> None:
+        logp = torch.log_softmax(logits / self.temperature, dim=-1)
+        probs = logp.exp()
+        if self.top_p < 1.0:
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            keep = sorted_p.cumsum(-1) - sorted_p < self.top_p
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
+        cdf = probs.cumsum(-1)
+        draws = torch.stack([torch.rand(1, generator=row.gen) for row in rows]) * cdf[:, -1:]
+        tokens = torch.searchsorted(cdf, draws).clamp_(max=logits.shape[-1] - 1).squeeze(-1)
+        chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
+        for row, tok, lp in zip(rows, tokens.tolist(), chosen.tolist()):
+            row.next_id = tok
+            row.out.append(tok)
+            row.lps.append(lp)
+        for name in ("generated", "decode_slots"):
+            self.counters[name] = self.counters.get(name, 0) + len(rows)
+
+    # -- retirement ---------------------------------------------------------------------------
+
+    def _retire(self, rows: list[int]) -> list[tuple[object, list[int], list[float], str]]:
+        done = []
+        for i in rows:
+            row = self.rows[i]
+            if row.next_id == self.eos_id:
+                done.append((i, "stop"))
+            elif len(row.out) >= row.budget:
+                done.append((i, "length"))
+        if not done:
+            return []
+        gone = {i for i, _ in done}
+        finished = []
+        width = self.keys[0].shape[2]
+        for i, reason in done:
+            row = self.rows[i]
+            if self.keep_prefix:
+                n = len(row.fed)
+                self.store[row.key] = (list(row.fed), [k[i, :, width - n :].clone() for k in self.keys],
+                                       [v[i, :, width - n :].clone() for v in self.values])
+            finished.append((row.key, row.out, row.lps, reason))
+        keep = [i for i in range(len(self.rows)) if i not in gone]
+        self.rows = [self.rows[i] for i in keep]
+        if not keep:
+            self.keys, self.values = [], []
+            return finished
+        sel = torch.tensor(keep)
+        longest = max(len(r.fed) for r in self.rows)
+        self.keys = [k[sel, :, width - longest :] for k in self.keys]
+        self.values = [v[sel, :, width - longest :] for v in self.values]
+        return finished
+
+
+def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
+    """Left-pad the sequence axis (-2) of a cache tensor with zeros to ``width``."""
+    missing = width - t.shape[-2]
+    if missing <= 0:
+        return t
+    return torch.cat([t.new_zeros(t.shape[:-2] + (missing, t.shape[-1])), t], dim=-2)

@@ -1,0 +1,139 @@
+"""Continuous batching (``models.decode.DecodeStream``) on a small random Qwen2 model.
+
+The reference for every log-prob is a plain teacher-forced forward of the whole sequence
+(no cache, no padding): if positions, masks or the spliced caches were wrong, they would differ.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from models.decode import DecodeStream
+from models.engine import EngineConfig, GenRequest, TransformersEngine
+
+EOS, PAD, VOCAB = 1, 0, 48
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                      eos_token_id=EOS, pad_token_id=PAD, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)  # peaked next-token distributions, like a trained model's
+    out = tmp_path_factory.mktemp("rand")
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def model(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir).eval()
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    r = random.Random(seed)
+    return [[r.randint(2, VOCAB - 1) for _ in range(r.randint(3, 30))] for _ in range(n)]
+
+
+def _teacher_forced(model, ids: list[int], out: list[int], temperature: float = 1.0) -> list[float]:
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids + out])).logits[0].float() / temperature
+    lp = torch.log_softmax(logits, -1)
+    return [lp[len(ids) - 1 + j, t].item() for j, t in enumerate(out)]
+
+
+def _drain(stream: DecodeStream, max_rows: list[int] | None = None) -> dict:
+    done = {}
+    while stream.busy:
+        for key, ids, lps, reason in stream.step():
+            done[key] = (ids, lps, reason)
+        if max_rows is not None:
+            max_rows.append(len(stream.rows))
+    return done
+
+
+def test_logprobs_match_teacher_forcing_and_rows_leave(model):
+    prompts = _prompts(12)
+    stream = DecodeStream(model, EOS, PAD, temperature=0.8, max_batch=5, seed=3)
+    for i, p in enumerate(prompts):
+        stream.submit(i, p, 5 + 3 * i)
+    seen: list[int] = []
+    done = _drain(stream, seen)
+    assert sorted(done) == list(range(12)) and max(seen) <= 5
+    for i, (ids, lps, reason) in done.items():
+        assert reason == ("stop" if ids[-1] == EOS else "length")
+        assert EOS not in ids[:-1] and len(ids) <= 5 + 3 * i
+        assert reason == "stop" or len(ids) == 5 + 3 * i
+        assert max(abs(a - b) for a, b in zip(lps, _teacher_forced(model, prompts[i], ids, 0.8))) < 1e-4
+    generated = sum(len(v[0]) for v in done.values())
+    assert stream.counters == {"generated": generated, "decode_slots": generated}, "no slot decodes padding"
+    assert {r for _, _, r in done.values()} == {"stop", "length"}, "the draw should hit both ends"
+
+
+def test_prefix_of_a_key_is_reused_for_its_next_turn(model):
+    prompts = _prompts(4, seed=1)
+    stream = DecodeStream(model, EOS, PAD, max_batch=8, seed=0, keep_prefix=True)
+    for i, p in enumerate(prompts):
+        stream.submit(i, p, 6)
+    first = _drain(stream)
+    reused_before = stream.stats["reused_tokens"]
+    contexts = {i: prompts[i] + first[i][0] + [7, 8, 9] for i in range(4)}
+    for i, ctx in contexts.items():
+        stream.submit(i, ctx, 6)
+    second = _drain(stream)
+    fed = sum(len(prompts[i]) + len(first[i][0]) - 1 for i in range(4))
+    assert stream.stats["reused_tokens"] - reused_before == fed, "all but the last sampled token come from cache"
+    for i, (ids, lps, _) in second.items():
+        assert max(abs(a - b) for a, b in zip(lps, _teacher_forced(model, contexts[i], ids))) < 1e-4
+    stream.release(0)
+    assert 0 not in stream.store and 1 in stream.store
+
+
+def test_a_rows_draw_does_not_depend_on_its_batch(model):
+    prompts = _prompts(6, seed=2)
+    alone = DecodeStream(model, EOS, PAD, max_batch=8, seed=5)
+    alone.submit("x", prompts[0], 12)
+    crowd = DecodeStream(model, EOS, PAD, max_batch=8, seed=5)
+    for i, p in enumerate(prompts[1:]):
+        crowd.submit(i, p, 20)
+    crowd.step()
+    crowd.submit("x", prompts[0], 12)
+    assert _drain(alone)["x"][0] == _drain(crowd)["x"][0]
+
+
+def test_tiny_top_p_is_greedy(model):
+    prompts = _prompts(3, seed=4)
+    stream = DecodeStream(model, EOS, PAD, top_p=1e-9, max_batch=8, seed=0)
+    for i, p in enumerate(prompts):
+        stream.submit(i, p, 6)
+    for i, (ids, _, _) in _drain(stream).items():
+        ctx = list(prompts[i])
+        for tok in ids:
+            with torch.no_grad():
+                assert tok == int(model(input_ids=torch.tensor([ctx])).logits[0, -1].argmax())
+            ctx.append(tok)
+
+
+@pytest.mark.parametrize("batching", ["continuous", "static"])
+def test_engine_honours_budgets_in_both_modes(model_dir, batching):
+    engine = TransformersEngine(EngineConfig(batching=batching, max_batch=4), model_dir, EOS, PAD)
+    reqs = [GenRequest(p, 3 + i) for i, p in enumerate(_prompts(7, seed=6))]
+    outs = engine.generate(reqs, seed=1)
+    for req, out in zip(reqs, outs):
+        assert len(out.token_ids) == len(out.logprobs) <= req.max_new_tokens
+        assert out.finish_reason == ("stop" if out.token_ids[-1] == EOS else "length")
+        ref = _teacher_forced(engine.model, req.input_ids, out.token_ids)
+        assert max(abs(a - b) for a, b in zip(out.logprobs, ref)) < 1e-4
+    c = engine.counters
+    assert c["generated"] == sum(len(o.token_ids) for o in outs)
+    assert (c["decode_slots"] == c["generated"]) == (batching == "continuous")

@@ -1,0 +1,211 @@
+"""A served stack as a user runs it (``cleaner serve start --detach``, real Prefect server + process worker + MLflow
+server, the ``train-tiny`` deployment from ``prefect.yaml``), on free ports in a temporary folder:
+
+* an interval schedule produces runs that complete, and ``serve status`` sees no scheduler errors;
+* MLflow killed with SIGKILL is restarted by the supervisor while Prefect and the worker keep running;
+* ``serve restart worker`` replaces only the worker;
+* ``serve stop`` refuses during a run; ``--force`` cancels it through Prefect: no run stays Running, the
+  deployment's concurrency slot is free, and the flow process is gone.
+
+The tests share one stack (module scope) and run in file order; the last one stops it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.flowrun import tiny_overrides
+from tests.test_serve import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+PY, PREFECT = sys.executable, str(Path(sys.executable).parent / "prefect")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+INTERVAL_S = 40
+
+
+def cli(args: list[str], env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def serve(*args: str, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    return cli([PY, "-m", "flows.cli_serve", *args], env, timeout)
+
+
+class Stack:
+    def __init__(self, tmp: Path, env: dict):
+        self.tmp, self.env, self.folder = tmp, env, tmp / "serve"
+
+    @property
+    def state(self) -> dict:
+        return json.loads((self.folder / "pids.json").read_text())
+
+    def api(self, method: str, path: str, **kw) -> httpx.Response:
+        resp = httpx.request(method, f"{self.state['prefect_api']}{path}", timeout=30, **kw)
+        resp.raise_for_status()
+        return resp
+
+    def runs(self) -> list[dict]:
+        return self.api("POST", "/flow_runs/filter", json={"sort": "EXPECTED_START_TIME_ASC", "limit": 100}).json()
+
+    def deployment(self) -> dict:
+        return self.api("GET", "/deployments/name/train/train-tiny").json()
+
+    def params(self, steps: int, run_id: str | None = None) -> dict:
+        overrides = [*tiny_overrides(self.tmp, self.warm, steps=steps), "data.prompts_per_step=2", "rollout.n_samples=2"]
+        return {"config_path": "configs/tiny.yaml", "overrides": overrides, "run_id": run_id}
+
+    def unschedule(self) -> None:
+        """Switch the deployment's schedules off and delete the runs they created that have not started."""
+        dep = self.deployment()
+        for sched in dep["schedules"]:
+            self.api("PATCH", f"/deployments/{dep['id']}/schedules/{sched['id']}", json={"active": False})
+        for run in self.runs():
+            if run["state_type"] == "SCHEDULED":
+                self.api("DELETE", f"/flow_runs/{run['id']}")
+
+
+@pytest.fixture(scope="module")
+def stack(warm_model_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("stack")
+    env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           # the scheduler looks for due schedules every 10 s instead of 60 s: the test waits less
+           "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "10", "PYTHONPATH": str(ROOT)}
+    env.pop("PREFECT_API_URL", None)
+    s = Stack(tmp, env)
+    s.warm = warm_model_dir
+    started = serve("start", "--detach", "--dir", str(s.folder), "--prefect-port", str(free_port()), "--mlflow-port",
+                    str(free_port()), "--mlflow-store", f"sqlite:///{tmp / 'mlflow-ui.db'}", "--artifacts",
+                    str(tmp / "ui-artifacts"), "--cancel-timeout", "90", env=env, timeout=600)
+    assert started.returncode == 0, started.stdout + started.stderr
+    env["PREFECT_API_URL"] = s.state["prefect_api"]
+    yield s
+    if (s.folder / "pids.json").exists():
+        serve("stop", "--force", "--dir", str(s.folder), env=env)
+
+
+def _alive(pgid: int) -> bool:
+    from flows.serve_stack import group_alive
+
+    return group_alive(pgid)
+
+
+def test_interval_schedule_fires_and_runs_complete(stack):
+    params = json.dumps(stack.params(steps=1))
+    t0 = time.time()
+    deployed = cli([PREFECT, "--no-prompt", "deploy", "--name", "train-tiny", "--interval", str(INTERVAL_S),
+                    "--params", params], stack.env, 240)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    done: list[dict] = []
+    deadline = time.time() + 600
+    while len(done) < 2 and time.time() < deadline:
+        time.sleep(5)
+        runs = [r for r in stack.runs() if r["auto_scheduled"]]
+        assert not [r for r in runs if r["state_type"] in ("FAILED", "CRASHED")], runs
+        done = [r for r in runs if r["state_type"] == "COMPLETED"]
+    stack.unschedule()
+    log = (stack.folder / "logs" / "worker.log").read_text()[-3000:]
+    assert len(done) >= 2, f"scheduled runs completed: {len(done)} within 600 s\n{log}"
+    for r in done[:2]:
+        print(f"scheduled {r['expected_start_time']} started {r['start_time']} ran {r['total_run_time']:.0f} s")
+    print(f"2 scheduled runs completed {time.time() - t0:.0f} s after `prefect deploy`")
+    status = serve("status", "--dir", str(stack.folder), env=stack.env)
+    assert status.returncode == 0, status.stdout
+    assert "scheduler  no errors" in status.stdout
+
+
+def test_killed_mlflow_is_restarted_and_the_rest_stays_up(stack):
+    before = stack.state["pids"]
+    os.killpg(before["mlflow"], signal.SIGKILL)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        now = stack.state["pids"]
+        if now["mlflow"] != before["mlflow"] and _alive(now["mlflow"]):
+            try:
+                if httpx.get(f"{stack.state['mlflow_uri']}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"mlflow was not restarted: {stack.state}")
+    assert now["prefect"] == before["prefect"] and now["worker"] == before["worker"]
+    assert _alive(now["prefect"]) and _alive(now["worker"])
+    assert stack.state["restarts"] == {"mlflow": 1}
+    status = serve("status", "--dir", str(stack.folder), env=stack.env)
+    assert status.returncode == 0 and "mlflow" in status.stdout and "restarts 1" in status.stdout, status.stdout
+    sup = (stack.folder / "logs" / "supervisor.log").read_text()
+    assert "mlflow exited (code -9); restarting in 1 s" in sup, sup[-2000:]
+
+
+def test_restart_replaces_only_the_named_server(stack):
+    before = stack.state["pids"]
+    bad = serve("restart", "nginx", "--dir", str(stack.folder), env=stack.env)
+    assert bad.returncode == 2 and "unknown server 'nginx'; one of: prefect, mlflow, worker" in bad.stdout
+    done = serve("restart", "worker", "--dir", str(stack.folder), env=stack.env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    after = stack.state["pids"]
+    assert after["worker"] != before["worker"] and not _alive(before["worker"]) and _alive(after["worker"])
+    assert {k: after[k] for k in ("prefect", "mlflow")} == {k: before[k] for k in ("prefect", "mlflow")}
+    assert f"worker restarted: pgid {before['worker']} -> {after['worker']}" in done.stdout
+
+
+def _flow_pid(run: dict) -> int:
+    return int(str(run["infrastructure_pid"]).rsplit(":", 1)[-1])
+
+
+def test_stop_refuses_during_a_run_and_force_cancels_it(stack):
+    dep = stack.deployment()
+    run = stack.api("POST", f"/deployments/{dep['id']}/create_flow_run",
+                    json={"parameters": stack.params(steps=40, run_id="long")}).json()
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        cur = stack.api("GET", f"/flow_runs/{run['id']}").json()
+        if cur["state_type"] == "RUNNING" and cur["infrastructure_pid"] and \
+                (stack.tmp / "runs" / "long" / "steps" / "000000").exists():
+            break
+        assert cur["state_type"] not in ("FAILED", "CRASHED", "COMPLETED"), cur["state"]
+        time.sleep(1)
+    else:
+        pytest.fail(f"the run never got to training: {cur['state']}")
+    pid = _flow_pid(cur)
+    assert Path(f"/proc/{pid}").exists()
+
+    refused = serve("stop", "--dir", str(stack.folder), env=stack.env)
+    assert refused.returncode == 1, refused.stdout
+    assert f"1 flow run(s) active: {cur['name']} (running)" in refused.stdout
+    assert "--force" in refused.stdout and _alive(stack.state["pids"]["prefect"])
+
+    pids = stack.state["pids"]
+    t0 = time.time()
+    stopped = serve("stop", "--force", "--dir", str(stack.folder), env=stack.env, timeout=400)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    print(f"serve stop --force took {time.time() - t0:.0f} s")
+    assert stopped.stdout.strip() == "stopped: worker, mlflow, prefect"
+    assert not (stack.folder / "pids.json").exists()
+    assert {p.name for p in (stack.folder / "logs").iterdir()} == {"prefect.log", "worker.log", "mlflow.log",
+                                                                    "supervisor.log"}
+    assert not [n for n, p in pids.items() if _alive(p)]
+    assert not _pid_alive(pid), f"flow process {pid} survived the stack"
+    db = sqlite3.connect(f"file:{stack.tmp / 'prefect-home' / 'prefect.db'}?mode=ro", uri=True)
+    states = dict(db.execute("SELECT id, state_type FROM flow_run").fetchall())
+    assert states[run["id"]] == "CANCELLED", states
+    assert "RUNNING" not in states.values() and "PENDING" not in states.values()
+    slots = db.execute("SELECT name, active_slots FROM concurrency_limit_v2").fetchall()
+    assert slots and all(n == 0 for _, n in slots), slots
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
