@@ -39,6 +39,10 @@ class TinyModelConfig(BaseModel):
     max_positions: int = Field(1024, ge=64)
     """Longest sequence (prompt + all turns) the model is built for."""
 
+    atomic_chars: str = ""
+    """Characters BPE never merges with each other, e.g. ``"_#OXPSG√\\n"`` so a text-game grid is one
+    token per cell (as digits are one token each); empty: no restriction."""
+
     rope_theta: float = Field(10000.0, gt=0)
     """RoPE base frequency."""
 

@@ -59,9 +59,13 @@ def collate(examples: list[tuple[list[int], list[int]]], pad_id: int):
 
 
 def batches(transcripts: list[list[dict]], chat, cfg: WarmupConfig, skipped: list[int]):
-    """Endless length-bucketed batches of (ids, mask); over-long transcripts are counted in ``skipped``."""
+    """Endless length-bucketed batches of (ids, mask); over-long transcripts are counted in ``skipped``.
+
+    A ``chat`` with its own ``sft_example(messages)`` builds the examples (text games do); otherwise
+    ``models.chat.build_sft_example`` does."""
     from models.chat import build_sft_example
 
+    build = getattr(chat, "sft_example", None) or (lambda messages: build_sft_example(chat, messages))
     rng = random.Random(cfg.seed)
     order: list[int] = []
     while True:
@@ -71,7 +75,7 @@ def batches(transcripts: list[list[dict]], chat, cfg: WarmupConfig, skipped: lis
             order += fresh
         pool = []
         for idx in order[: cfg.batch_size * POOL_BATCHES]:
-            ids, mask = build_sft_example(chat, transcripts[idx])
+            ids, mask = build(transcripts[idx])
             if len(ids) > cfg.max_len:
                 skipped[0] += 1
             else:
@@ -99,7 +103,7 @@ def save_atomic(model, tokenizer, out_dir: Path) -> Path:
     return out_dir
 
 
-def _train_loop(model, chat, transcripts, cfg: WarmupConfig) -> dict:
+def train_loop(model, chat, transcripts, cfg: WarmupConfig) -> dict:
     import torch
     from tqdm import tqdm
 
@@ -163,7 +167,7 @@ def warmup(model_dir: Path, corpus_path: Path, cfg: WarmupConfig, out_dir: Path)
         raise ValueError(f"corpus_path: {corpus_path} holds no transcripts")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    result = _train_loop(model, ChatFormat(tokenizer), transcripts, cfg)
+    result = train_loop(model, ChatFormat(tokenizer), transcripts, cfg)
     model.eval()
     save_atomic(model, tokenizer, out_dir)
     return result

@@ -85,8 +85,45 @@ def render_text(messages: list[dict], tools: list[dict] | None = None, add_gener
     )
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, max_positions: int):
-    """Train the byte-level BPE on ``texts`` and wrap it as a ``PreTrainedTokenizerFast``."""
+def drop_atomic_merges(tok, atomic: str):
+    """Remove every BPE merge that joins two pieces made only of ``atomic`` characters.
+
+    The pre-tokenizer cannot be customised (``AutoTokenizer`` rebuilds Qwen2's), but the merges
+    are kept as saved: without these, a text-game grid row such as ``_P_O`` is one token per
+    cell, as digits are one token each. (Multi-byte atomic characters such as ``√`` become added
+    tokens in ``train_tokenizer``.)
+    """
+    import json
+
+    from tokenizers import Tokenizer
+
+    table = _byte_decoder()
+
+    def only_atomic(piece: str) -> bool:
+        try:
+            text = bytes(table[ch] for ch in piece).decode("utf-8")
+        except (KeyError, UnicodeDecodeError):
+            return False
+        return bool(text) and all(ch in atomic for ch in text)
+
+    spec = json.loads(tok.to_str())
+    merges = spec["model"]["merges"]
+    pairs = [m.split(" ", 1) if isinstance(m, str) else m for m in merges]
+    spec["model"]["merges"] = [m for m, (a, b) in zip(merges, pairs) if not (only_atomic(a) and only_atomic(b))]
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+def _byte_decoder() -> dict[str, int]:
+    from models.chat import _byte_decoder as table
+
+    return table()
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int, max_positions: int, atomic: str = ""):
+    """Train the byte-level BPE on ``texts`` and wrap it as a ``PreTrainedTokenizerFast``.
+
+    ``atomic``: characters never merged with each other (``drop_atomic_merges``); the multi-byte ones
+    (``√``) are added tokens, so each is one token."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -108,7 +145,10 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, max_positions: int):
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
+    if atomic:
+        tok = drop_atomic_merges(tok, atomic)
+    wide = [ch for ch in dict.fromkeys(atomic) if len(ch.encode()) > 1]
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS + wide])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,
@@ -151,7 +191,8 @@ def build_tiny(out_dir: Path, cfg: TinyModelConfig, corpus_texts: Iterable[str])
     if not texts:
         raise ValueError("corpus_texts: empty; the tokenizer needs training text")
     fixed = render_text([{"role": "user", "content": "q"}, {"role": "tool", "content": "t"}], add_generation_prompt=True)
-    tokenizer = train_tokenizer(texts + [fixed] * max(1, len(texts) // 4), cfg.vocab_size, cfg.max_positions)
+    tokenizer = train_tokenizer(texts + [fixed] * max(1, len(texts) // 4), cfg.vocab_size, cfg.max_positions,
+                                cfg.atomic_chars)
     model = make_model(cfg, tokenizer)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

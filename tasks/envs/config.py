@@ -99,3 +99,36 @@ class GroupFilterConfig(BaseModel):
 
     empty_stop_steps: int = Field(5, ge=0)
     """Stop training after this many consecutive steps in which the filter kept nothing (0 = never)."""
+
+
+SINGLE_PULL = {"max_turns": 1, "max_actions_per_turn": 1, "max_actions_per_traj": 1}
+BUDGETS: dict[str, dict] = {"bandit": SINGLE_PULL, "bandit_test": SINGLE_PULL}
+"""RAGEN's per-game budgets where they differ from ``EnvConfig``'s defaults (Bandit: one pull)."""
+
+
+def env_config(name: str, **fields) -> EnvConfig:
+    """``EnvConfig`` for ``name`` with RAGEN's budgets for that game, then ``fields``."""
+    return EnvConfig(name=name, **{**BUDGETS.get(name, {}), **fields})
+
+
+class EnvWarmupConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    episodes: dict[str, int] = {"bandit": 2000, "frozen_lake": 10000, "sokoban": 3000}
+    """Scripted episodes per environment in the warm-up corpus."""
+
+    explore: float = Field(0.25, ge=0, le=1)
+    """Share of scripted turns whose actions are drawn at random from the valid names, so the warmed-up
+    policy acts validly but is not yet good."""
+
+    actions_per_turn: dict[str, int] = {"sokoban": 5}
+    """Actions the scripted player puts in one answer (default 1: FrozenLake is slippery, so it re-plans)."""
+
+    seed: int = 0
+    """Seed of the corpus (start states, exploration) and of the SFT."""
+
+    eval_states: int = Field(64, ge=1)
+    """Held-out start states per environment on which the warmed-up policy is measured."""
+
+    eval_samples: int = Field(2, ge=1)
+    """Episodes per held-out start state in that measurement (temperature 1)."""

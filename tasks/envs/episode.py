@@ -110,5 +110,10 @@ class Episode:
             return self._finish("turn_budget")
         return reward_text(self.turns[-1].reward) + self._turn_prompt(len(self.turns) + 1)
 
+    def stop(self, reason: str) -> None:
+        """End the episode from outside (the rollout ran out of context); not a success."""
+        if not self.finished:
+            self._finish(reason)
+
     def _finish(self, reason: str) -> None:
         self.finished, self.finish_reason = True, reason
