@@ -14,7 +14,8 @@ import os
 import select
 import time
 
-from sandbox.executor import MAX_FRAME, ProtocolError, decode_payload, encode_frame
+from sandbox.executor.protocol import (MAX_FRAME, RUN, ProtocolError, decode_payload, decode_result, encode_frame,
+                                       encode_run)
 from sandbox.result import ExecutionResult
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ExecutionResult)}
@@ -38,7 +39,10 @@ class FramedChannel:
         self.rfd, self.wfd = rfd, wfd
 
     def send(self, obj: dict) -> None:
-        data = memoryview(encode_frame(obj))
+        self.send_frame(encode_frame(obj))
+
+    def send_frame(self, frame: bytes) -> None:
+        data = memoryview(frame)
         try:
             while data:
                 data = data[os.write(self.wfd, data):]
@@ -46,15 +50,20 @@ class FramedChannel:
             raise WorkerError(f"write to executor failed: {exc}") from None
 
     def recv(self, timeout: float) -> dict:
+        """The next frame as a JSON object, or the fields of a binary result."""
+        payload = self.recv_payload(timeout)
+        try:
+            return decode_result(payload) if payload[:1] == RUN else decode_payload(payload)
+        except ProtocolError as exc:
+            raise WorkerError(f"executor sent garbage: {exc}") from None
+
+    def recv_payload(self, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout
         header = self._read(4, deadline)
         size = int.from_bytes(header, "big")
         if size > MAX_FRAME:
             raise WorkerError(f"executor sent a frame of {size} bytes (garbage)")
-        try:
-            return decode_payload(self._read(size, deadline))
-        except ProtocolError as exc:
-            raise WorkerError(f"executor sent garbage: {exc}") from None
+        return self._read(size, deadline)
 
     def call(self, obj: dict, timeout: float) -> dict:
         self.send(obj)
@@ -110,9 +119,11 @@ class Worker:
         self.retire_after = 1 << 62
 
     def request(self, req: dict, timeout: float) -> dict:
+        """Run request ``req`` (sent as a binary frame); the answer's fields, or ``{"error": ...}``."""
         self.runs += 1
         try:
-            return self.channel.call(req, timeout)
+            self.channel.send_frame(encode_run(req))
+            return self.channel.recv(timeout)
         except WorkerError as exc:
             exc.during_snippet = True
             raise

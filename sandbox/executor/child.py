@@ -15,28 +15,44 @@ import atexit
 import fcntl
 import os
 import resource
-import struct
 import sys
 import traceback
 import types
 
+from .protocol import RUN_HEADER
+
 STATUS_FD = 3
 REQUEST_FD = 4
-_REQUEST = struct.Struct(">dIIIII")
-"""timeout_s, memory_mb, max_processes, file_mb, code bytes, setup bytes + 1 (0: no setup)."""
 READY = b"R"
 """The first status byte: the child is isolated and waits for its request."""
 SETUP_OK, SETUP_FAILED = b"S", b"F"
 """The next status byte of a request with setup code, written before the snippet runs."""
 
 
+def _high_devnull() -> int:
+    fd = os.open(os.devnull, os.O_RDONLY)
+    try:
+        return fcntl.fcntl(fd, fcntl.F_DUPFD, 64)
+    finally:
+        os.close(fd)
+
+
+_DEVNULL = _high_devnull()  # each child's stdin (opened once; out of the way of fds 1-4)
+
+
 def vm_size() -> int:
     """This process's address-space size in bytes (a forked child starts with the same)."""
     try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        fd = os.open("/proc/self/statm", os.O_RDONLY)
+        try:
+            return int(os.read(fd, 64).split(None, 1)[0]) * _PAGE
+        finally:
+            os.close(fd)
     except (OSError, ValueError):
         return 0
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def child_main(fds: tuple[int, int, int, int], uid: int | None, base_vm: int, guard,
@@ -51,11 +67,14 @@ def child_main(fds: tuple[int, int, int, int], uid: int | None, base_vm: int, gu
     """
     code = 1
     try:
-        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in fds]
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        for target, fd in zip((1, 2, STATUS_FD, REQUEST_FD), high):
-            os.dup2(fd, target)
-        os.closerange(REQUEST_FD + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        os.dup2(_DEVNULL, 0)
+        if min(fds) <= REQUEST_FD:  # move them out of the way of their targets first
+            fds = tuple(fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in fds)
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+        os.dup2(fds[2], STATUS_FD)
+        os.dup2(fds[3], REQUEST_FD)
+        os.closerange(REQUEST_FD + 1, 1 << 30)  # one close_range(2)
         _isolate(uid, guard)
         os.write(STATUS_FD, READY)
         try:
@@ -97,18 +116,10 @@ def _isolate(uid: int | None, guard) -> None:
         pass
 
 
-def encode_request(req: dict) -> bytes:
-    """The request as the child reads it: a fixed header and the UTF-8 code and setup (no JSON
-    in the child: every object it builds costs copy-on-write page faults)."""
-    code = req["code"].encode("utf-8", "surrogatepass")
-    setup = req.get("setup")
-    extra = b"" if setup is None else setup.encode("utf-8", "surrogatepass")
-    return _REQUEST.pack(float(req["timeout_s"]), int(req["memory_mb"]), int(req["max_processes"]),
-                         int(req.get("file_mb", 64)), len(code), 0 if setup is None else len(extra) + 1) + code + extra
-
-
 def _read_request() -> tuple[tuple, str, str | None]:
-    timeout_s, memory_mb, processes, file_mb, n_code, n_setup = _REQUEST.unpack(_read_exact(_REQUEST.size))
+    """The request the executor forwarded: ``RUN_HEADER`` + code + setup (no JSON in the child:
+    every object it builds costs a copy-on-write page fault)."""
+    timeout_s, memory_mb, _, processes, file_mb, n_code, n_setup = RUN_HEADER.unpack(_read_exact(RUN_HEADER.size))
     source = _read_exact(n_code).decode("utf-8", "surrogatepass")
     setup = _read_exact(n_setup - 1).decode("utf-8", "surrogatepass") if n_setup else None
     return (timeout_s, memory_mb, processes, file_mb), source, setup

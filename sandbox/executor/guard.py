@@ -1,10 +1,11 @@
 """What keeps a snippet away from its executor and from the next snippet: prctl and seccomp.
 
 The executor makes itself non-dumpable (``PR_SET_DUMPABLE`` 0: no ptrace attach, no
-``/proc/<pid>/mem``, ``fd`` or ``environ`` for processes of the same uid).  Each snippet's
-process then installs a seccomp filter (inherited by everything it starts, irremovable) that
-answers ``EPERM`` to the calls that could still reach another process of the same uid or leave
-state behind after the snippet's processes are gone:
+``/proc/<pid>/mem``, ``fd`` or ``environ`` for processes of the same uid) and installs, on
+itself and so on every snippet it forks, a seccomp filter (inherited by everything a snippet
+starts, irremovable; the executor makes none of the denied calls) that answers ``EPERM`` to the
+calls that could still reach another process of the same uid or leave state behind after the
+snippet's processes are gone:
 
 * other processes: ``ptrace``, ``process_vm_readv/writev``, ``pidfd_getfd``, ``kcmp``,
   ``move_pages``/``migrate_pages``, and ``prlimit64``, ``setpriority``, ``sched_set*``,
@@ -104,13 +105,18 @@ class Guard:
         """Make this process non-dumpable; True on success."""
         return self._prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
 
-    def apply(self) -> None:
-        """In the snippet's process: dumpable again (its own ``/proc/self`` files stay its own),
-        no new privileges, then the seccomp filter.  Raises ``OSError`` when a step fails."""
-        self._prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
+    def install(self) -> None:
+        """No new privileges, then the seccomp filter, on this process and everything it will
+        fork (the executor installs it on itself once, so each child pays nothing for it: the
+        executor itself makes none of the denied calls).  ``OSError`` when a step fails."""
         if not self.seccomp:
             return
         if self._prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or self._prctl(
                 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(self._fprog), 0, 0) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"seccomp filter not installed: {errno.errorcode.get(err, err)}")
+
+    def apply(self) -> None:
+        """In the snippet's process: dumpable again, so its own ``/proc/self`` files stay its own
+        (the filter is inherited from the executor)."""
+        self._prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)

@@ -1,9 +1,9 @@
 """What a finished snippet produced: captured streams, the child's status report, and the answer.
 
 ``Capture`` keeps the head of a stream (and for stderr the tail) up to a byte cap,
-``StatusPipe`` reads the child's status pipe, ``result`` turns an exit status and the
-captures into the ``ExecutionResult`` dict sent to the host, with ``error_kind`` parsed from
-the traceback (``error_kind_of``).  Stdlib only (this package runs inside containers).
+``StatusPipe`` reads the child's status pipe, ``answer`` turns an exit status and the
+captures into the binary result frame sent to the host (``protocol``), with ``error_kind``
+parsed from the traceback (``error_kind_of``).  Stdlib only (this package runs inside containers).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import re
 import signal
 
 from .child import SETUP_OK
+from .protocol import encode_result
 
 _KIND_RE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
 _EXC_SUFFIXES = ("Error", "Exception", "Exit", "Interrupt", "Warning", "Iteration")
@@ -44,11 +45,11 @@ class Capture:
     def truncated(self) -> bool:
         return self.total > len(self.head) + len(self.tail)
 
-    def text(self) -> str:
+    def raw(self) -> bytes:
         data = bytes(self.head)
         if self.tail:
             data += (b"\n...(truncated)...\n" if self.truncated else b"") + bytes(self.tail)
-        return data.decode("utf-8", "replace")
+        return data
 
 
 class StatusPipe:
@@ -78,7 +79,8 @@ class StatusPipe:
 
 def oom_kills() -> int:
     """OOM kills in this cgroup so far (v2 ``memory.events`` or v1 ``memory.oom_control``).
-    The file is opened once and re-read with ``pread`` (twice per snippet, so opens add up)."""
+    The file is opened once and re-read with ``pread``, parsed as bytes (few objects: see
+    ``protocol`` on why that matters)."""
     if not _oom_fd:
         fd = None
         for path in _OOM_EVENTS:
@@ -91,12 +93,11 @@ def oom_kills() -> int:
     if _oom_fd[0] is None:
         return 0
     try:
-        for line in os.pread(_oom_fd[0], 4096, 0).decode().splitlines():
-            if line.startswith("oom_kill "):
-                return int(line.split()[1])
+        data = os.pread(_oom_fd[0], 4096, 0)
+        at = data.find(b"oom_kill ")
+        return int(data[at + 9:data.index(b"\n", at)]) if at >= 0 else 0
     except (OSError, ValueError):
-        pass
-    return 0
+        return 0
 
 
 def error_kind_of(stderr: str) -> str | None:
@@ -120,18 +121,11 @@ def error_kind_of(stderr: str) -> str | None:
     return None
 
 
-def setup_failed(result: dict) -> dict:
-    """The answer for a request whose setup code raised or never finished (a caller's bug)."""
-    stderr = result["stderr"]
-    if "<setup>" not in stderr:
-        stderr = f"{stderr.rstrip()}\nsetup did not finish: {result['error_kind'] or 'no verdict'}".lstrip()
-    return dict(result, ok=False, error_kind="setup_error", stdout="", stdout_truncated=False,
-                stderr=stderr)
-
-
-def result(status, timed_out, flooded, out: Capture, err: Capture, duration, oom) -> dict:
-    """The ``ExecutionResult`` fields for a child that ended with wait ``status``."""
-    stderr = err.text()
+def answer(status, timed_out: bool, flooded: bool, out: Capture, err: Capture, duration: float,
+           oom_before: int, setup_ok: bool) -> bytes:
+    """The binary result frame for a child that ended with wait ``status`` (``protocol``);
+    ``oom_before``: the cgroup's OOM kills before the snippet (re-read only for a SIGKILL)."""
+    stderr = err.raw()
     exit_code = os.waitstatus_to_exitcode(status)
     kind = None
     memory = False
@@ -141,21 +135,17 @@ def result(status, timed_out, flooded, out: Capture, err: Capture, duration, oom
         kind = "output_limit"
     elif exit_code < 0:
         name = signal.Signals(-exit_code).name if -exit_code in signal.valid_signals() else str(-exit_code)
-        memory = oom and -exit_code == signal.SIGKILL
+        memory = -exit_code == signal.SIGKILL and oom_kills() > oom_before
         kind = "memory" if memory else f"signal:{name}"
     elif exit_code != 0:
-        kind = error_kind_of(stderr) or f"exit:{exit_code}"
-        if kind.endswith("MemoryError") or "Cannot allocate memory" in stderr[-2000:]:
+        text = stderr.decode("utf-8", "replace")
+        kind = error_kind_of(text) or f"exit:{exit_code}"
+        if kind.endswith("MemoryError") or "Cannot allocate memory" in text[-2000:]:
             kind, memory = "memory", True
-    return {
-        "ok": kind is None,
-        "exit_code": None if timed_out else exit_code,
-        "stdout": out.text(),
-        "stderr": stderr,
-        "error_kind": kind,
-        "timed_out": timed_out,
-        "memory_exceeded": memory,
-        "duration_s": round(duration, 6),
-        "stdout_truncated": out.truncated,
-        "stderr_truncated": err.truncated,
-    }
+    stdout, out_trunc = out.raw(), out.truncated
+    if not setup_ok:  # the caller's setup raised or never finished: the snippet did not run
+        if b"<setup>" not in stderr:
+            stderr = (stderr.rstrip() + f"\nsetup did not finish: {kind or 'no verdict'}".encode()).lstrip()
+        kind, stdout, out_trunc = "setup_error", b"", False
+    flags = (kind is None, timed_out, memory, out_trunc, err.truncated)
+    return encode_result(flags, None if timed_out else exit_code, round(duration, 6), kind, stdout, stderr)

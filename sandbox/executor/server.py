@@ -25,10 +25,11 @@ import sys
 import time
 import types
 
-from .child import READY, child_main, encode_request, vm_size
+from .child import READY, child_main, vm_size
 from .guard import Guard
-from .outcome import oom_kills, result, setup_failed
-from .protocol import ProtocolError, encode_frame, read_frame, write_all
+from .outcome import answer, oom_kills
+from .protocol import (HEADER, RUN, ProtocolError, decode_payload, decode_result, encode_frame, encode_run,
+                       read_payload, run_fields, write_all)
 from .scratch import wipe
 from .supervise import killpg, supervise, sweep
 
@@ -50,28 +51,40 @@ class Executor:
         self.uid = uid
         self.spawn = spawn
         base = workdir_base or os.environ.get("TMPDIR", "/tmp")
-        self.workdir = os.path.join(base, f"cleaner-run-{os.getpid()}")
-        self.scratch = [*(scratch or []), self.workdir]
+        scratch = list(scratch or [])
+        # a scratch dir (the sandboxes' /work) is the work dir itself; elsewhere one of our own
+        self._own_dir = base not in scratch
+        self.workdir = os.path.join(base, f"cleaner-run-{os.getpid()}") if self._own_dir else base
+        self.scratch = [*scratch, self.workdir] if self._own_dir else scratch
         self.guard = guard or Guard(enabled=False)
         self.runs = 0
         self._pending: int | None = None
         self._next: tuple[int, int, int, int, int] | None = None
 
     def handle(self, req: dict) -> dict:
+        """A JSON request: ``ping``, or a run request as a dict (tests, simple clients)."""
         op = req.get("op", "run")
         if op == "ping":
             return {"pong": True, "runs": self.runs}
         if op != "run" or not isinstance(req.get("code"), str):
             return {"error": f"bad request: op={op!r}, code must be a string"}
-        if not isinstance(req.get("setup"), (str, type(None))) or (self.spawn and req.get("setup")):
-            return {"error": "bad request: setup must be a string or null (and is not served by --spawn)"}
+        if not isinstance(req.get("setup"), (str, type(None))):
+            return {"error": "bad request: setup must be a string or null"}
         missing = [k for k in _REQUIRED if not isinstance(req.get(k), (int, float))]
         if missing:
             return {"error": f"bad request: numeric fields missing: {missing}"}
-        self.runs += 1
-        return self.run(req)
+        reply = self.run(encode_run(req)[HEADER.size:])[HEADER.size:]
+        return decode_result(reply) if reply[:1] == RUN else decode_payload(reply)
 
-    def run(self, req: dict) -> dict:
+    def run(self, payload: bytes) -> bytes:
+        """A binary run payload (``protocol``) in, the result frame out."""
+        try:
+            timeout_s, _, cap, _, _, _, n_setup = run_fields(payload)
+        except ProtocolError as exc:
+            return encode_frame({"error": f"bad request: {exc}"})
+        if self.spawn and n_setup:
+            return encode_frame({"error": "bad request: setup code is not served by --spawn"})
+        self.runs += 1
         self.cleanup()
         pid, out_r, err_r, st_r, req_w = self._next or self._prefork()
         self._next = None
@@ -80,39 +93,38 @@ class Executor:
             refused = _await_ready(st_r, err_r)
             if refused:
                 os.close(req_w)
-                return {"error": f"sandbox child could not isolate itself: {refused}"}
+                return encode_frame({"error": f"sandbox child could not isolate itself: {refused}"})
             oom_before = oom_kills()
             start = time.monotonic()
             try:
-                write_all(req_w, encode_request(req))
+                write_all(req_w, payload[1:])
             except OSError:
                 pass  # the child is gone; supervise sees its exit status
             os.close(req_w)
-            status, timed_out, flooded, report, out, err = supervise(pid, req, (out_r, err_r, st_r), start)
+            status, timed_out, flooded, report, out, err = supervise(
+                pid, timeout_s, cap, n_setup > 0, (out_r, err_r, st_r), start)
         finally:
             for fd in (out_r, err_r, st_r):
                 os.close(fd)
-        duration = time.monotonic() - start
-        answer = result(status, timed_out, flooded, out, err, duration, oom_kills() > oom_before)
-        return answer if report.setup is True else setup_failed(answer)
+        return answer(status, timed_out, flooded, out, err, time.monotonic() - start, oom_before,
+                      report.setup is True)
 
     def _prefork(self) -> tuple[int, int, int, int, int]:
         """Fork the next child in a fresh, empty work dir; it waits for its request."""
         left = wipe(self.scratch)
         if left:  # a worker that cannot forget must not run another snippet
             raise SystemExit(f"executor: could not empty {left}")
-        try:
-            os.mkdir(self.workdir, 0o700)
-        except FileExistsError:
-            pass
-        if self.uid is not None and os.geteuid() == 0:
-            os.chown(self.workdir, self.uid, self.uid)
+        if self._own_dir:
+            try:
+                os.mkdir(self.workdir, 0o700)
+            except FileExistsError:
+                pass
+            if self.uid is not None and os.geteuid() == 0:
+                os.chown(self.workdir, self.uid, self.uid)
         os.chdir(self.workdir)  # inherited by the child
         base_vm = vm_size()
-        (out_r, out_w), (err_r, err_w), (st_r, st_w), (req_r, req_w) = (os.pipe() for _ in range(4))
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        pid = os.fork()
+        (out_r, out_w), (err_r, err_w), (st_r, st_w), (req_r, req_w) = os.pipe(), os.pipe(), os.pipe(), os.pipe()
+        pid = os.fork()  # (the executor writes nothing to sys.stdout/stderr, so no buffer to flush)
         if pid == 0:
             child_main((out_w, err_w, st_w, req_r), self.uid, base_vm, self.guard, self.spawn)
         for fd in (out_w, err_w, st_w, req_r):
@@ -189,10 +201,11 @@ def serve_stream(executor: Executor, rfd: int, wfd: int, hello: dict) -> None:
     executor.cleanup()  # pre-fork the first child
     while True:
         try:
-            req = read_frame(rfile.read)
+            payload = read_payload(rfile.read)
+            reply = executor.run(payload) if payload[:1] == RUN else encode_frame(executor.handle(decode_payload(payload)))
         except ProtocolError:
             return
-        wfile.write(encode_frame(executor.handle(req)))
+        wfile.write(reply)
         executor.cleanup()
 
 
@@ -234,6 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     done, failed = preimport([m for m in args.preimport.split(",") if m.strip()])
     import_s = time.monotonic() - start
     warm_up()
+    guard.install()  # after the imports: the executor and every child it forks are filtered
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # children inherit default dispositions
     gc.freeze()  # keep the collector of forked children off the shared pages (fewer copies)
     executor = Executor(uid=args.uid, workdir_base=args.workdir_base, guard=guard,

@@ -20,20 +20,20 @@ from .outcome import Capture, StatusPipe
 DRAIN_S = 0.5
 
 
-def supervise(pid: int, req: dict, fds: tuple[int, int, int], start: float):
-    """Watch child ``pid`` until it ends, times out or floods; returns
-    ``(wait status, timed_out, flooded, StatusPipe, stdout Capture, stderr Capture)``.
-    ``fds`` (stdout, stderr, status read ends) are non-blocking."""
+def supervise(pid: int, timeout_s: float, cap: int, setup: bool, fds: tuple[int, int, int], start: float):
+    """Watch child ``pid`` until it ends, times out or floods (past 16x the output ``cap``);
+    returns ``(wait status, timed_out, flooded, StatusPipe, stdout Capture, stderr Capture)``.
+    ``setup``: the request has setup code.  ``fds`` (stdout, stderr, status read ends) are
+    non-blocking."""
     out_r, err_r, st_r = fds
-    cap = int(req["max_output_bytes"])
     hard_cap = max(16 * cap, 1 << 20)
     caps = {out_r: Capture(cap, keep_tail=False), err_r: Capture(cap, keep_tail=True)}
-    deadline = start + float(req["timeout_s"])
+    deadline = start + timeout_s
     watch = _Watch(fds)
     pidfd = _pidfd(pid)
     if pidfd is not None:
         watch.poller.register(pidfd, select.POLLIN)
-    report = StatusPipe(st_r, expect_setup=req.get("setup") is not None)
+    report = StatusPipe(st_r, expect_setup=setup)
     status, timed_out, flooded = None, False, False
     try:
         while status is None:
@@ -149,8 +149,11 @@ def _poll_exit(pid: int) -> int | None:
 def _children() -> list[int]:
     me = os.getpid()
     try:
-        with open(f"/proc/{me}/task/{me}/children") as fh:
-            return [int(p) for p in fh.read().split()]
+        fd = os.open(f"/proc/{me}/task/{me}/children", os.O_RDONLY)
+        try:
+            return [int(p) for p in os.read(fd, 65536).split()]
+        finally:
+            os.close(fd)
     except OSError:
         pass
     kids = []
