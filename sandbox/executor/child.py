@@ -2,7 +2,8 @@
 
 Before its request arrives the child keeps only its pipes (stdout, stderr, status on fd 3,
 request on fd 4), starts a new session, drops to an unprivileged uid when asked, installs the
-``Guard`` (seccomp) and writes ``READY`` on the status pipe: the executor never hands code to
+``Guard`` (dumpable again; the seccomp filter it inherited from the executor) and writes
+``READY`` on the status pipe: the executor never hands code to
 a child that did not get that far.  With the request it applies rlimits and runs the caller's
 setup code (``<setup>``), then the snippet (``<string>``) like ``python -c`` would.  Kept to raw
 syscalls where it can: every Python object touched after the fork copies a shared page, and
@@ -101,7 +102,7 @@ def child_main(fds: tuple[int, int, int, int], uid: int | None, base_vm: int, gu
 
 
 def _isolate(uid: int | None, guard) -> None:
-    """New session, unprivileged uid, the seccomp guard, first in line for the OOM killer."""
+    """New session, unprivileged uid, the guard, first in line for the OOM killer."""
     os.setsid()
     if uid is not None and os.geteuid() == 0:
         os.setgroups([])
