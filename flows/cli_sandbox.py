@@ -2,7 +2,7 @@
 
     cleaner sandbox bench [--backends docker,local,subprocess] [--concurrency 1,8,32]
                           [--snippets trivial,cpu_50ms,numpy] [-n 200] [--reps 2] [--workers CORES]
-                          [--preimport math] [--runs-per-container 500] [--long-factor 2]
+                          [--preimport math] [--runs-per-container N] [--long-factor 2]
                           [--out runs/sandbox_bench.json]
 
 Prints tables of executions/s and p50/p95/p99 latency (each pool against a plain interpreter of
@@ -39,7 +39,7 @@ def bench(
     reps: int = typer.Option(2, min=1, help="Interleaved repetitions of every cell (runners in rotated order)."),
     workers: int = typer.Option(0, min=0, help="Executors / containers in each pool (0: one per CPU core)."),
     preimport: str = typer.Option("math", help="Modules the pools pre-import (the plain runners import them too)."),
-    runs_per_container: int = typer.Option(500, min=1, help="Snippets a worker serves before it is replaced."),
+    runs_per_container: int = typer.Option(0, min=0, help="Snippets a worker serves before it is replaced (0: the config default)."),
     long_factor: float = typer.Option(2.0, min=0, help="Long run: this many times runs_per_container x workers."),
     out: Path = typer.Option(Path("runs/sandbox_bench.json"), help="Where the JSON report goes."),
 ) -> None:
@@ -63,8 +63,9 @@ def bench(
     bad = sorted(set(chosen) - set(BACKENDS))
     if bad:
         raise typer.BadParameter(f"--backends: unknown {bad}; valid: {', '.join(BACKENDS)}")
-    cfg = SandboxConfig(workers=workers or os.cpu_count() or 1, timeout_s=30, runs_per_container=runs_per_container,
-                        preimport=[m for m in preimport.split(",") if m.strip()])
+    cfg = SandboxConfig(workers=workers or os.cpu_count() or 1, timeout_s=30,
+                        preimport=[m for m in preimport.split(",") if m.strip()],
+                        **({"runs_per_container": runs_per_container} if runs_per_container else {}))
     report = run_bench(backends=chosen, snippets=names, concurrency=levels, n=n, cfg=cfg, reps=reps,
                        long_factor=long_factor)
     render(report)
