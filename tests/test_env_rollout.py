@@ -104,3 +104,39 @@ def test_grid_symbols_stay_one_token_per_cell():
     assert tok.tokenize("Player") == ["Player"]              # ordinary words still merge
     merged = train_tokenizer(texts, 400, 256)
     assert len(merged.tokenize("____\n")) < 5
+
+
+def test_env_frames_and_scores(env_chat):
+    from tasks.envs.records import env_frames, env_scores
+
+    engine = ScriptedEngine(env_chat, [["x</think><answer>Dragon</answer>"], ["no answer"]])
+    trajs = EnvRollout(env_config("bandit"), engine, env_chat, 2, 32, 400).run([5], 0, 3, progress=False)
+    frames = env_frames(trajs, "r", 3, env_chat.decode, {"tool_calls": 0})
+    t = frames["trajectories"]
+    assert t["traj_id"].to_list() == ["3:bandit:5:0", "3:bandit:5:1"] and t["tool_calls"].to_list() == [0, 0]
+    assert t["group_id"].to_list() == ["bandit:5"] * 2 and t["data_source"].to_list() == ["bandit"] * 2
+    steps = frames["env_steps"]
+    assert steps["executed"].to_list() == ['["Dragon"]', "[]"] and steps["penalty"].to_list() == [0.0, -0.1]
+    roles = frames["turns"].filter(frames["turns"]["traj_id"] == "3:bandit:5:0")["role"].to_list()
+    assert roles == ["system", "user", "assistant"]
+    scores, m = env_scores(t)
+    assert scores["reward"].to_list() == [trajs[0].episode.score, pytest.approx(-0.1)]
+    assert scores["correct"].to_list() == [True, False] and m["rollout/accuracy"] == 0.5
+
+
+def test_mi_probe_on_the_tiny_model(env_chat, warm_model_dir):
+    from models.engine import load_causal_lm
+    from tasks.envs.mi_probe import mi_probe, reasoning_ids
+
+    ids = env_chat.encode("The goal is up.</think><answer>Up</answer>")
+    z = reasoning_ids(ids, lambda i: env_chat.decode([i]))
+    assert env_chat.decode(z) in ("The goal is up", "The goal is up.")
+    assert reasoning_ids(env_chat.encode("no closing tag"), lambda i: env_chat.decode([i])) == []
+    scripts = [["The goal is up.</think><answer>Up</answer>"], ["Left!</think><answer>Left</answer>"],
+               ["Down</think><answer>Down</answer>"], ["nothing to think"]]
+    engine = ScriptedEngine(env_chat, scripts)
+    trajs = EnvRollout(_lake_cfg(max_turns=1), engine, env_chat, 2, 32, 2000).run([3, 4], 0, 0, progress=False)
+    m = mi_probe(load_causal_lm(warm_model_dir), trajs, lambda i: env_chat.decode([i]), n_samples=8)
+    assert m["collapse/valid_thinking_rate"] == 0.75 and m["collapse/num_prompts"] == 2
+    assert m["collapse/num_samples"] == 3 and 0 <= m["collapse/retrieval_accuracy"] <= 1
+    assert m["collapse/mi_estimate"] <= m["collapse/mi_upper_bound"] + 1e-9

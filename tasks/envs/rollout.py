@@ -40,6 +40,7 @@ class EnvTrajectory:
     response_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)
     finish_reason: str = ""
 
     def append(self, ids: list[int], mask: int, lps: list[float] | None = None) -> None:
@@ -72,7 +73,8 @@ class EnvRollout:
             gid = group_id(self.env_name, seed)
             for k in range(self.n_samples):
                 ep = Episode(make_env(self.env_name, **self.cfg.options), self.cfg, seed)
-                out.append(EnvTrajectory(f"{step}:{gid}:{k}", gid, k, ep, self.chat.prompt_ids(ep.messages())))
+                msgs = ep.messages()
+                out.append(EnvTrajectory(f"{step}:{gid}:{k}", gid, k, ep, self.chat.prompt_ids(msgs), messages=msgs))
         return out
 
     def request(self, t: EnvTrajectory) -> GenRequest:
@@ -99,7 +101,9 @@ class EnvRollout:
         t.turn_spans.append((start, len(t.response_ids)))
         if out.finish_reason == "length":
             t.append([self.chat.eos_id], 0)
-        nxt = t.episode.play(self.chat.turn_text(out.token_ids))
+        text = self.chat.turn_text(out.token_ids)
+        t.messages.append({"role": "assistant", "content": text})
+        nxt = t.episode.play(text)
         if nxt is None:
             t.finish_reason = t.episode.finish_reason
             return
@@ -109,3 +113,4 @@ class EnvRollout:
             t.finish_reason = "length"
             return
         t.append(obs, 0)
+        t.messages.append({"role": "user", "content": nxt})
