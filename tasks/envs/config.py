@@ -65,6 +65,12 @@ class EnvConfig(BaseModel):
     heldout_seed: int = 123
     """Base seed of the held-out start states (fixed across runs, so every run is evaluated on the same set)."""
 
+    mi_every: int = Field(5, ge=0)
+    """Run RAGEN-2's MI probe on the first step and every this many steps (0 = never)."""
+
+    mi_samples: int = Field(64, ge=2)
+    """First-turn (prompt, reasoning) pairs the MI probe scores."""
+
     @field_validator("name", "eval_name")
     @classmethod
     def _registered(cls, v: str | None) -> str | None:
