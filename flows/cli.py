@@ -48,7 +48,7 @@ def _load(config: Path, overrides: Optional[list[str]]):
 
 def _check_tracking(cfg) -> None:
     """A tracking server that is down is a clear error before any work."""
-    from tasks.tracking import TrackingUnavailable, check_server
+    from tasks.stores.tracking import TrackingUnavailable, check_server
 
     try:
         check_server(cfg.tracking.mlflow_uri)
@@ -171,7 +171,7 @@ def bench_engines_cmd(model: Path = typer.Option(Path("assets/tiny-warm"), help=
                       work_dir: Path = typer.Option(Path("runs/bench-engines"), help="Scratch folder."),
                       steps: int = typer.Option(6, help="RL steps per engine.")) -> None:
     """Median RL-step time through the SGLang HTTP engine vs in-process (ratio printed)."""
-    from models.bench_engines import bench_engines
+    from tasks.training.bench_engines import bench_engines
 
     bench_engines(model, work_dir, steps=steps, echo=console.print)
 
@@ -193,7 +193,7 @@ def query(sql: str, config: Path = ConfigOpt, overrides: Optional[list[str]] = S
     import duckdb
     import polars as pl
 
-    from tasks.store import query as run_query
+    from tasks.stores.db import query as run_query
 
     cfg = _load(config, overrides)
     if not Path(cfg.tracking.duckdb_path).exists():

@@ -33,7 +33,7 @@ def inspect(
     rows: int = typer.Option(3, "--rows", "-n", min=0, help="Sample rows to show."),
 ) -> None:
     """Summarise a task file: format, rows, data sources, columns, a sample."""
-    from tasks.datasets import DatasetError, detect_format, load_tasks, read_records
+    from tasks.data.formats import DatasetError, detect_format, load_tasks, read_records
 
     console = Console()
     try:
@@ -63,7 +63,7 @@ def bench_code_cmd(
     workers: int = typer.Option(4, min=1, help="Sandbox workers (processes or containers)."),
 ) -> None:
     """Measure code-grading throughput through the sandbox (tests/s)."""
-    from tasks.reward_bench import bench_code
+    from tasks.rewards.bench import bench_code
 
     result = bench_code(pairs=pairs, backend=backend, workers=workers)
     typer.echo(result.summary())

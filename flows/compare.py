@@ -18,8 +18,8 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.config import load_config
 from flows.train import train
-from tasks import store, tracking
-from tasks.compare_report import summarize, write_report
+from tasks.stores import db, tracking
+from tasks.reports.compare import summarize, write_report
 
 
 def arm_overrides(shared: list[str], arm: list[str], steps: int, every: int) -> list[str]:
@@ -29,8 +29,8 @@ def arm_overrides(shared: list[str], arm: list[str], steps: int, every: int) -> 
 @task(name="compare-report", cache_policy=NO_CACHE)
 def report_task(duckdb_path: str, runs: dict[str, list[str]], baseline: str, treatment: str, folder: str) -> dict:
     ids = ", ".join(f"'{r}'" for ids in runs.values() for r in ids)
-    evals = store.query(duckdb_path, f"SELECT run_id, policy_version, key, value FROM evaluations WHERE run_id IN ({ids})")
-    kinds = store.query(duckdb_path, f"""
+    evals = db.query(duckdb_path, f"SELECT run_id, policy_version, key, value FROM evaluations WHERE run_id IN ({ids})")
+    kinds = db.query(duckdb_path, f"""
         SELECT run_id, CASE WHEN errors_kept > 0 THEN 'errors kept' WHEN rollbacks_recovered > 0 THEN 'purified'
                             ELSE 'clean first try' END AS kind, count(*) AS n, avg(reward) AS reward,
                avg(advantage) AS advantage

@@ -1,6 +1,6 @@
 """The run config: per-package slices composed into one pydantic tree, loaded from YAML.
 
-Each package owns its slice (``sandbox.config.SandboxConfig``, ``tasks.rollout.RolloutConfig``,
+Each package owns its slice (``sandbox.config.SandboxConfig``, ``tasks.rollout.machine.RolloutConfig``,
 ``models.trainer.TrainerConfig``, ...); this module only composes them. ``load_config`` reads a
 short YAML file, applies ``--set key.path=value`` overrides (values parsed as YAML), and
 validates: an unknown key or a wrong type is a ``ConfigError`` naming the dotted path.
@@ -22,13 +22,13 @@ from models.config import TinyModelConfig, WarmupConfig
 from models.engine import EngineConfig
 from models.trainer import TrainerConfig
 from sandbox.config import SandboxConfig
-from tasks.data import DataConfig
-from tasks.evaluation import EvalConfig
-from tasks.mixing import MixConfig
-from tasks.rewards import RewardConfig
-from tasks.rollout import RolloutConfig
-from tasks.scoring import ScoreConfig
-from tasks.tracking import TrackingConfig
+from tasks.data.loader import DataConfig
+from tasks.training.evaluation import EvalConfig
+from tasks.training.mixing import MixConfig
+from tasks.rewards.registry import RewardConfig
+from tasks.rollout.machine import RolloutConfig
+from tasks.rewards.scoring import ScoreConfig
+from tasks.stores.tracking import TrackingConfig
 
 
 class ConfigError(ValueError):

@@ -16,8 +16,9 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.config import RunConfig, load_config
-from tasks import stages, tracking
-from tasks.data import ensure_files
+from tasks.stores import tracking
+from tasks.training import stages
+from tasks.data.loader import ensure_files
 
 
 @task(name="evaluate-policy", cache_policy=NO_CACHE)

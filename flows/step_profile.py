@@ -12,7 +12,7 @@ from statistics import mean
 
 from rich.table import Table
 
-from tasks.store import query
+from tasks.stores.db import query
 
 COMPUTE = ("rollout", "score", "mix", "advantage", "update")
 

@@ -1,6 +1,6 @@
 """Prefect flow ``train``: RL steps of rollout → score → mix → advantage → update → log.
 
-The flow only sequences stages; each task wraps one function of ``tasks.stages`` and hands
+The flow only sequences stages; each task wraps one function of ``tasks.training.stages`` and hands
 the next one a path (the step folder, a checkpoint folder). Stage tasks are cached on
 (run, step, stage, config hash, policy version) with persisted results, so training the same
 run id again — ``cleaner resume <run>`` after a crash — skips every finished stage and
@@ -22,8 +22,9 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.config import RunConfig, load_config
-from tasks import stages, store, tracking
-from tasks.data import ensure_files
+from tasks.stores import db, tracking
+from tasks.training import stages
+from tasks.data.loader import ensure_files
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,9 @@ def prepare_run(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run
     if parent_mlflow_run:
         tags["mlflow.parentRunId"] = parent_mlflow_run
     mlrun = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, run_id, config, tags)
-    con = store.connect(cfg.tracking.duckdb_path)
+    con = db.connect(cfg.tracking.duckdb_path)
     try:
-        store.upsert_run(con, run_id, cfg.name, config, mlrun, "running")
+        db.upsert_run(con, run_id, cfg.name, config, mlrun, "running")
     finally:
         con.close()
     return RunInfo(run_id, str(run_dir), mlrun, cfg.model.path)
@@ -159,14 +160,14 @@ def run_stage(name: str, cfg: RunConfig, info: RunInfo, step: int, policy: str, 
 
 @task(name="finish-run", cache_policy=NO_CACHE)
 def finish_task(cfg: RunConfig, info: RunInfo) -> str:
-    from tasks.reporting import plot_panels, plot_run
+    from tasks.reports.plots import plot_panels, plot_run
 
-    metrics = store.query(cfg.tracking.duckdb_path, f"SELECT step, key, value FROM metrics WHERE run_id = '{info.run_id}'")
+    metrics = db.query(cfg.tracking.duckdb_path, f"SELECT step, key, value FROM metrics WHERE run_id = '{info.run_id}'")
     png = plot_run(metrics, Path(info.run_dir) / "plots" / "summary.png", f"{info.run_id}")
     for f in [png, *plot_panels(metrics, Path(info.run_dir) / "plots", info.run_id)]:
         tracking.log_file(cfg.tracking, info.mlflow_run_id, f, "plots")
     tracking.finish_run(cfg.tracking, info.mlflow_run_id)
-    con = store.connect(cfg.tracking.duckdb_path)
+    con = db.connect(cfg.tracking.duckdb_path)
     try:
         con.execute("UPDATE runs SET status = 'finished' WHERE run_id = ?", [info.run_id])
     finally:

@@ -10,7 +10,7 @@ What: ``POST /generate`` (``input_ids`` — one list or a batch — ``sampling_p
 /get_model_info`` and ``GET /get_server_info`` (here: batch sizes formed, ``max_batch_seen`` and ``recent_batches``).
 It exists so the ``sglang`` engine and a full RL step through HTTP are tested on machines where
 SGLang cannot be installed. It is not SGLang. ``start_test_server`` / ``stop_server`` run it as
-a subprocess on a free loopback port (tests, ``models.bench_engines``).
+a subprocess on a free loopback port (tests, ``tasks.training.bench_engines``).
 
 Simplifies: continuous batching is imitated by collecting the requests that arrive until the queue has
 been quiet for 20 ms into one ``TransformersEngine.generate`` call (grouped by sampling parameters);

@@ -138,7 +138,7 @@ def _expected_ids(work: Path) -> set[str]:
     """The trajectories the viewer of ``STEP`` must show, picked from DuckDB the same way."""
     import duckdb
 
-    from tasks.viewer import pick_pairs
+    from tasks.reports.viewer import pick_pairs
 
     con = duckdb.connect(str(work / "cleaner.duckdb"), read_only=True)
     trajs = con.execute(f"SELECT * EXCLUDE (prompt_ids) FROM trajectories WHERE step = {STEP}").pl()

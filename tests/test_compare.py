@@ -9,11 +9,11 @@ import polars as pl
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.compare_report import ACC, TOOL, summarize, write_report
-from tasks.evaluation import summarize as eval_summary
-from tasks.mixing import fill_batch
-from tasks.saar import TrajStats, aggregate_stats
-from tasks.tracking import RUN_TAG
+from tasks.reports.compare import ACC, TOOL, summarize, write_report
+from tasks.training.evaluation import summarize as eval_summary
+from tasks.training.mixing import fill_batch
+from tasks.rollout.saar import TrajStats, aggregate_stats
+from tasks.stores.tracking import RUN_TAG
 from tests.flowrun import tiny_overrides
 
 
@@ -111,7 +111,7 @@ def test_same_seed_same_rollout(warm_model_dir, chat):
     from models.engine import EngineConfig, TransformersEngine
     from sandbox.base import make_sandbox
     from sandbox.config import SandboxConfig
-    from tasks.rollout import PromptItem, Rollout, RolloutConfig
+    from tasks.rollout.machine import PromptItem, Rollout, RolloutConfig
 
     items = [PromptItem(f"p{i}", [{"role": "user", "content": f"What is {1234 + i} * 5678?"}], "synthetic/arith", "0")
              for i in range(3)]

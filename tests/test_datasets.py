@@ -14,9 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli_data import app
-from tasks.datasets import DatasetError, TaskRow, load_many, load_tasks
-from tasks.prompts import CHOICE_RULE, TOOLS, wrap_train_prompt
-from tasks.rewards import compute_reward
+from tasks.data.formats import DatasetError, TaskRow, load_many, load_tasks
+from tasks.data.prompts import CHOICE_RULE, TOOLS, wrap_train_prompt
+from tasks.rewards.registry import compute_reward
 from tests.fixtures.formats import FORMATS, write_all, write_parquet
 
 

@@ -9,7 +9,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from flows.train import train
-from tasks.tracking import RUN_TAG
+from tasks.stores.tracking import RUN_TAG
 
 TABLES_PER_STEP = ["trajectories", "turns", "tool_executions", "metrics", "steps"]
 

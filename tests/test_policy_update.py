@@ -8,7 +8,7 @@ import torch
 
 from models.engine import EngineConfig, GenRequest, TransformersEngine, load_causal_lm
 from models.trainer import Sample, TrainerConfig, dapo_loss, response_logprobs, update
-from tasks.mixing import MixConfig, grpo_advantages, mix_rows
+from tasks.training.mixing import MixConfig, grpo_advantages, mix_rows
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tasks.store import query
+from tasks.stores.db import query
 from tests.flowrun import run_tiny_flow
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "queries.md"

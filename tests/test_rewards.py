@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from tasks import rewards
-from tasks.rewards import (
+from tasks.rewards import registry as rewards
+from tasks.rewards.registry import (
     GraderError,
     RewardConfig,
     RewardResult,

@@ -17,9 +17,9 @@ import pytest
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
 from sandbox.result import ExecutionResult, SandboxInfraError
-from tasks.rewards import GraderError, RewardConfig, compute_reward
-from tasks.code_harness import PREFIX_MODULES, RESULT_MARK, outputs_match, values_match
-from tasks.rewards_code import extract_code, grade_code_batch, parse_tests
+from tasks.rewards.registry import GraderError, RewardConfig, compute_reward
+from tasks.rewards.harness import PREFIX_MODULES, RESULT_MARK, outputs_match, values_match
+from tasks.rewards.code import extract_code, grade_code_batch, parse_tests
 
 CFG = RewardConfig(code_timeout_s=1.0)
 
@@ -200,7 +200,7 @@ def test_extract_code_and_parse_tests():
 
 
 def test_livecodebench_fixture_rows_grade_end_to_end(sandbox, tmp_path):
-    from tasks.datasets import load_tasks
+    from tasks.data.formats import load_tasks
     from tests.fixtures.formats import write_all
 
     stdin_task, fn_task = load_tasks(write_all(tmp_path)["livecodebench"])
@@ -220,7 +220,7 @@ def test_bench_code_smoke():
     from typer.testing import CliRunner
 
     from flows.cli_data import app
-    from tasks.reward_bench import bench_code
+    from tasks.rewards.bench import bench_code
 
     result = bench_code(pairs=20, workers=2)
     assert result.pairs == 20 and result.batch_tests_per_s > 0 and result.single_tests_per_s > 0

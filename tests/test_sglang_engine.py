@@ -151,7 +151,7 @@ def test_rl_step_through_http_fills_the_stores(prefect_harness, server, warm_mod
 
 @pytest.mark.slow
 def test_benchmark_reports_both_engines_and_the_ratio(warm_model_dir, tmp_path):
-    from models.bench_engines import bench_engines
+    from tasks.training.bench_engines import bench_engines
 
     lines: list[str] = []
     res = bench_engines(warm_model_dir, tmp_path / "bench", steps=2, prompts=2, n_samples=2, max_new_tokens=16,

@@ -6,7 +6,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from flows.train import train
-from tasks.tracking import RUN_TAG
+from tasks.stores.tracking import RUN_TAG
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks import store, tracking
+from tasks.stores import db, tracking
 from tests.flowrun import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,13 +73,13 @@ def test_duckdb_held_by_another_writer_is_named(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "holding"
-        with pytest.raises(store.StoreLockedError) as err:
-            store.connect(path)
+        with pytest.raises(db.StoreLockedError) as err:
+            db.connect(path)
         assert str(path) in str(err.value) and "another writer" in str(err.value)
     finally:
         holder.kill()
         holder.wait(timeout=30)
-    store.connect(path).close()
+    db.connect(path).close()
 
 
 @pytest.fixture

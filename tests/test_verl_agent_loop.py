@@ -20,7 +20,7 @@ from models.chat import render_call
 from models.engine import GenOutput
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
-from tasks.rollout import PromptItem, Rollout
+from tasks.rollout.machine import PromptItem, Rollout
 from tests.test_saar_rollout import LONG_FIX
 
 verl = pytest.importorskip("verl", reason="verl is not installed: pip install -e '.[verl]' (CPU is fine)")
@@ -107,7 +107,7 @@ def both_paths(verl_config, chat):
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
     from verl.protocol import DataProto
 
-    from models.verl_agent_loop import close_sandboxes, rollout_config
+    from tasks.rollout.verl_loop import close_sandboxes, rollout_config
 
     torch.set_num_threads(1)
     cases = list(SCRIPTS)
@@ -176,7 +176,7 @@ def test_purified_trajectories_carry_no_error_text(both_paths, chat):
 def test_paper_config_composes_with_verl_defaults():
     from hydra import compose, initialize_config_dir
 
-    from models.verl_agent_loop import rollout_config
+    from tasks.rollout.verl_loop import rollout_config
 
     with initialize_config_dir(config_dir=f"{ROOT}/configs/verl", version_base=None):
         cfg = compose(config_name="cleaner_grpo")
@@ -190,7 +190,7 @@ def test_paper_config_composes_with_verl_defaults():
 
 
 def test_reward_adapter_uses_our_graders():
-    from models.verl_agent_loop import close_sandboxes, compute_score
+    from tasks.rollout.verl_loop import close_sandboxes, compute_score
 
     try:
         assert compute_score("synthetic/arith", "So \\boxed{42}.", "42")["score"] == 1.0

@@ -8,8 +8,8 @@ import re
 import polars as pl
 import pytest
 
-from tasks.reporting import PLOTS, plot_panels, plot_run, with_rates
-from tasks.viewer import render_step_viewer
+from tasks.reports.plots import PLOTS, plot_panels, plot_run, with_rates
+from tasks.reports.viewer import render_step_viewer
 
 EVIL = "<script>alert('pwned')</script>"
 

@@ -5,7 +5,7 @@
 #   MODEL=/ckpt/Qwen3-4B TRAIN=data/verl/train.parquet VAL=data/verl/val.parquet GPUS=8 infra/verl/run_cleaner_grpo.sh
 #
 # Needs a CUDA node with `pip install -e '.[verl,gpu]'` (verl + SGLang), run from the repo root so
-# Ray workers import `models.verl_agent_loop`. Data: verl RL parquet (`cleaner data ...` writes it).
+# Ray workers import `tasks.rollout.verl_loop`. Data: verl RL parquet (`cleaner data ...` writes it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODEL=${MODEL:-Qwen/Qwen3-4B}

@@ -11,7 +11,7 @@
 - **livecodebench**: ``problem``, ``reward_model`` and ``extra_info`` as JSON strings
   (``ground_truth`` holds ``inputs``/``outputs`` and, for functional tests, ``fn_name``).
 
-Prompts come from ``tasks.prompts`` (the paper's format). Files are Parquet (read with
+Prompts come from ``tasks.data.prompts`` (the paper's format). Files are Parquet (read with
 pyarrow) or JSON lines. Malformed input raises ``DatasetError`` naming the file, row and
 column. Run ``cleaner data inspect FILE`` for a summary of any of these files.
 """
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from tasks import prompts
+from tasks.data import prompts
 
 
 class DatasetError(ValueError):

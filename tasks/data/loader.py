@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.rollout import PromptItem
+from tasks.rollout.machine import PromptItem
 
 
 class DataConfig(BaseModel):
@@ -61,10 +61,10 @@ def ensure_files(cfg: DataConfig, seed: int) -> None:
 def load_prompts(path: str) -> tuple[PromptItem, ...]:
     """All rows of a task file (verl RL parquet, AIME, GPQA, LiveCodeBench) as ``PromptItem``.
 
-    Parsing and validation are ``tasks.datasets.load_tasks``'s: a malformed row is an error
+    Parsing and validation are ``tasks.data.formats.load_tasks``'s: a malformed row is an error
     naming the file, row and column.
     """
-    from tasks.datasets import load_tasks
+    from tasks.data.formats import load_tasks
 
     rows = load_tasks(path)
     if not rows:

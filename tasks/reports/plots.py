@@ -5,7 +5,7 @@ trajectories that were purified (a rollback recovered) and renders them as Markd
 artifacts, so the MLflow UI shows what SAAR cut. ``plot_run`` draws reward, accuracy, tool
 success, rollback rates (rollbacks per tool call, recovery and failure rates) and shallow/deep
 counts against the step from the DuckDB metrics in one summary PNG; ``plot_panels`` writes the
-same panels as one PNG each. The HTML trajectory viewer lives in ``tasks/viewer.py``.
+same panels as one PNG each. The HTML trajectory viewer lives in ``tasks/reports/viewer.py``.
 """
 
 from __future__ import annotations

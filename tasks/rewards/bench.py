@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
-from tasks.rewards import GraderError, RewardConfig, compute_reward
-from tasks.code_harness import PREFIX_MODULES
-from tasks.rewards_code import grade_code_batch
+from tasks.rewards.registry import GraderError, RewardConfig, compute_reward
+from tasks.rewards.harness import PREFIX_MODULES
+from tasks.rewards.code import grade_code_batch
 
 TESTS_PER_RESPONSE = 5
 _SPEC = {

@@ -1,6 +1,6 @@
 """Code reward: the response's last fenced Python block run against the task's tests in the sandbox.
 
-Registered for ``livecodebench*`` and ``*code*`` data sources (see ``tasks.rewards``).
+Registered for ``livecodebench*`` and ``*code*`` data sources (see ``tasks.rewards.registry``).
 Ground truth (a dict or its JSON string) is one of three test formats:
 
 - **stdin/stdout** ``{"inputs": [str], "outputs": [str]}``: the program reads the input on
@@ -13,7 +13,7 @@ Ground truth (a dict or its JSON string) is one of three test formats:
   reference's training data): line 0 of ``test_code`` defines ``check(candidate)``, every
   further line is one test run as ``check(entry_point)``.
 
-Each test is one sandbox snippet (a fork, built by ``tasks.code_harness``), so a crash, a
+Each test is one sandbox snippet (a fork, built by ``tasks.rewards.harness``), so a crash, a
 non-zero ``sys.exit`` or a time-out fails only that test. The reward is the fraction of
 tests passed; ``correct`` means all passed. As in the reference (``code_math.compute_score``)
 a response without a fenced Python block or whose block does not parse scores
@@ -30,8 +30,8 @@ import json
 import re
 
 from sandbox.result import ExecutionResult, SandboxInfraError
-from tasks.code_harness import TIMEOUT_EXIT, CodeTest, build_tests, verdict_of
-from tasks.rewards import GraderError, RewardConfig, RewardResult, register_reward
+from tasks.rewards.harness import TIMEOUT_EXIT, CodeTest, build_tests, verdict_of
+from tasks.rewards.registry import GraderError, RewardConfig, RewardResult, register_reward
 
 _FENCE = re.compile(r"```(?:python3?|py)[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 

@@ -161,7 +161,7 @@ def _snippet(source: str, *, stdin: str, call: str, verdict: str, prefix: str, t
 
 
 def build_tests(code: str, spec: dict, timeout_s: float) -> list[CodeTest]:
-    """One snippet per test of ``spec`` (see ``tasks.rewards_code.parse_tests``) for ``code``."""
+    """One snippet per test of ``spec`` (see ``tasks.rewards.code.parse_tests``) for ``code``."""
     if "test_code" in spec:
         lines = [ln for ln in spec["test_code"].split("\n") if ln.strip()]
         prefix = spec.get("import_prefix", "")

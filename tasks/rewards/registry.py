@@ -12,7 +12,7 @@ sub-metrics, the extracted answer). Graders:
 - **multiple choice** (``gpqa*``): the option letter from the last ``\\boxed{}`` (or an
   "answer is (X)" phrase), compared with the ground-truth letter;
 - **code** (``livecodebench*``, ``*code*``): the last fenced Python block run against the
-  tests in the sandbox, reward = fraction passed (see ``tasks.rewards_code``).
+  tests in the sandbox, reward = fraction passed (see ``tasks.rewards.code``).
 
 A grader that crashes raises ``GraderError`` naming the data source and row id: the caller
 counts it, it is never a silent 0. A sandbox infrastructure failure is retried and, if it
@@ -343,4 +343,4 @@ def _load_builtin_graders() -> None:
     global _LOADED
     if not _LOADED:
         _LOADED = True
-        import tasks.rewards_code  # noqa: F401
+        import tasks.rewards.code  # noqa: F401

@@ -1,7 +1,7 @@
 """Score stage: outcome reward per trajectory, plus DAPO overlong shaping.
 
 Reads ``trajectories.parquet`` of a step, grades each response with the reward registry
-(``tasks.rewards.compute_reward``, keyed by ``data_source``), adds the overlong penalty and
+(``tasks.rewards.registry.compute_reward``, keyed by ``data_source``), adds the overlong penalty and
 writes ``scores.parquet`` (keys + ``score``, ``correct``, ``overlong_penalty``, ``reward``,
 ``graded``). A grader that raises is counted (``score/grader_errors``) and its trajectory is
 marked ``graded = false`` so it never trains — it is not scored 0.
@@ -15,8 +15,8 @@ from pathlib import Path
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.records import read_table
-from tasks.rewards import GraderError, RewardConfig, compute_reward, overlong_penalty
+from tasks.stores.records import read_table
+from tasks.rewards.registry import GraderError, RewardConfig, compute_reward, overlong_penalty
 
 
 class ScoreConfig(BaseModel):

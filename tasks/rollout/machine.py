@@ -24,7 +24,7 @@ Token bookkeeping (ids are appended turn by turn, never re-tokenised)::
 
 In RETRYING the engine sees ``prompt + response + error tool turn``, but the error tokens are
 kept aside (``Snapshot.retry_suffix``); the accepted regeneration is spliced over the failed
-turn (``tasks.saar.splice``), so a recovered position carries no error text. Retries do not
+turn (``tasks.rollout.saar.splice``), so a recovered position carries no error text. Retries do not
 count against the turn budget. Infrastructure failures of the sandbox raise out of the
 rollout (``SandboxInfraError``): they are never a code failure, a SAAR trigger or a reward.
 """
@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 from models.chat import ChatFormat, ParsedCall, parse_tool_call
 from models.engine import Engine, GenOutput, GenRequest
 from sandbox.result import ExecutionResult
-from tasks.saar import SAARConfig, TrajStats, exhausted_note, is_raw, splice
+from tasks.rollout.saar import SAARConfig, TrajStats, exhausted_note, is_raw, splice
 
 
 class RolloutConfig(BaseModel):

@@ -1,7 +1,7 @@
 """SAAR (Similarity-Aware Adaptive Rollback): the rules, free of any engine or sandbox.
 
 This module is the single implementation of the SAAR decisions; the pipeline's rollout
-(``tasks/rollout.py``) calls it. What it decides (DESIGN §3):
+(``tasks/rollout/machine.py``) calls it. What it decides (DESIGN §3):
 
 * ``similarity(old, new)``: ``difflib.SequenceMatcher(None, old, new).ratio()`` of the decoded
   segments from the first ``<tool_call>`` to the end of the failed and of the regenerated turn.

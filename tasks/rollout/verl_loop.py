@@ -1,8 +1,8 @@
 """SAAR as a verl agent loop: ``@register("cleaner_agent")`` for verl's Ray + FSDP trainer.
 
 What: ``CleanerAgentLoop.run`` rolls out one sample with the pipeline's own rollout — the
-handlers of ``tasks.rollout.Rollout`` driven one trajectory at a time (``Rollout.drive``) and the
-rules of ``tasks.saar`` — so both paths share one SAAR implementation. Generation goes through
+handlers of ``tasks.rollout.machine.Rollout`` driven one trajectory at a time (``Rollout.drive``) and the
+rules of ``tasks.rollout.saar`` — so both paths share one SAAR implementation. Generation goes through
 verl's server manager (``server_manager.generate(request_id, prompt_ids=..., sampling_params=...)``,
 SGLang or vLLM behind it); code runs in our sandbox (one pool per worker process, closed at exit).
 The output is verl's ``AgentLoopOutput`` (prompt_ids, response_ids, response_mask 1 = policy
@@ -38,8 +38,8 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from models.chat import ChatFormat
 from models.engine import GenOutput, GenRequest
 from sandbox.config import SandboxConfig
-from tasks.rollout import PromptItem, Rollout, RolloutConfig, Trajectory
-from tasks.saar import SAARConfig
+from tasks.rollout.machine import PromptItem, Rollout, RolloutConfig, Trajectory
+from tasks.rollout.saar import SAARConfig
 
 _sandboxes: dict[str, Any] = {}
 _draws: Counter = Counter()
@@ -86,8 +86,8 @@ def close_sandboxes() -> None:
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
-    """verl custom reward function (``reward.custom_reward_function``): our graders (``tasks.rewards``)."""
-    from tasks.rewards import compute_reward
+    """verl custom reward function (``reward.custom_reward_function``): our graders (``tasks.rewards.registry``)."""
+    from tasks.rewards.registry import compute_reward
 
     res = compute_reward(data_source, solution_str, ground_truth, dict(extra_info or {}),
                          sandbox=shared_sandbox(SandboxConfig()))

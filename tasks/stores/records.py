@@ -18,7 +18,7 @@ from pathlib import Path
 
 import polars as pl
 
-from tasks.rollout import Trajectory
+from tasks.rollout.machine import Trajectory
 
 TABLES = ("trajectories", "turns", "executions", "saar_events")
 

@@ -1,7 +1,7 @@
 """Benchmark: one RL step with the SGLang HTTP engine vs the in-process engine (bar: HTTP <= 1.3x).
 
 What: ``bench_engines(model_path, work_dir)`` runs the same RL steps — rollout (with the weight
-sync), score, mix, advantage, update, through the plain stage functions of ``tasks.stages`` (no
+sync), score, mix, advantage, update, through the plain stage functions of ``tasks.training.stages`` (no
 Prefect, no stores) — with ``engine.kind=transformers`` and with ``engine.kind=sglang``, step by
 step in turn so a change of machine load hits both alike; the latter talks to the CPU test server
 (``models.sglang_test_server``, started on a free loopback port, stopped by its process group).
@@ -11,7 +11,7 @@ sample different tokens, so the per-token figure is the fairer one for the rollo
 
 Simplifies: one seed, the tiny model, one torch thread for both sides; the first step of each
 engine is a warm-up (model load, first sandbox) and is left out when ``steps`` > 1.
-Run: ``python -c "from models.bench_engines import bench_engines; bench_engines('assets/tiny-warm', '/tmp/bench')"``.
+Run: ``python -c "from tasks.training.bench_engines import bench_engines; bench_engines('assets/tiny-warm', '/tmp/bench')"``.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from pathlib import Path
 def _configs(work: Path, steps: int, prompts: int, n_samples: int, max_new_tokens: int, seed: int) -> dict:
     from models.trainer import TrainerConfig
     from sandbox.config import SandboxConfig
-    from tasks.data import DataConfig, ensure_files
-    from tasks.mixing import MixConfig
-    from tasks.rewards import RewardConfig
-    from tasks.rollout import RolloutConfig
-    from tasks.scoring import ScoreConfig
+    from tasks.data.loader import DataConfig, ensure_files
+    from tasks.training.mixing import MixConfig
+    from tasks.rewards.registry import RewardConfig
+    from tasks.rollout.machine import RolloutConfig
+    from tasks.rewards.scoring import ScoreConfig
 
     data = DataConfig(train_path=str(work / "train.parquet"), eval_path=str(work / "eval.parquet"),
                       n_train=max(64, prompts * steps), n_eval=8, prompts_per_step=prompts)
@@ -44,7 +44,7 @@ def _configs(work: Path, steps: int, prompts: int, n_samples: int, max_new_token
 def _one_step(kind: str, urls: list[str], ckpt: str, step: int, work: Path, c: dict) -> tuple[float, float, int, str]:
     """One RL step with engine ``kind``: (step seconds, rollout seconds, generated tokens, next checkpoint)."""
     from models.engine import EngineConfig
-    from tasks import stages
+    from tasks.training import stages
 
     folder = work / kind / "steps" / f"{step:06d}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -70,7 +70,7 @@ def _summary(rows: list[tuple[float, float, int]], steps: int) -> dict:
 
 
 def _generated_tokens(folder: Path) -> int:
-    from tasks.records import read_table
+    from tasks.stores.records import read_table
 
     df = read_table(folder, "trajectories")
     return int(sum(sum(mask) for mask in df["response_mask"].to_list()))
@@ -82,7 +82,7 @@ def bench_engines(model_path: str | Path, work_dir: str | Path, steps: int = 6, 
     import torch
 
     from models.sglang_test_server import start_test_server, stop_server
-    from tasks import stages
+    from tasks.training import stages
 
     torch.set_num_threads(threads)
     work = Path(work_dir)

@@ -18,11 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from models.chat import ChatConfig
 from models.engine import EngineConfig
 from sandbox.config import SandboxConfig
-from tasks.records import trajectory_frames
-from tasks.rewards import RewardConfig, pass_at_k_by_source
-from tasks.rollout import PromptItem, Rollout, RolloutConfig
-from tasks.saar import aggregate_stats
-from tasks.scoring import ScoreConfig, score_rows
+from tasks.stores.records import trajectory_frames
+from tasks.rewards.registry import RewardConfig, pass_at_k_by_source
+from tasks.rollout.machine import PromptItem, Rollout, RolloutConfig
+from tasks.rollout.saar import aggregate_stats
+from tasks.rewards.scoring import ScoreConfig, score_rows
 
 
 class EvalConfig(BaseModel):
@@ -68,7 +68,7 @@ def _mlflow_names(metrics: dict[str, float]) -> dict[str, float]:
 def evaluate_mode(ckpt: str, items: list[PromptItem], rollout: RolloutConfig, engine: EngineConfig,
                   sandbox: SandboxConfig, reward: RewardConfig, cfg: EvalConfig, seed: int,
                   chat_cfg: ChatConfig, mode: str) -> tuple[dict[str, float], pl.DataFrame]:
-    from tasks.stages import get_chat, get_engine, get_sandbox
+    from tasks.training.stages import get_chat, get_engine, get_sandbox
 
     saar = rollout.saar.model_copy(update={"enabled": mode == "saar_on", "raw_share": 0.0})
     roll_cfg = rollout.model_copy(update={"saar": saar, "n_samples": cfg.samples})

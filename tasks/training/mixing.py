@@ -23,7 +23,7 @@ from typing import Callable, Sequence, TypeVar
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.records import read_table
+from tasks.stores.records import read_table
 
 
 T = TypeVar("T")

@@ -30,18 +30,18 @@ from models.engine import EngineConfig, make_engine
 from models.trainer import Sample, TrainerConfig, save_checkpoint, update
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
-from tasks import store, tracking
-from tasks.faults import maybe_crash
-from tasks.data import DataConfig, load_prompts, refill_batch
-from tasks.evaluation import EvalConfig, evaluate
-from tasks.mixing import MixConfig, advantage_step, fill_batch, mix_step
-from tasks.records import read_table, trajectory_frames, write_frames
-from tasks.reporting import sample_texts
-from tasks.viewer import render_step_viewer
-from tasks.rewards import GraderError, RewardConfig, compute_reward
-from tasks.rollout import Rollout, RolloutConfig
-from tasks.saar import aggregate_stats
-from tasks.scoring import ScoreConfig, score_step
+from tasks.stores import db, tracking
+from tasks.training.faults import maybe_crash
+from tasks.data.loader import DataConfig, load_prompts, refill_batch
+from tasks.training.evaluation import EvalConfig, evaluate
+from tasks.training.mixing import MixConfig, advantage_step, fill_batch, mix_step
+from tasks.stores.records import read_table, trajectory_frames, write_frames
+from tasks.reports.plots import sample_texts
+from tasks.reports.viewer import render_step_viewer
+from tasks.rewards.registry import GraderError, RewardConfig, compute_reward
+from tasks.rollout.machine import Rollout, RolloutConfig
+from tasks.rollout.saar import aggregate_stats
+from tasks.rewards.scoring import ScoreConfig, score_step
 
 _live: dict[str, object] = {}
 
@@ -213,9 +213,9 @@ def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, tra
         "steps": pl.DataFrame({"run_id": [run_id], "step": [step], "checkpoint": [ckpt], "policy_version": [Path(ckpt).name],
                                "seconds": [sum(v for k, v in metrics.items() if k.startswith("time/"))]}),
     }
-    con = store.connect(tracking_cfg.duckdb_path)
+    con = db.connect(tracking_cfg.duckdb_path)
     try:
-        store.replace_step(con, run_id, step, frames)
+        db.replace_step(con, run_id, step, frames)
     finally:
         con.close()
     metrics["time/log_s"] = time.perf_counter() - t0
@@ -237,9 +237,9 @@ def eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, seed: in
     items = list(load_prompts(data.eval_path))[: cfg.n_prompts]
     metrics = evaluate(ckpt, items, rollout, engine, sandbox, reward, cfg, seed, chat_cfg)
     metrics["time/eval_s"] = time.perf_counter() - t0
-    con = store.connect(tracking_cfg.duckdb_path)
+    con = db.connect(tracking_cfg.duckdb_path)
     try:
-        store.replace_eval(con, run_id, version, ckpt, metrics)
+        db.replace_eval(con, run_id, version, ckpt, metrics)
     finally:
         con.close()
     if mlrun:

@@ -1,0 +1,1 @@
+"""Data: RL prompt files (loaders, dataset formats, the paper's prompt wording)."""

@@ -1,0 +1,1 @@
+"""Reports: the HTML trajectory viewer, metric plots and the compare report."""

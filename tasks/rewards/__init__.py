@@ -1,0 +1,1 @@
+"""Rewards: the grader registry (math, multiple choice, code tests in the sandbox) and reward shaping."""

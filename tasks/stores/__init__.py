@@ -1,0 +1,1 @@
+"""Stores: per-step Parquet tables, the DuckDB store and MLflow tracking."""
