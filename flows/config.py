@@ -1,7 +1,9 @@
 """The run config: per-package slices composed into one pydantic tree, loaded from YAML.
 
-Each package owns its slice (``sandbox.config.SandboxConfig``, ``tasks.rollout.machine.RolloutConfig``,
-``models.trainer.TrainerConfig``, ...); this module only composes them. ``load_config`` reads a
+Each package owns its slices in a pydantic-only ``config`` module (``sandbox.config``,
+``models.config``, ``tasks.rollout.config``, ``tasks.data.config``, ``tasks.rewards.config``,
+``tasks.stores.config``, ``tasks.training.config``); this module only composes them, so importing
+it loads pydantic and YAML, never torch. ``load_config`` reads a
 short YAML file, applies ``--set key.path=value`` overrides (values parsed as YAML), and
 validates: an unknown key or a wrong type is a ``ConfigError`` naming the dotted path.
 
@@ -17,18 +19,13 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from models.chat import ChatConfig
-from models.config import TinyModelConfig, WarmupConfig
-from models.engine import EngineConfig
-from models.trainer import TrainerConfig
+from models.config import ChatConfig, EngineConfig, TinyModelConfig, TrainerConfig, WarmupConfig
 from sandbox.config import SandboxConfig
-from tasks.data.loader import DataConfig
-from tasks.training.evaluation import EvalConfig
-from tasks.training.mixing import MixConfig
-from tasks.rewards.registry import RewardConfig
-from tasks.rollout.machine import RolloutConfig
-from tasks.rewards.scoring import ScoreConfig
-from tasks.stores.tracking import TrackingConfig
+from tasks.data.config import DataConfig
+from tasks.rewards.config import RewardConfig, ScoreConfig
+from tasks.rollout.config import RolloutConfig
+from tasks.stores.config import TrackingConfig
+from tasks.training.config import EvalConfig, MixConfig
 
 
 class ConfigError(ValueError):

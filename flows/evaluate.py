@@ -16,9 +16,9 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.config import RunConfig, load_config
-from tasks.stores import tracking
-from tasks.training import stages
 from tasks.data.loader import ensure_files
+from tasks.stores import tracking
+from tasks.training import live, stages
 
 
 @task(name="evaluate-policy", cache_policy=NO_CACHE)
@@ -43,6 +43,6 @@ def evaluate_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] |
     try:
         metrics = evaluate_task(cfg, run_id, str(ckpt), mlrun)
     finally:
-        stages.close_live()
+        live.close_live()
     tracking.finish_run(cfg.tracking, mlrun)
     return metrics

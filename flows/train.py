@@ -22,9 +22,9 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.config import RunConfig, load_config
-from tasks.stores import db, tracking
-from tasks.training import stages
 from tasks.data.loader import ensure_files
+from tasks.stores import db, tracking
+from tasks.training import live, stages
 
 
 @dataclass(frozen=True)
@@ -210,7 +210,7 @@ def train(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = 
         print(_summary(step, metrics))
     (Path(info.run_dir) / f"walltime-{flow_run.get_id() or 'local'}.json").write_text(json.dumps(walls))
     png = finish_task(cfg, info)
-    stages.close_live()
+    live.close_live()
     return {**asdict(info), "final_checkpoint": ckpt, "plot": png, "step_wall_s": walls}
 
 

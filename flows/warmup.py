@@ -52,8 +52,12 @@ def build_task(cfg: RunConfig, corpus: str) -> str:
 @task(name="sft", cache_policy=NO_CACHE)
 def sft_task(cfg: RunConfig, init_dir: str, corpus: str) -> dict:
     from models.sft import warmup
+    from tasks.synthetic import read_sft_corpus
 
-    return warmup(Path(init_dir), Path(corpus), cfg.warmup, Path(cfg.model.path))
+    transcripts = read_sft_corpus(Path(corpus))
+    if not transcripts:
+        raise ValueError(f"warm-up corpus {corpus} holds no transcripts")
+    return warmup(Path(init_dir), transcripts, cfg.warmup, Path(cfg.model.path))
 
 
 def build_and_warm(cfg: RunConfig) -> dict:

@@ -23,8 +23,6 @@ import json
 from dataclasses import dataclass
 from functools import cached_property
 
-from pydantic import BaseModel, ConfigDict
-
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
 TOOL_NAME = "code_interpreter"
@@ -43,16 +41,6 @@ PYTHON_TOOL = {
         },
     },
 }
-
-
-class ChatConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    system_prompt: str | None = None
-    """System message prepended to every prompt (None: the chat template's default)."""
-
-    fewshot: list[dict[str, str]] = []
-    """Worked example turns (role/content messages) placed between the system prompt and each task."""
 
 
 @dataclass(frozen=True)

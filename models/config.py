@@ -1,12 +1,16 @@
-"""Config slices for the tiny model: its architecture/tokenizer and its warm-up SFT.
+"""Config slices of the policy side: chat framing, engines, the trainer, the tiny model and its warm-up.
 
-``TinyModelConfig`` is what ``models.tiny.build_tiny`` needs; ``WarmupConfig`` is what
-``tasks.synthetic.write_sft_corpus`` + ``models.sft.warmup`` need. The defaults are the
-measured recipe of DESIGN §6 (≈1.1M parameters, lr 2e-3 kept high until late, batch 16).
-Light on imports (pydantic only) so flow modules can read them cheaply.
+``ChatConfig`` frames prompts (``models.chat``); ``EngineConfig`` picks and tunes the inference
+engine (``models.engine``, ``models.sglang_engine``); ``TrainerConfig`` is the DAPO update
+(``models.trainer``). ``TinyModelConfig`` is what ``models.tiny.build_tiny`` needs;
+``WarmupConfig`` is what ``tasks.synthetic.write_sft_corpus`` + ``models.sft.warmup`` need. The
+tiny defaults are the measured recipe of DESIGN §6 (≈1.1M parameters, lr 2e-3 kept high until
+late, batch 16). Pydantic only, so flow modules and the CLI read them without loading torch.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -106,3 +110,92 @@ class WarmupConfig(BaseModel):
 
     threads: int = Field(1, ge=1)
     """``torch.set_num_threads``; one thread is ~10× faster than two under contention."""
+
+
+class ChatConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    system_prompt: str | None = None
+    """System message prepended to every prompt (None: the chat template's default)."""
+
+    fewshot: list[dict[str, str]] = []
+    """Worked example turns (role/content messages) placed between the system prompt and each task."""
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    kind: str = "transformers"
+    """Registered engine name: ``transformers`` (in-process) or ``sglang`` (HTTP client of SGLang servers)."""
+
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature for rollouts."""
+
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass (1.0 = off)."""
+
+    max_batch: int = Field(64, ge=1)
+    """Largest number of sequences generated in one forward batch."""
+
+    batching: Literal["continuous", "static"] = "continuous"
+    """In-process engine: ``continuous`` (finished rows leave the batch, queued ones join, prefixes are
+    reused across turns) or ``static`` (one padded ``generate`` per chunk; the benchmark's baseline)."""
+
+    device: str = "cpu"
+    """Torch device of the in-process engine (``cpu`` or ``cuda``)."""
+
+    threads: int = Field(1, ge=1)
+    """Torch intra-op threads on CPU (one thread is fastest on a busy 2-core machine)."""
+
+    server_urls: list[str] = []
+    """``sglang``: base URLs of SGLang servers (``http://127.0.0.1:30000``); several are used round-robin,
+    or give one SGLang router URL. The servers must see checkpoint paths on the same filesystem."""
+
+    request_timeout_s: float = Field(600.0, gt=0)
+    """``sglang``: seconds one ``/generate`` or weight-update request may take."""
+
+    max_concurrency: int = Field(64, ge=1)
+    """``sglang``: requests in flight at once (the server batches them)."""
+
+    max_retries: int = Field(3, ge=0)
+    """``sglang``: retries of a request after an infrastructure failure (connection error, 5xx, abort)."""
+
+    health_timeout_s: float = Field(300.0, gt=0)
+    """``sglang``: seconds to wait for every server's ``/health`` before giving up."""
+
+    stop: list[str] = []
+    """``sglang``: extra stop strings (generation always stops at the end-of-turn token)."""
+
+
+class TrainerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    lr: float = Field(1e-4, gt=0)
+    """AdamW learning rate of the RL update."""
+
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+
+    clip_low: float = Field(0.2, ge=0)
+    """DAPO lower clip ε_low: ratio is clipped at 1 - clip_low."""
+
+    clip_high: float = Field(0.28, ge=0)
+    """DAPO upper clip ε_high (clip-higher): ratio is clipped at 1 + clip_high."""
+
+    grad_clip: float = Field(1.0, gt=0)
+    """Max global gradient norm."""
+
+    mini_batches: int = Field(2, ge=1)
+    """Optimizer steps per RL step (the batch is split into this many mini-batches)."""
+
+    epochs: int = Field(1, ge=1)
+    """Passes over the batch per RL step."""
+
+    micro_batch: int = Field(16, ge=1)
+    """Sequences per forward/backward (gradient accumulation inside a mini-batch)."""
+
+    threads: int = Field(1, ge=1)
+    """Torch intra-op threads on CPU."""
+
+    device: str = "cpu"
+    """Torch device for the update."""

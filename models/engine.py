@@ -26,52 +26,8 @@ from pathlib import Path
 from typing import Callable, Literal, Protocol
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
-
-class EngineConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    kind: str = "transformers"
-    """Registered engine name: ``transformers`` (in-process) or ``sglang`` (HTTP client of SGLang servers)."""
-
-    temperature: float = Field(1.0, gt=0)
-    """Sampling temperature for rollouts."""
-
-    top_p: float = Field(1.0, gt=0, le=1)
-    """Nucleus sampling mass (1.0 = off)."""
-
-    max_batch: int = Field(64, ge=1)
-    """Largest number of sequences generated in one forward batch."""
-
-    batching: Literal["continuous", "static"] = "continuous"
-    """In-process engine: ``continuous`` (finished rows leave the batch, queued ones join, prefixes are
-    reused across turns) or ``static`` (one padded ``generate`` per chunk; the benchmark's baseline)."""
-
-    device: str = "cpu"
-    """Torch device of the in-process engine (``cpu`` or ``cuda``)."""
-
-    threads: int = Field(1, ge=1)
-    """Torch intra-op threads on CPU (one thread is fastest on a busy 2-core machine)."""
-
-    server_urls: list[str] = []
-    """``sglang``: base URLs of SGLang servers (``http://127.0.0.1:30000``); several are used round-robin,
-    or give one SGLang router URL. The servers must see checkpoint paths on the same filesystem."""
-
-    request_timeout_s: float = Field(600.0, gt=0)
-    """``sglang``: seconds one ``/generate`` or weight-update request may take."""
-
-    max_concurrency: int = Field(64, ge=1)
-    """``sglang``: requests in flight at once (the server batches them)."""
-
-    max_retries: int = Field(3, ge=0)
-    """``sglang``: retries of a request after an infrastructure failure (connection error, 5xx, abort)."""
-
-    health_timeout_s: float = Field(300.0, gt=0)
-    """``sglang``: seconds to wait for every server's ``/health`` before giving up."""
-
-    stop: list[str] = []
-    """``sglang``: extra stop strings (generation always stops at the end-of-turn token)."""
+from models.config import EngineConfig
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,11 @@ Batches are length-bucketed (a pool of 32 batches is sorted by length, cut into 
 shuffled) to waste less compute on padding. The result is saved with ``save_pretrained``
 (model + tokenizer) into a temporary folder next to ``out_dir`` and renamed into place.
 
+The transcripts (lists of chat messages) are handed in by the caller — the warm-up flow reads
+them from the corpus file (``tasks.synthetic.read_sft_corpus``) — so this module knows no task.
+
 Simplifies: single process, float32, no gradient accumulation or resume. Run:
-``warmup(Path("tiny"), Path("sft.jsonl"), WarmupConfig(), Path("tiny-warm"))``.
+``warmup(Path("tiny"), read_sft_corpus(Path("sft.jsonl")), WarmupConfig(), Path("tiny-warm"))``.
 """
 
 from __future__ import annotations
@@ -148,8 +151,8 @@ def train_loop(model, chat, transcripts, cfg: WarmupConfig) -> dict:
     }
 
 
-def warmup(model_dir: Path, corpus_path: Path, cfg: WarmupConfig, out_dir: Path) -> dict:
-    """Fine-tune ``model_dir`` on the JSONL transcripts at ``corpus_path``; save to ``out_dir``.
+def warmup(model_dir: Path, transcripts: list[list[dict]], cfg: WarmupConfig, out_dir: Path) -> dict:
+    """Fine-tune ``model_dir`` on ``transcripts`` (each a list of chat messages); save to ``out_dir``.
 
     Returns ``final_loss`` (mean of the last 50 steps), ``steps``, ``seconds``, ``tokens``,
     ``skipped_too_long`` and ``loss_curve`` ([step, mean loss of the last 50 steps, lr]).
@@ -158,13 +161,11 @@ def warmup(model_dir: Path, corpus_path: Path, cfg: WarmupConfig, out_dir: Path)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from models.chat import ChatFormat
-    from tasks.synthetic import read_sft_corpus
 
+    if not transcripts:
+        raise ValueError("warmup: no transcripts to train on")
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    transcripts = read_sft_corpus(corpus_path)
-    if not transcripts:
-        raise ValueError(f"corpus_path: {corpus_path} holds no transcripts")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     result = train_loop(model, ChatFormat(tokenizer), transcripts, cfg)

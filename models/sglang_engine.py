@@ -29,7 +29,8 @@ from pathlib import Path
 
 import httpx
 
-from models.engine import EngineConfig, GenOutput, GenRequest, register_engine
+from models.config import EngineConfig
+from models.engine import GenOutput, GenRequest, register_engine
 
 
 class EngineError(RuntimeError):

@@ -35,7 +35,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from models.engine import EngineConfig, GenRequest, TransformersEngine
+from models.config import EngineConfig
+from models.engine import GenRequest, TransformersEngine
 
 BATCH_QUIET_S = 0.02
 """A batch closes once no request arrived for this long (SGLang batches continuously instead)."""

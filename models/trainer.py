@@ -23,43 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
+from models.config import TrainerConfig
 from models.engine import load_causal_lm
-
-
-class TrainerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    lr: float = Field(1e-4, gt=0)
-    """AdamW learning rate of the RL update."""
-
-    weight_decay: float = Field(0.0, ge=0)
-    """AdamW weight decay."""
-
-    clip_low: float = Field(0.2, ge=0)
-    """DAPO lower clip ε_low: ratio is clipped at 1 - clip_low."""
-
-    clip_high: float = Field(0.28, ge=0)
-    """DAPO upper clip ε_high (clip-higher): ratio is clipped at 1 + clip_high."""
-
-    grad_clip: float = Field(1.0, gt=0)
-    """Max global gradient norm."""
-
-    mini_batches: int = Field(2, ge=1)
-    """Optimizer steps per RL step (the batch is split into this many mini-batches)."""
-
-    epochs: int = Field(1, ge=1)
-    """Passes over the batch per RL step."""
-
-    micro_batch: int = Field(16, ge=1)
-    """Sequences per forward/backward (gradient accumulation inside a mini-batch)."""
-
-    threads: int = Field(1, ge=1)
-    """Torch intra-op threads on CPU."""
-
-    device: str = "cpu"
-    """Torch device for the update."""
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.reports.compare import ACC, TOOL, summarize, write_report
-from tasks.training.evaluation import summarize as eval_summary
-from tasks.training.mixing import fill_batch
 from tasks.rollout.saar import TrajStats, aggregate_stats
 from tasks.stores.tracking import RUN_TAG
+from tasks.training.evaluation import summarize as eval_summary
+from tasks.training.mixing import fill_batch
 from tests.flowrun import tiny_overrides
 
 
@@ -108,10 +108,12 @@ def test_refill_stops_at_its_bound_and_when_full():
 
 
 def test_same_seed_same_rollout(warm_model_dir, chat):
-    from models.engine import EngineConfig, TransformersEngine
+    from models.config import EngineConfig
+    from models.engine import TransformersEngine
     from sandbox.base import make_sandbox
     from sandbox.config import SandboxConfig
-    from tasks.rollout.machine import PromptItem, Rollout, RolloutConfig
+    from tasks.rollout.config import RolloutConfig
+    from tasks.rollout.machine import PromptItem, Rollout
 
     items = [PromptItem(f"p{i}", [{"role": "user", "content": f"What is {1234 + i} * 5678?"}], "synthetic/arith", "0")
              for i in range(3)]

@@ -6,9 +6,11 @@ import polars as pl
 import pytest
 import torch
 
-from models.engine import EngineConfig, GenRequest, TransformersEngine, load_causal_lm
-from models.trainer import Sample, TrainerConfig, dapo_loss, response_logprobs, update
-from tasks.training.mixing import MixConfig, grpo_advantages, mix_rows
+from models.config import EngineConfig, TrainerConfig
+from models.engine import GenRequest, TransformersEngine, load_causal_lm
+from models.trainer import Sample, dapo_loss, response_logprobs, update
+from tasks.training.config import MixConfig
+from tasks.training.mixing import grpo_advantages, mix_rows
 
 
 @pytest.fixture(scope="module")

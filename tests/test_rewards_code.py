@@ -17,9 +17,10 @@ import pytest
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
 from sandbox.result import ExecutionResult, SandboxInfraError
-from tasks.rewards.registry import GraderError, RewardConfig, compute_reward
-from tasks.rewards.harness import PREFIX_MODULES, RESULT_MARK, outputs_match, values_match
 from tasks.rewards.code import extract_code, grade_code_batch, parse_tests
+from tasks.rewards.config import RewardConfig
+from tasks.rewards.harness import PREFIX_MODULES, RESULT_MARK, outputs_match, values_match
+from tasks.rewards.registry import GraderError, compute_reward
 
 CFG = RewardConfig(code_timeout_s=1.0)
 

@@ -11,8 +11,9 @@ import pytest
 from models.chat import render_call
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
-from tasks.rollout.machine import PromptItem, Rollout, RolloutConfig, State
-from tasks.rollout.saar import SAARConfig, aggregate_stats, is_raw, similarity
+from tasks.rollout.config import RolloutConfig, SAARConfig
+from tasks.rollout.machine import PromptItem, Rollout, State
+from tasks.rollout.saar import aggregate_stats, is_raw, similarity
 from tests.scripted import ScriptedEngine
 
 ITEM = PromptItem("p0", [{"role": "user", "content": "What is 123 * 456?"}], "synthetic/arith", "56088")

@@ -10,7 +10,8 @@ import duckdb
 import httpx
 import pytest
 
-from models.engine import EngineConfig, GenRequest, make_engine
+from models.config import EngineConfig
+from models.engine import GenRequest, make_engine
 from models.sglang_engine import EngineError, SGLangEngine, wait_healthy
 from models.sglang_test_server import free_port, start_test_server, stop_server
 

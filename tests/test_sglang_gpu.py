@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from models.engine import EngineConfig, GenRequest, make_engine
+from models.config import EngineConfig
+from models.engine import GenRequest, make_engine
 from models.sglang_test_server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tasks.stores import db, tracking
+from tasks.stores.config import TrackingConfig
 from tests.flowrun import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,7 +38,7 @@ def test_check_server_names_the_url():
 
 def test_open_run_fails_before_creating_anything(tmp_path):
     url = f"http://127.0.0.1:{closed_port()}"
-    cfg = tracking.TrackingConfig(mlflow_uri=url, artifact_root=str(tmp_path / "art"))
+    cfg = TrackingConfig(mlflow_uri=url, artifact_root=str(tmp_path / "art"))
     with pytest.raises(tracking.TrackingUnavailable, match=url):
         tracking.open_run(cfg, "exp", "run", {"a": 1}, {})
     assert not (tmp_path / "art").exists()

@@ -20,6 +20,7 @@ from tasks.synthetic import (
     MISTAKES,
     make_problems,
     plan_transcript,
+    read_sft_corpus,
     similarity,
     split_of,
     write_sft_corpus,
@@ -213,7 +214,7 @@ def test_warmup_saves_a_loadable_checkpoint(tiny_dir, tmp_path):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"messages": _fake_transcript(p)}) + "\n" for p in make_problems(8, 3, "train")))
     out = tmp_path / "warm"
-    result = warmup(tiny_dir, corpus, WarmupConfig(max_steps=3, batch_size=4, warmup_steps=1, time_budget_s=None), out)
+    result = warmup(tiny_dir, read_sft_corpus(corpus), WarmupConfig(max_steps=3, batch_size=4, warmup_steps=1, time_budget_s=None), out)
     assert result["steps"] == 3 and result["final_loss"] > 0
     assert AutoModelForCausalLM.from_pretrained(out) is not None and len(AutoTokenizer.from_pretrained(out)) > 0
     assert not list(tmp_path.glob(".warm.*"))

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
-from tasks.rewards.registry import GraderError, RewardConfig, compute_reward
-from tasks.rewards.harness import PREFIX_MODULES
 from tasks.rewards.code import grade_code_batch
+from tasks.rewards.config import RewardConfig
+from tasks.rewards.harness import PREFIX_MODULES
+from tasks.rewards.registry import GraderError, compute_reward
 
 TESTS_PER_RESPONSE = 5
 _SPEC = {

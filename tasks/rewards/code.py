@@ -30,8 +30,9 @@ import json
 import re
 
 from sandbox.result import ExecutionResult, SandboxInfraError
+from tasks.rewards.config import RewardConfig
 from tasks.rewards.harness import TIMEOUT_EXIT, CodeTest, build_tests, verdict_of
-from tasks.rewards.registry import GraderError, RewardConfig, RewardResult, register_reward
+from tasks.rewards.registry import GraderError, RewardResult, register_reward
 
 _FENCE = re.compile(r"```(?:python3?|py)[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 

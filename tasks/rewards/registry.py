@@ -30,51 +30,10 @@ import fnmatch
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Protocol
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Callable, Protocol
 
 from sandbox.result import SandboxInfraError
-
-
-class RewardConfig(BaseModel):
-    """How outcome rewards are computed (the ``reward:`` section of a run config)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    math_mode: Literal["math_verify", "strict"] = "math_verify"
-    """``math_verify``: the last ``\\boxed{}`` answer is equivalent to the ground truth under
-    math-verify. ``strict``: the reference's rule, the last ``\\boxed{}`` within the final
-    100 characters must equal the ground truth as a string (applied to multiple choice too)."""
-
-    strict_window_chars: int = Field(100, ge=1)
-    """Characters at the end of the response searched for ``\\boxed{}`` in strict mode (100 in the reference)."""
-
-    correct_reward: float = 1.0
-    """Reward of a correct math or multiple-choice answer."""
-
-    incorrect_reward: float = 0.0
-    """Reward of a wrong or missing math or multiple-choice answer (the reference's math_dapo uses -1.0)."""
-
-    math_timeout_s: int = Field(5, ge=1)
-    """Seconds math-verify may spend parsing or comparing one answer (enforced in the main thread only)."""
-
-    mc_allow_unboxed: bool = True
-    """Multiple choice: when no ``\\boxed{}`` letter exists, accept a final "answer is (X)" / "Answer: X" phrase."""
-
-    code_timeout_s: float = Field(4.0, gt=0)
-    """Wall-clock limit per code test, in seconds; a test past it fails (``timeout``). Keep it below
-    ``sandbox.timeout_s``, the hard limit that backs it up."""
-
-    code_format_error_reward: float = -1.0
-    """Code reward when the response has no fenced Python block or the block does not parse
-    (-1.0 as in the reference's ``code_math.compute_score``)."""
-
-    code_max_tests: int | None = Field(None, ge=1)
-    """Grade at most this many tests per problem (the first N); ``None`` runs them all."""
-
-    infra_retries: int = Field(2, ge=0)
-    """Extra attempts of a code grading batch after a ``SandboxInfraError`` before giving up (never scored)."""
+from tasks.rewards.config import RewardConfig
 
 
 @dataclass(frozen=True)

@@ -13,20 +13,10 @@ import json
 from pathlib import Path
 
 import polars as pl
-from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.rewards.config import RewardConfig, ScoreConfig
+from tasks.rewards.registry import GraderError, compute_reward, overlong_penalty
 from tasks.stores.records import read_table
-from tasks.rewards.registry import GraderError, RewardConfig, compute_reward, overlong_penalty
-
-
-class ScoreConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    overlong_buffer: int = Field(0, ge=0)
-    """DAPO overlong shaping: penalty ramps over the last ``overlong_buffer`` response tokens (0 = off)."""
-
-    overlong_penalty_factor: float = Field(1.0, ge=0)
-    """Penalty at the full response budget."""
 
 
 def score_rows(trajs: pl.DataFrame, reward_cfg: RewardConfig, cfg: ScoreConfig, max_response_tokens: int,

@@ -36,42 +36,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
 from tqdm.auto import tqdm
 
 from models.chat import ChatFormat, ParsedCall, parse_tool_call
 from models.engine import Engine, GenOutput, GenRequest
 from sandbox.result import ExecutionResult
-from tasks.rollout.saar import SAARConfig, TrajStats, exhausted_note, is_raw, splice
-
-
-class RolloutConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    n_samples: int = Field(4, ge=1)
-    """Samples per prompt (one GRPO group)."""
-
-    max_turns: int = Field(4, ge=1)
-    """Assistant turns per trajectory (SAAR regenerations do not count)."""
-
-    max_new_tokens: int = Field(128, ge=1)
-    """Token budget of one assistant turn."""
-
-    max_response_tokens: int = Field(512, ge=8)
-    """Token budget of the whole response (assistant + tool tokens); the response is cut there."""
-
-    max_tool_response_chars: int = Field(256, ge=16)
-    """Characters of a tool response the model sees (head kept, rest marked truncated)."""
-
-    scheduling: Literal["continuous", "rounds"] = "continuous"
-    """``continuous``: turns join the engine's decoding batch as soon as their trajectory is ready
-    (engines with ``stream``); ``rounds``: all waiting turns are generated together, then all calls run."""
-
-    tool_threads: int = Field(8, ge=1)
-    """Continuous scheduling: tool calls running at once (threads calling the sandbox)."""
-
-    saar: SAARConfig = SAARConfig()
-    """SAAR rollback settings."""
+from tasks.rollout.config import RolloutConfig
+from tasks.rollout.saar import TrajStats, exhausted_note, is_raw, splice
 
 
 class State(Enum):

@@ -23,32 +23,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
-
-class SAARConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    enabled: bool = True
-    """Turn SAAR on (CLEANER) or off (plain DAPO baseline: errors stay in trajectories)."""
-
-    raw_share: float = Field(0.3, ge=0, le=1)
-    """Share of samples rolled out raw (no SAAR), so the policy keeps its error-recovery skill."""
-
-    similarity_threshold: float = Field(0.5, ge=0, le=1)
-    """Ratio at or above which a fix is spliced shallow (old reasoning kept); below → deep."""
-
-    max_tool_retries: int = Field(3, ge=1)
-    """Regenerations per failed position (so at most ``max_tool_retries + 1`` executions)."""
-
-    max_tool_rounds: int = Field(30, ge=1)
-    """Safety switch: after this many tool rounds in a trajectory (retries included) SAAR turns off."""
-
-    malformed_call_is_failure: bool = True
-    """Treat an unparseable call as a failure SAAR handles (here); False = reference: the call is
-    dropped and the trajectory ends."""
-
-
 Decision = Literal["shallow", "deep"]
 
 

@@ -38,8 +38,8 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from models.chat import ChatFormat
 from models.engine import GenOutput, GenRequest
 from sandbox.config import SandboxConfig
-from tasks.rollout.machine import PromptItem, Rollout, RolloutConfig, Trajectory
-from tasks.rollout.saar import SAARConfig
+from tasks.rollout.config import RolloutConfig, SAARConfig
+from tasks.rollout.machine import PromptItem, Rollout, Trajectory
 
 _sandboxes: dict[str, Any] = {}
 _draws: Counter = Counter()

@@ -16,30 +16,12 @@ import time
 from pathlib import Path
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.stores.config import TrackingConfig
 
 RUN_TAG = "cleaner.run_id"
 STEP_SENTINEL = "run/step"
 EVAL_SENTINEL = "run/eval_version"
-
-
-class TrackingConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    mlflow_uri: str = "sqlite:///mlflow.db"
-    """MLflow tracking URI: a sqlite file (default) or a tracking server ``http://host:port``."""
-
-    artifact_root: str = "mlartifacts"
-    """Folder for MLflow artifacts of new experiments (sqlite store only)."""
-
-    experiment: str | None = None
-    """MLflow experiment name; defaults to the run config's ``name``."""
-
-    duckdb_path: str = "cleaner.duckdb"
-    """DuckDB file receiving every row."""
-
-    sample_trajectories: int = Field(4, ge=0)
-    """Trajectories of each kind (raw, purified) logged as artifacts per step."""
 
 
 class TrackingUnavailable(RuntimeError):

@@ -24,13 +24,13 @@ from pathlib import Path
 
 
 def _configs(work: Path, steps: int, prompts: int, n_samples: int, max_new_tokens: int, seed: int) -> dict:
-    from models.trainer import TrainerConfig
+    from models.config import TrainerConfig
     from sandbox.config import SandboxConfig
-    from tasks.data.loader import DataConfig, ensure_files
-    from tasks.training.mixing import MixConfig
-    from tasks.rewards.registry import RewardConfig
-    from tasks.rollout.machine import RolloutConfig
-    from tasks.rewards.scoring import ScoreConfig
+    from tasks.data.config import DataConfig
+    from tasks.data.loader import ensure_files
+    from tasks.rewards.config import RewardConfig, ScoreConfig
+    from tasks.rollout.config import RolloutConfig
+    from tasks.training.config import MixConfig
 
     data = DataConfig(train_path=str(work / "train.parquet"), eval_path=str(work / "eval.parquet"),
                       n_train=max(64, prompts * steps), n_eval=8, prompts_per_step=prompts)
@@ -43,7 +43,7 @@ def _configs(work: Path, steps: int, prompts: int, n_samples: int, max_new_token
 
 def _one_step(kind: str, urls: list[str], ckpt: str, step: int, work: Path, c: dict) -> tuple[float, float, int, str]:
     """One RL step with engine ``kind``: (step seconds, rollout seconds, generated tokens, next checkpoint)."""
-    from models.engine import EngineConfig
+    from models.config import EngineConfig
     from tasks.training import stages
 
     folder = work / kind / "steps" / f"{step:06d}"
@@ -82,7 +82,7 @@ def bench_engines(model_path: str | Path, work_dir: str | Path, steps: int = 6, 
     import torch
 
     from models.sglang_test_server import start_test_server, stop_server
-    from tasks.training import stages
+    from tasks.training import live
 
     torch.set_num_threads(threads)
     work = Path(work_dir)
@@ -99,7 +99,7 @@ def bench_engines(model_path: str | Path, work_dir: str | Path, steps: int = 6, 
                 rows[kind].append(row)
     finally:
         stop_server(proc)
-        stages.close_live()
+        live.close_live()
     results = {kind: _summary(r, steps) for kind, r in rows.items()}
     results["ratio_step"] = results["sglang"]["step_s"] / results["transformers"]["step_s"]
     results["ratio_rollout_per_token"] = (results["sglang"]["rollout_ms_per_token"]

@@ -10,38 +10,19 @@ they add how often the policy fixes a failed call once it sees the error
 
 from __future__ import annotations
 
-from typing import Literal
-
 import polars as pl
-from pydantic import BaseModel, ConfigDict, Field
 
-from models.chat import ChatConfig
-from models.engine import EngineConfig
+from models.config import ChatConfig, EngineConfig
 from sandbox.config import SandboxConfig
-from tasks.stores.records import trajectory_frames
-from tasks.rewards.registry import RewardConfig, pass_at_k_by_source
-from tasks.rollout.machine import PromptItem, Rollout, RolloutConfig
+from tasks.rewards.config import RewardConfig, ScoreConfig
+from tasks.rewards.registry import pass_at_k_by_source
+from tasks.rewards.scoring import score_rows
+from tasks.rollout.config import RolloutConfig
+from tasks.rollout.machine import PromptItem, Rollout
 from tasks.rollout.saar import aggregate_stats
-from tasks.rewards.scoring import ScoreConfig, score_rows
-
-
-class EvalConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    n_prompts: int = Field(64, ge=1)
-    """Held-out prompts evaluated (the first ones of ``data.eval_path``)."""
-
-    samples: int = Field(4, ge=1)
-    """Samples per prompt; pass@k needs ``samples >= k``."""
-
-    ks: list[int] = [1, 4]
-    """k values of pass@k."""
-
-    modes: list[Literal["saar_off", "saar_on"]] = ["saar_off", "saar_on"]
-    """Rollout modes: ``saar_off`` (the policy alone) and ``saar_on`` (rollback on, raw share 0)."""
-
-    temperature: float = Field(1.0, gt=0)
-    """Sampling temperature at evaluation."""
+from tasks.stores.records import trajectory_frames
+from tasks.training.config import EvalConfig
+from tasks.training.live import get_chat, get_engine, get_sandbox
 
 
 def summarize(trajs: pl.DataFrame, stats: dict[str, float], ks: list[int]) -> dict[str, float]:
@@ -68,8 +49,6 @@ def _mlflow_names(metrics: dict[str, float]) -> dict[str, float]:
 def evaluate_mode(ckpt: str, items: list[PromptItem], rollout: RolloutConfig, engine: EngineConfig,
                   sandbox: SandboxConfig, reward: RewardConfig, cfg: EvalConfig, seed: int,
                   chat_cfg: ChatConfig, mode: str) -> tuple[dict[str, float], pl.DataFrame]:
-    from tasks.training.stages import get_chat, get_engine, get_sandbox
-
     saar = rollout.saar.model_copy(update={"enabled": mode == "saar_on", "raw_share": 0.0})
     roll_cfg = rollout.model_copy(update={"saar": saar, "n_samples": cfg.samples})
     eng_cfg = engine.model_copy(update={"temperature": cfg.temperature})

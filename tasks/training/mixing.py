@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Callable, Sequence, TypeVar
 
 import polars as pl
-from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.stores.records import read_table
-
+from tasks.training.config import MixConfig
 
 T = TypeVar("T")
 
@@ -46,19 +45,6 @@ def fill_batch(draw: Callable[[int, int], Sequence], run: Callable[[Sequence], l
         rounds += 1
         need = want - informative
     return out, {"mix/refill_rounds": rounds, "mix/informative_groups": informative}
-
-
-class MixConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    dynamic_sampling: bool = True
-    """Drop groups whose rewards are all equal (DAPO dynamic sampling)."""
-
-    starpo_keep: float = Field(1.0, gt=0, le=1)
-    """StarPO-S: keep this share of groups with the highest reward std (1.0 = off)."""
-
-    adv_eps: float = Field(1e-6, gt=0)
-    """ε added to the group std in the GRPO advantage."""
 
 
 def mix_rows(df: pl.DataFrame, cfg: MixConfig) -> tuple[pl.DataFrame, dict[str, float]]:

@@ -10,13 +10,12 @@ wall time in ``<stage>.metrics.json``; it returns only paths or small dicts, nev
     update    → the next checkpoint folder
     log       → DuckDB rows + MLflow metrics and artifacts
 
-The in-process engine and the sandbox pool are kept per process (``_live``) and reused by
-later steps; the engine receives each new checkpoint's weights (the weight sync).
+The in-process engine and the sandbox pool are kept per process (``tasks.training.live``) and
+reused by later steps; the engine receives each new checkpoint's weights (the weight sync).
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import time
 from contextlib import contextmanager
@@ -24,26 +23,27 @@ from pathlib import Path
 
 import polars as pl
 
-from models.chat import ChatFormat
-from models.chat import ChatConfig
-from models.engine import EngineConfig, make_engine
-from models.trainer import Sample, TrainerConfig, save_checkpoint, update
-from sandbox.base import make_sandbox
+from models.config import ChatConfig, EngineConfig, TrainerConfig
+from models.trainer import Sample, save_checkpoint, update
 from sandbox.config import SandboxConfig
-from tasks.stores import db, tracking
-from tasks.training.faults import maybe_crash
-from tasks.data.loader import DataConfig, load_prompts, refill_batch
-from tasks.training.evaluation import EvalConfig, evaluate
-from tasks.training.mixing import MixConfig, advantage_step, fill_batch, mix_step
-from tasks.stores.records import read_table, trajectory_frames, write_frames
+from tasks.data.config import DataConfig
+from tasks.data.loader import load_prompts, refill_batch
 from tasks.reports.plots import sample_texts
 from tasks.reports.viewer import render_step_viewer
-from tasks.rewards.registry import GraderError, RewardConfig, compute_reward
-from tasks.rollout.machine import Rollout, RolloutConfig
+from tasks.rewards.config import RewardConfig, ScoreConfig
+from tasks.rewards.registry import GraderError, compute_reward
+from tasks.rewards.scoring import score_step
+from tasks.rollout.config import RolloutConfig
+from tasks.rollout.machine import Rollout
 from tasks.rollout.saar import aggregate_stats
-from tasks.rewards.scoring import ScoreConfig, score_step
-
-_live: dict[str, object] = {}
+from tasks.stores import db, tracking
+from tasks.stores.config import TrackingConfig
+from tasks.stores.records import read_table, trajectory_frames, write_frames
+from tasks.training.config import EvalConfig, MixConfig
+from tasks.training.evaluation import evaluate
+from tasks.training.faults import maybe_crash
+from tasks.training.live import get_chat, get_engine, get_sandbox
+from tasks.training.mixing import advantage_step, fill_batch, mix_step
 
 
 @contextmanager
@@ -64,40 +64,6 @@ def done_marker(step_dir: Path, stage: str) -> Path:
 
 def _step_of(step_dir: Path) -> int:
     return int(Path(step_dir).name)
-
-
-def get_chat(ckpt: str, chat_cfg: ChatConfig | None) -> ChatFormat:
-    from transformers import AutoTokenizer
-
-    chat_cfg = chat_cfg or ChatConfig()
-    key = f"chat:{ckpt}:{chat_cfg.model_dump_json()}"
-    if key not in _live:
-        _live[key] = ChatFormat(AutoTokenizer.from_pretrained(ckpt), chat_cfg.system_prompt, fewshot=chat_cfg.fewshot)
-    return _live[key]  # type: ignore[return-value]
-
-
-def get_engine(cfg: EngineConfig, ckpt: str, chat: ChatFormat):
-    key = "engine:" + cfg.model_dump_json()
-    if key not in _live:
-        pad = chat.tokenizer.pad_token_id if chat.tokenizer.pad_token_id is not None else chat.eos_id
-        _live[key] = make_engine(cfg, ckpt, chat.eos_id, pad)
-    engine = _live[key]
-    engine.load_weights(ckpt)
-    return engine
-
-
-def get_sandbox(cfg: SandboxConfig):
-    key = "sandbox:" + cfg.model_dump_json()
-    if key not in _live:
-        box = make_sandbox(cfg)
-        atexit.register(box.close)
-        _live[key] = box
-    return _live[key]
-
-
-def close_live() -> None:
-    for key in [k for k in _live if k.startswith("sandbox:")]:
-        _live.pop(key).close()
 
 
 def rollout_stage(step_dir: Path, step: int, seed: int, ckpt: str, run_id: str, chat_cfg: ChatConfig,
@@ -197,7 +163,7 @@ def stage_metrics(step_dir: Path) -> dict[str, float]:
     return out
 
 
-def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, tracking_cfg: tracking.TrackingConfig) -> dict:
+def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, tracking_cfg: TrackingConfig) -> dict:
     """Write the step's rows to DuckDB (replacing any earlier attempt) and its metrics to MLflow."""
     t0 = time.perf_counter()
     metrics = stage_metrics(step_dir)
@@ -231,7 +197,7 @@ def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, tra
 
 def eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, seed: int, chat_cfg: ChatConfig,
                data: DataConfig, rollout: RolloutConfig, engine: EngineConfig, sandbox: SandboxConfig,
-               reward: RewardConfig, cfg: EvalConfig, tracking_cfg: tracking.TrackingConfig) -> dict[str, float]:
+               reward: RewardConfig, cfg: EvalConfig, tracking_cfg: TrackingConfig) -> dict[str, float]:
     """Evaluate policy ``version`` on held-out prompts; rows to DuckDB, metrics (step = version) to MLflow."""
     t0 = time.perf_counter()
     items = list(load_prompts(data.eval_path))[: cfg.n_prompts]

@@ -1,0 +1,34 @@
+"""Config slice of the RL prompts (``DataConfig``): files, synthetic generation, prompts per step.
+
+Pydantic only, so flow modules and the CLI read it without loading polars or torch.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class DataConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    train_path: str = "data/synthetic/train.parquet"
+    """verl RL parquet with the training prompts."""
+
+    eval_path: str = "data/synthetic/eval.parquet"
+    """verl RL parquet with held-out prompts (evaluation)."""
+
+    synthetic: bool = True
+    """Write the synthetic task files when they are missing."""
+
+    n_train: int = Field(4000, ge=1)
+    """Synthetic training prompts to write."""
+
+    n_eval: int = Field(200, ge=1)
+    """Synthetic held-out prompts to write."""
+
+    prompts_per_step: int = Field(8, ge=1)
+    """Prompts per RL step (each is rolled out ``rollout.n_samples`` times)."""
+
+    refill_rounds: int = Field(0, ge=0)
+    """DAPO dynamic sampling: extra rollout rounds with fresh prompts while fewer than
+    ``prompts_per_step`` groups have unequal rewards (0 = no refill, only filtering)."""

@@ -1,0 +1,62 @@
+"""Config slices of the rollout: the agent loop's budgets (``RolloutConfig``) and SAAR (``SAARConfig``).
+
+Pydantic only, so flow modules and the CLI read them without loading torch.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SAARConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    enabled: bool = True
+    """Turn SAAR on (CLEANER) or off (plain DAPO baseline: errors stay in trajectories)."""
+
+    raw_share: float = Field(0.3, ge=0, le=1)
+    """Share of samples rolled out raw (no SAAR), so the policy keeps its error-recovery skill."""
+
+    similarity_threshold: float = Field(0.5, ge=0, le=1)
+    """Ratio at or above which a fix is spliced shallow (old reasoning kept); below → deep."""
+
+    max_tool_retries: int = Field(3, ge=1)
+    """Regenerations per failed position (so at most ``max_tool_retries + 1`` executions)."""
+
+    max_tool_rounds: int = Field(30, ge=1)
+    """Safety switch: after this many tool rounds in a trajectory (retries included) SAAR turns off."""
+
+    malformed_call_is_failure: bool = True
+    """Treat an unparseable call as a failure SAAR handles (here); False = reference: the call is
+    dropped and the trajectory ends."""
+
+
+class RolloutConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    n_samples: int = Field(4, ge=1)
+    """Samples per prompt (one GRPO group)."""
+
+    max_turns: int = Field(4, ge=1)
+    """Assistant turns per trajectory (SAAR regenerations do not count)."""
+
+    max_new_tokens: int = Field(128, ge=1)
+    """Token budget of one assistant turn."""
+
+    max_response_tokens: int = Field(512, ge=8)
+    """Token budget of the whole response (assistant + tool tokens); the response is cut there."""
+
+    max_tool_response_chars: int = Field(256, ge=16)
+    """Characters of a tool response the model sees (head kept, rest marked truncated)."""
+
+    scheduling: Literal["continuous", "rounds"] = "continuous"
+    """``continuous``: turns join the engine's decoding batch as soon as their trajectory is ready
+    (engines with ``stream``); ``rounds``: all waiting turns are generated together, then all calls run."""
+
+    tool_threads: int = Field(8, ge=1)
+    """Continuous scheduling: tool calls running at once (threads calling the sandbox)."""
+
+    saar: SAARConfig = SAARConfig()
+    """SAAR rollback settings."""

@@ -1,0 +1,27 @@
+"""Config slice of the stores (``TrackingConfig``): the MLflow tracking URI and the DuckDB file.
+
+Pydantic only, so flow modules and the CLI read it without loading MLflow or DuckDB.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TrackingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    mlflow_uri: str = "sqlite:///mlflow.db"
+    """MLflow tracking URI: a sqlite file (default) or a tracking server ``http://host:port``."""
+
+    artifact_root: str = "mlartifacts"
+    """Folder for MLflow artifacts of new experiments (sqlite store only)."""
+
+    experiment: str | None = None
+    """MLflow experiment name; defaults to the run config's ``name``."""
+
+    duckdb_path: str = "cleaner.duckdb"
+    """DuckDB file receiving every row."""
+
+    sample_trajectories: int = Field(4, ge=0)
+    """Trajectories of each kind (raw, purified) logged as artifacts per step."""

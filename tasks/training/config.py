@@ -1,0 +1,42 @@
+"""Config slices of training: group filters and advantages (``MixConfig``), held-out evaluation (``EvalConfig``).
+
+Pydantic only, so flow modules and the CLI read them without loading polars or torch.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class MixConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    dynamic_sampling: bool = True
+    """Drop groups whose rewards are all equal (DAPO dynamic sampling)."""
+
+    starpo_keep: float = Field(1.0, gt=0, le=1)
+    """StarPO-S: keep this share of groups with the highest reward std (1.0 = off)."""
+
+    adv_eps: float = Field(1e-6, gt=0)
+    """ε added to the group std in the GRPO advantage."""
+
+
+class EvalConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    n_prompts: int = Field(64, ge=1)
+    """Held-out prompts evaluated (the first ones of ``data.eval_path``)."""
+
+    samples: int = Field(4, ge=1)
+    """Samples per prompt; pass@k needs ``samples >= k``."""
+
+    ks: list[int] = [1, 4]
+    """k values of pass@k."""
+
+    modes: list[Literal["saar_off", "saar_on"]] = ["saar_off", "saar_on"]
+    """Rollout modes: ``saar_off`` (the policy alone) and ``saar_on`` (rollback on, raw share 0)."""
+
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature at evaluation."""

@@ -1,0 +1,59 @@
+"""The process-wide caches of live objects: chat formats, inference engines and sandbox pools.
+
+An engine (a loaded model) and a sandbox pool (warm executors or containers) are expensive to
+build, so a process keeps one per config and reuses it across steps and evaluations; the
+engine receives each new checkpoint's weights on every ``get_engine`` (the weight sync).
+The stages and the evaluation both take their live objects from here, so neither imports the
+other. ``close_live`` shuts the sandbox pools down (flows call it when they end; ``atexit``
+covers a crash).
+"""
+
+from __future__ import annotations
+
+import atexit
+
+from models.chat import ChatFormat
+from models.config import ChatConfig, EngineConfig
+from models.engine import make_engine
+from sandbox.base import make_sandbox
+from sandbox.config import SandboxConfig
+
+_live: dict[str, object] = {}
+
+
+def get_chat(ckpt: str, chat_cfg: ChatConfig | None) -> ChatFormat:
+    """The chat format of checkpoint ``ckpt`` (its tokenizer) framed by ``chat_cfg``."""
+    from transformers import AutoTokenizer
+
+    chat_cfg = chat_cfg or ChatConfig()
+    key = f"chat:{ckpt}:{chat_cfg.model_dump_json()}"
+    if key not in _live:
+        _live[key] = ChatFormat(AutoTokenizer.from_pretrained(ckpt), chat_cfg.system_prompt, fewshot=chat_cfg.fewshot)
+    return _live[key]  # type: ignore[return-value]
+
+
+def get_engine(cfg: EngineConfig, ckpt: str, chat: ChatFormat):
+    """The engine of ``cfg``, built once, holding the weights of ``ckpt``."""
+    key = "engine:" + cfg.model_dump_json()
+    if key not in _live:
+        pad = chat.tokenizer.pad_token_id if chat.tokenizer.pad_token_id is not None else chat.eos_id
+        _live[key] = make_engine(cfg, ckpt, chat.eos_id, pad)
+    engine = _live[key]
+    engine.load_weights(ckpt)
+    return engine
+
+
+def get_sandbox(cfg: SandboxConfig):
+    """The sandbox pool of ``cfg``, built once (closed by ``close_live`` or at exit)."""
+    key = "sandbox:" + cfg.model_dump_json()
+    if key not in _live:
+        box = make_sandbox(cfg)
+        atexit.register(box.close)
+        _live[key] = box
+    return _live[key]
+
+
+def close_live() -> None:
+    """Close every sandbox pool of this process (engines and chat formats stay loaded)."""
+    for key in [k for k in _live if k.startswith("sandbox:")]:
+        _live.pop(key).close()
