@@ -18,8 +18,8 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.config import load_config
 from flows.train import train
-from tasks.stores import db, tracking
 from tasks.reports.compare import summarize, write_report
+from tasks.stores import db, tracking
 
 
 def arm_overrides(shared: list[str], arm: list[str], steps: int, every: int) -> list[str]:

@@ -18,8 +18,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
-from tasks.training.faults import ENV, POINTS
 from tasks.stores.tracking import RUN_TAG, STEP_SENTINEL
+from tasks.training.faults import ENV, POINTS
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

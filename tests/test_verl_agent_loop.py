@@ -83,8 +83,8 @@ def item(case: str) -> PromptItem:
 
 @pytest.fixture(scope="module")
 def verl_config(warm_model_dir):
-    from hydra import compose, initialize_config_dir
     import verl.trainer.config as verl_configs
+    from hydra import compose, initialize_config_dir
 
     overrides = [
         f"actor_rollout_ref.model.path={warm_model_dir}", "actor_rollout_ref.rollout.name=sglang",
