@@ -34,8 +34,10 @@ def _roll(side: str, model: str, items, n_samples: int, max_new_tokens: int, see
     from transformers import AutoTokenizer
 
     from models.chat import ChatFormat
-    from models.engine import EngineConfig, make_engine
-    from tasks.rollout import Rollout, RolloutConfig
+    from models.config import EngineConfig
+    from models.engine import make_engine
+    from tasks.rollout.config import RolloutConfig
+    from tasks.rollout.machine import Rollout
 
     batching, scheduling = SIDES[side]
     chat = ChatFormat(AutoTokenizer.from_pretrained(model))
@@ -58,7 +60,7 @@ def bench_rollout(model: str | Path, prompts_path: str | Path | None = None, n_p
 
     from sandbox.base import make_sandbox
     from sandbox.config import SandboxConfig
-    from tasks.data import load_prompts
+    from tasks.data.loader import load_prompts
 
     torch.set_num_threads(1)
     if prompts_path is None:
