@@ -95,6 +95,7 @@ class ChatFormat:
     """Token-level chat building for one tokenizer (see module docstring)."""
 
     _PLACEHOLDER = "\x00TOOL\x00"
+    _PLACEHOLDER2 = "\x00SYSTEM\x00"
 
     def __init__(self, tokenizer, system_prompt: str | None = None, tools: list[dict] | None = None,
                  fewshot: list[dict] | None = None):
@@ -148,6 +149,30 @@ class ChatFormat:
         """Ids injected after an assistant turn that ended in eos: the tool turn + the next generation prompt."""
         before, after = self._tool_frame
         return self.encode(before + text + after)
+
+    @cached_property
+    def _tool_system_frame(self) -> tuple[str, str, str]:
+        msgs = [
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "a"},
+            {"role": "tool", "content": self._PLACEHOLDER},
+            {"role": "system", "content": self._PLACEHOLDER2},
+        ]
+        text = self.tokenizer.apply_chat_template(msgs, tools=self.tools, add_generation_prompt=True, tokenize=False)
+        anchor = "a" + self.eos_token
+        rest = text[text.index(anchor) + len(anchor):]
+        before, rest = rest.split(self._PLACEHOLDER)
+        mid, after = rest.split(self._PLACEHOLDER2)
+        return before, mid, after
+
+    def tool_system_ids(self, text: str, system: str) -> list[int]:
+        """Ids injected after an assistant turn: the tool turn, a system message, the next generation prompt.
+
+        R3L puts its guidance here (a system message at the pivot); the frame is read from the
+        chat template like ``tool_response_ids``, so the ids are what the template would render.
+        """
+        before, mid, after = self._tool_system_frame
+        return self.encode(before + text + mid + system + after)
 
     @cached_property
     def token_bytes(self) -> list[bytes]:

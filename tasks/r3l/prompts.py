@@ -189,7 +189,8 @@ def pivot_cut(messages: list[dict], pivot: int) -> int:
     raise ValueError(f"pivot {pivot} is out of range: the trajectory has {seen} assistant turns")
 
 
-def _with_guidance(prefix: list[dict], guidance: str, pivot: int) -> list[dict]:
+def insert_guidance(prefix: list[dict], guidance: str, pivot: int) -> list[dict]:
+    """``prefix`` (the conversation up to the pivot) with ``GUIDANCE_HEADER + guidance`` put in as §1 says."""
     text = GUIDANCE_HEADER + guidance
     if pivot > 0:
         return [*prefix, {"role": "system", "content": text}]
@@ -209,7 +210,7 @@ def guided_retry_messages(prefix_messages: list[dict], guidance_report: dict, pi
     template's default system prompt is then not shown).
     """
     prefix = prefix_messages[: pivot_cut(prefix_messages, pivot)]
-    return [*_with_guidance(prefix, guidance_text(guidance_report, template, indent), pivot), *continuation]
+    return [*insert_guidance(prefix, guidance_text(guidance_report, template, indent), pivot), *continuation]
 
 
 def distill_messages(prefix_messages: list[dict], pivot: int, continuation: list[dict]) -> list[dict]:

@@ -114,6 +114,18 @@ class Trajectory:
     stats: TrajStats = field(default_factory=TrajStats)
     events: list[SaarEvent] = field(default_factory=list)
     executions: list[Execution] = field(default_factory=list)
+    kind: str = "rollout"
+    """What the row is for training: ``rollout`` (ordinary), or an R3L kind (``tasks.r3l.grouping.Kind``)."""
+    group_id: str | None = None
+    """The advantage group; None = the prompt id (one GRPO group per prompt)."""
+    fixed_reward: float | None = None
+    """A reward set by the method (R3L reflect/retry rows: 1.0) instead of the grader's."""
+    pivot: int = 0
+    """Assistant turns masked out of the loss at the start of the response (R3L pivotal credit)."""
+    parent: str | None = None
+    """The trajectory this row was derived from (R3L: the base attempt)."""
+    budget_extra: int = 0
+    """Injected tokens (R3L guidance) that do not count against ``max_response_tokens``."""
 
     def append(self, ids: list[int], mask: int, lps: list[float] | None = None) -> None:
         self.response_ids += ids
@@ -157,27 +169,37 @@ class Rollout:
             else:
                 out = await agenerate(self.request(t))
                 (self.on_retry_generated if t.state is State.RETRYING else self.on_generated)(t, out)
-        t.truncate(self.cfg.max_response_tokens)
+        t.truncate(self.budget(t))
         return t
 
     def run(self, items: list[PromptItem], seed: int, step: int, progress: bool = True) -> list[Trajectory]:
-        trajs = self.new_trajectories(items, seed, step)
-        bar = tqdm(total=len(trajs), desc=f"rollout step {step}", disable=not progress, leave=False)
+        return self.drive_all(self.new_trajectories(items, seed, step), seed, step, progress)
+
+    def drive_all(self, trajs: list[Trajectory], seed: int, step: int, progress: bool = True,
+                  stream: str = "") -> list[Trajectory]:
+        """Run prepared trajectories to their ends; ``stream`` salts the sampling seeds (a second phase)."""
+        bar = tqdm(total=len(trajs), desc=f"rollout step {step}{stream and ' ' + stream}", disable=not progress,
+                   leave=False)
+        salt = (seed, step, stream) if stream else (seed, step)
         if self.cfg.scheduling == "continuous" and hasattr(self.engine, "stream"):
-            self._run_continuous(trajs, seed, step, bar)
+            self._run_continuous(trajs, salt, bar)
         else:
-            self._run_rounds(trajs, seed, step, bar)
+            self._run_rounds(trajs, salt, bar)
         bar.close()
         for t in trajs:
-            t.truncate(self.cfg.max_response_tokens)
+            t.truncate(self.budget(t))
         return trajs
 
-    def _run_rounds(self, trajs: list[Trajectory], seed: int, step: int, bar) -> None:
+    def budget(self, t: Trajectory) -> int:
+        """Response-token budget of ``t``: ``max_response_tokens`` plus its uncounted injected tokens."""
+        return self.cfg.max_response_tokens + t.budget_extra
+
+    def _run_rounds(self, trajs: list[Trajectory], salt: tuple, bar) -> None:
         round_ = 0
         while True:
             gen = [t for t in trajs if t.state in (State.GENERATING, State.RETRYING)]
             if gen:
-                outs = self.engine.generate([self.request(t) for t in gen], seed=hash((seed, step, round_)) % 2**31)
+                outs = self.engine.generate([self.request(t) for t in gen], seed=hash((*salt, round_)) % 2**31)
                 for t, out in zip(gen, outs):
                     (self.on_retry_generated if t.state is State.RETRYING else self.on_generated)(t, out)
             exe = [t for t in trajs if t.state is State.EXECUTING]
@@ -189,9 +211,9 @@ class Rollout:
                 break
             round_ += 1
 
-    def _run_continuous(self, trajs: list[Trajectory], seed: int, step: int, bar) -> None:
+    def _run_continuous(self, trajs: list[Trajectory], salt: tuple, bar) -> None:
         """Turns join the engine's decoding batch when ready; tool calls run in threads meanwhile."""
-        stream = self.engine.stream(seed=hash((seed, step)) % 2**31)
+        stream = self.engine.stream(seed=hash(salt) % 2**31)
         by_id = {t.traj_id: t for t in trajs}
         running: dict[Future, Trajectory] = {}
         with ThreadPoolExecutor(max_workers=self.cfg.tool_threads, thread_name_prefix="tool") as pool:
@@ -232,13 +254,16 @@ class Rollout:
             start = t.snapshot.turn_start
         else:
             ctx, start = t.prompt_ids + t.response_ids, len(t.response_ids)
-        return GenRequest(ctx, max(1, min(self.cfg.max_new_tokens, self.cfg.max_response_tokens - start)))
+        return GenRequest(ctx, max(1, min(self.cfg.max_new_tokens, self.budget(t) - start)))
 
     def _execute(self, trajs: list[Trajectory]) -> list[ExecutionResult]:
-        calls = [(t.pending, setup_of(t)) for t in trajs]
-        runnable = [(c.code, s) for c, s in calls if c.code is not None]
+        return self.execute([t.pending for t in trajs], [setup_of(t) for t in trajs])
+
+    def execute(self, calls: list[ParsedCall], setups: list[str | None]) -> list[ExecutionResult]:
+        """Run calls (each with its prompt's bound inputs) in one sandbox batch; an unparsed call fails on its own."""
+        runnable = [(c.code, s) for c, s in zip(calls, setups) if c.code is not None]
         ran = iter(self.sandbox.run_many([c for c, _ in runnable], setups=[s for _, s in runnable]) if runnable else [])
-        return [next(ran) if c.code is not None else _call_failure(c) for c, _ in calls]
+        return [next(ran) if c.code is not None else _call_failure(c) for c in calls]
 
     def _terminate(self, t: Trajectory, reason: str) -> None:
         t.state, t.finish_reason, t.pending = State.TERMINATED, reason, None
@@ -339,7 +364,7 @@ class Rollout:
         t.append(self.chat.tool_response_ids(text), 0)
         t.messages.append({"role": "tool", "content": text})
         t.pending = None
-        if len(t.response_ids) >= self.cfg.max_response_tokens:
+        if len(t.response_ids) >= self.budget(t):
             return self._terminate(t, "length")
         t.state = State.GENERATING
 

@@ -1,0 +1,52 @@
+"""R3L settings (``rollout.r3l``): every constant of the reference (seed-methods.md §1) in config.
+
+Light on imports (pydantic only) so the run config can be built cheaply.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class R3LConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    base_samples: int | None = Field(None, ge=1)
+    """Base rollouts per prompt; None = ``rollout.n_samples // 2`` (the reference: half for rollout,
+    half for reflection + retry)."""
+
+    reflection_prompt: str = "full"
+    """System prompt of the reflection call: ``full`` (``tasks.r3l.prompts.REFLECTION_PROMPT``),
+    ``compact`` (``REFLECTION_PROMPT_COMPACT``, for tiny-context models) or the prompt text itself.
+    Use the one the policy's warm-up corpus used."""
+
+    guidance_template: str = "full"
+    """Guidance text around the report: ``full`` (the reference's self-correction text), ``compact``,
+    or a text containing ``{report}``."""
+
+    guidance_indent: int | None = 2
+    """``json.dumps`` indent of the report inside the guidance (2 = reference; None = compact JSON)."""
+
+    max_reflect_tokens: int = Field(4096, ge=1)
+    """Token budget of the reflection (the reference: 4096)."""
+
+    max_reflect_prompt_tokens: int | None = Field(None, ge=1)
+    """Reflection prompts longer than this are not sent (counted as ``too_long``, handled like an
+    invalid report); set it to what the model's context holds minus ``max_reflect_tokens``."""
+
+    success_threshold: float = 1.0
+    """A reward at or above this is a success (the reference: ``reward >= 1.0``)."""
+
+    fewer_steps_rule: bool = True
+    """A retry also succeeds when it reaches success in fewer steps than the base attempt (the
+    reference's ALFWorld rule; its math workflows use only ``r2 > r1 and r2 >= success``)."""
+
+    pivotal_credit: bool = True
+    """Mask the assistant turns before the pivot out of the loss in base, distill and retry rows
+    (False = the reference's ``R3L_w_o_credit`` ablation)."""
+
+    mask_retry: bool = True
+    """Also mask the retry row's prefix (the ALFWorld reference; its math workflow leaves it unmasked)."""
+
+    keep_perfect_reflections: bool = True
+    """Train on a reflection that calls a successful attempt ``success`` (reward 1.0, own group)."""
