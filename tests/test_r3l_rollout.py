@@ -97,6 +97,7 @@ def test_successful_retry_from_pivot_one(chat, box):
     assert "pritn" not in refl.messages[1]["content"] and "print(6 * 7)" in refl.messages[1]["content"]
     assert refl.messages[1]["content"].rstrip().endswith("Please output in the specified JSON format.")
     assert "Feedback: the final answer is wrong (reward 0/1)." in refl.messages[1]["content"]
+    assert chat.eos_token not in refl.messages[1]["content"]
     assert [(p.position, p.ok, p.changed) for p in refl.replays] == [(0, True, False)]
     # token bookkeeping: turn 0 copied id for id, the guidance only in the retry, the new turn shared
     new_turn = chat.encode("\\boxed{42}") + [chat.eos_id]
@@ -224,3 +225,32 @@ def test_a_replayed_call_that_now_fails_is_recorded_with_its_error(chat, box):
     assert replay.changed and "the file is gone" in replay.error_text
     assert "RuntimeError: the file is gone" in refl.retry.messages[2]["content"]
     assert r3l_metrics(res.reflections, res.rows)["r3l/replay_changed"] == 1
+
+
+def test_rows_reflection_table_and_viewer(chat, box):
+    from tasks.r3l.records import reflection_frame
+    from tasks.r3l.view import render_r3l_section
+    from tasks.records import trajectory_frames
+
+    res = run_r3l(chat, box, RuleEngine(chat, report(trajectory_summary="<script>x</script>")), n=4)
+    trajs = trajectory_frames(res.rows, "run", 3, chat.decode)["trajectories"]
+    assert trajs.select("traj_id", "kind", "group_id", "fixed_reward", "masked_turns", "parent").rows() == [
+        ("3:p0:0", "base", "p0", None, 1, None), ("3:p0:0:distill", "distill", "p0", None, 1, "3:p0:0"),
+        ("3:p0:0:reflect", "reflect", "p0/reflect/0", 1.0, 0, "3:p0:0"),
+        ("3:p0:0:retry", "retry", "p0/retry/0", 1.0, 1, "3:p0:0"),
+        ("3:p0:1", "base", "p0", None, 1, None), ("3:p0:1:distill", "distill", "p0", None, 1, "3:p0:1"),
+        ("3:p0:1:reflect", "reflect", "p0/reflect/1", 1.0, 0, "3:p0:1"),
+        ("3:p0:1:retry", "retry", "p0/retry/1", 1.0, 1, "3:p0:1"),
+    ]
+    refl = reflection_frame(res.reflections, "run", 3)
+    assert refl.height == 2 and refl["retry_from_step"].to_list() == [1, 1] and refl["valid"].all()
+    assert json.loads(refl["report"][0])["trajectory_summary"] == "<script>x</script>"
+    assert refl["retry_succeeded"].all()
+    assert json.loads(refl["replays"][0]) == [{"position": 0, "code": "print(6 * 7)", "ok": True, "error_kind": None,
+                                               "error_text": "", "original_ok": True, "original_error_kind": None,
+                                               "changed": False}]
+    html = render_r3l_section(trajs, refl, 1)
+    assert html.count("class='r3l'") == 1 and "&lt;script&gt;x" in html and "<script>x" not in html
+    assert html.count("masked (before pivot)") == 1 and html.count("copied from base, masked") == 1
+    assert html.count("badge guidance") == 1 and "reflection + retry train" in html
+    assert render_r3l_section(trajs, refl.clear(), 3) == ""

@@ -120,11 +120,14 @@ def split_messages(t: Trajectory, chat) -> tuple[list[dict], list[dict], int]:
 
 
 def attempt_messages(t: Trajectory, chat) -> list[dict]:
-    """The attempt as the reflection reads it: the prompt without few-shot turns, then the generated turns."""
+    """The attempt as the reflection reads it: the prompt without few-shot turns, then the generated turns
+    (their end-of-turn token text removed, so the log holds no special token)."""
     prompt, generated, n_shot = split_messages(t, chat)
     own_system = bool(t.item.messages) and t.item.messages[0]["role"] == "system"
     head = 1 if own_system or chat.system_prompt else 0
-    return [*prompt[:head], *prompt[head + n_shot:], *generated]
+    eos = chat.eos_token
+    turns = [{**m, "content": _strip_eos(m["content"], eos)} if m["role"] == "assistant" else m for m in generated]
+    return [*prompt[:head], *prompt[head + n_shot:], *turns]
 
 
 class R3LRollout:

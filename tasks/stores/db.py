@@ -4,7 +4,8 @@ Schema (primary keys in brackets)::
 
     runs            [run_id]                                  name, config, MLflow run id, status
     steps           [run_id, step]                            checkpoint, policy version, seconds
-    trajectories    [run_id, step, traj_id]                   ids, mask, reward, advantage, SAAR stats
+    trajectories    [run_id, step, traj_id]                   ids, mask, reward, advantage, SAAR stats, kind
+    r3l_reflections [run_id, step, traj_id]                   R3L: report, validity, pivot, retry reward, replays
     turns           [run_id, step, traj_id, turn_idx]         final (purified) conversation
     tool_executions [run_id, step, traj_id, exec_idx]         every execution, failed attempts included
     saar_events     [run_id, step, traj_id, event_idx]        triggered / shallow / deep / recovered / ...
@@ -24,6 +25,8 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
+from tasks.r3l.records import DDL as R3L_DDL
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id VARCHAR PRIMARY KEY, name VARCHAR, config JSON, mlflow_run_id VARCHAR,
@@ -41,6 +44,7 @@ CREATE TABLE IF NOT EXISTS trajectories (
     errors_kept BIGINT, retry_loops BIGINT,
     failure_reasons JSON, score DOUBLE, correct BOOLEAN, overlong_penalty DOUBLE, reward DOUBLE,
     graded BOOLEAN, reward_metrics JSON, kept BOOLEAN, advantage DOUBLE,
+    kind VARCHAR, group_id VARCHAR, fixed_reward DOUBLE, masked_turns BIGINT, parent VARCHAR,
     PRIMARY KEY (run_id, step, traj_id));
 CREATE TABLE IF NOT EXISTS turns (
     run_id VARCHAR, step BIGINT, traj_id VARCHAR, turn_idx BIGINT, role VARCHAR, content VARCHAR,
@@ -56,12 +60,17 @@ CREATE TABLE IF NOT EXISTS saar_events (
     new_turn VARCHAR, PRIMARY KEY (run_id, step, traj_id, event_idx));
 CREATE TABLE IF NOT EXISTS metrics (
     run_id VARCHAR, step BIGINT, key VARCHAR, value DOUBLE, PRIMARY KEY (run_id, step, key));
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS kind VARCHAR;
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS group_id VARCHAR;
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS fixed_reward DOUBLE;
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS masked_turns BIGINT;
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS parent VARCHAR;
 CREATE TABLE IF NOT EXISTS evaluations (
     run_id VARCHAR, policy_version BIGINT, checkpoint VARCHAR, key VARCHAR, value DOUBLE,
     PRIMARY KEY (run_id, policy_version, key));
 """
 
-STEP_TABLES = ("trajectories", "turns", "tool_executions", "saar_events", "metrics", "steps")
+STEP_TABLES = ("trajectories", "turns", "tool_executions", "saar_events", "r3l_reflections", "metrics", "steps")
 
 
 class StoreLockedError(RuntimeError):
@@ -79,7 +88,7 @@ def connect(path: str | Path) -> duckdb.DuckDBPyConnection:
                 f"DuckDB file {path} is held by another writer process ({err}); stop it or set tracking.duckdb_path"
             ) from err
         raise
-    con.execute(SCHEMA)
+    con.execute(SCHEMA + R3L_DDL)
     return con
 
 

@@ -3,7 +3,8 @@
 A rollout writes four Parquet files into the step folder; every later stage reads them and
 writes its own file, and the tracking stage loads them into DuckDB as they are::
 
-    trajectories.parquet   one row per trajectory: ids, mask, log-probs, SAAR statistics
+    trajectories.parquet   one row per trajectory: ids, mask, log-probs, SAAR statistics, and its training
+                           role (``kind``, advantage ``group_id``, ``fixed_reward``, R3L ``masked_turns``, ``parent``)
     turns.parquet          one row per message of the final (purified) conversation
     executions.parquet     one row per sandbox execution, failed attempts included
     saar_events.parquet    one row per SAAR decision (triggered, shallow, deep, recovered, ...)
@@ -34,7 +35,8 @@ def trajectory_frames(trajs: list[Trajectory], run_id: str, step: int, decode) -
             "prompt_ids": t.prompt_ids, "response_ids": t.response_ids, "response_mask": t.response_mask,
             "rollout_logprobs": t.logprobs, "response_text": decode(t.response_ids),
             "messages": json.dumps(t.messages, ensure_ascii=False), "finish_reason": t.finish_reason,
-            "num_turns": t.assistant_turns, **t.stats.scalars(),
+            "num_turns": t.assistant_turns, "kind": t.kind, "group_id": t.group_id or t.item.prompt_id,
+            "fixed_reward": t.fixed_reward, "masked_turns": t.pivot, "parent": t.parent, **t.stats.scalars(),
             "failure_reasons": json.dumps(dict(t.stats.failure_reasons)),
         })
         for i, m in enumerate(t.messages):
@@ -50,7 +52,7 @@ def trajectory_frames(trajs: list[Trajectory], run_id: str, step: int, decode) -
         for i, ev in enumerate(t.events):
             events.append({**key, "traj_id": t.traj_id, "event_idx": i, **ev.__dict__})
     return {
-        "trajectories": pl.DataFrame(rows, schema_overrides=_ID_LISTS),
+        "trajectories": pl.DataFrame(rows, schema_overrides={**_ID_LISTS, **_ROW_META}),
         "turns": pl.DataFrame(turns, schema=_TURNS),
         "executions": pl.DataFrame(execs, schema=_EXECS),
         "saar_events": pl.DataFrame(events, schema=_EVENTS),
@@ -61,6 +63,8 @@ _ID_LISTS = {
     "prompt_ids": pl.List(pl.Int32), "response_ids": pl.List(pl.Int32),
     "response_mask": pl.List(pl.Int8), "rollout_logprobs": pl.List(pl.Float32),
 }
+_ROW_META = {"kind": pl.String, "group_id": pl.String, "fixed_reward": pl.Float64, "masked_turns": pl.Int64,
+             "parent": pl.String}
 _KEY = {"run_id": pl.String, "step": pl.Int64, "traj_id": pl.String}
 _TURNS = {**_KEY, "turn_idx": pl.Int64, "role": pl.String, "content": pl.String}
 _EXECS = {
