@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class TinyModelConfig(BaseModel):
@@ -181,6 +181,28 @@ class TrainerConfig(BaseModel):
 
     clip_high: float = Field(0.28, ge=0)
     """DAPO upper clip ε_high (clip-higher): ratio is clipped at 1 + clip_high."""
+
+    loss: str = "dapo"
+    """Registered policy loss (``models.losses``): ``dapo`` (clipped surrogate) or ``opmd`` (R3L)."""
+
+    opmd_tau: float = Field(1.0, ge=0)
+    """OPMD τ: the loss is divided by 1 + τ (R3L: 1.0)."""
+
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of a KL penalty to the reference policy (the run's initial policy); 0 = no KL
+    (DAPO), R3L's OPMD configs use 0.001 with ``k2``."""
+
+    kl_estimator: Literal["k1", "k2", "k3"] = "k2"
+    """KL estimate per token: ``k1`` = new - ref, ``k2`` = ½(new - ref)², ``k3`` = exp(ref - new) - 1 - (ref - new)."""
+
+    @field_validator("loss")
+    @classmethod
+    def _known_loss(cls, name: str) -> str:
+        from models.losses import LOSSES  # torch-free module: the registry of losses
+
+        if name not in LOSSES:
+            raise ValueError(f"unknown loss {name!r}; registered losses: {', '.join(sorted(LOSSES))}")
+        return name
 
     grad_clip: float = Field(1.0, gt=0)
     """Max global gradient norm."""

@@ -5,9 +5,11 @@ One call of ``update`` is one RL step on the policy side:
 1. load the policy from a ``save_pretrained`` checkpoint folder (and its optimizer state);
 2. **recompute old log-probs** on the final sequences (no grad) — SAAR changed the context
    the rollout log-probs were computed in, so they are never used as the old policy;
-3. for each mini-batch: ratio = exp(new - old) on response tokens with mask 1,
-   loss = -min(ratio·A, clip(ratio, 1-ε_low, 1+ε_high)·A), token-mean over the mini-batch,
-   no KL term, gradient-norm clip, AdamW step;
+3. for each mini-batch: the registered loss ``cfg.loss`` (``models.losses``: ``dapo`` =
+   -min(ratio·A, clip(ratio, 1-ε_low, 1+ε_high)·A) with ratio = exp(new - old), ``opmd`` =
+   -A·log π / (1 + τ)), token-mean over the mini-batch's mask-1 tokens; with ``kl_coef > 0``
+   plus ``kl_coef`` × a KL estimate to the reference policy (log-probs computed once, like the
+   old ones); gradient-norm clip, AdamW step;
 4. write the next checkpoint folder (weights, tokenizer, optimizer, trainer state) to a
    temporary folder and rename it, so a crash never leaves a half-written checkpoint.
 
@@ -26,6 +28,7 @@ import torch
 
 from models.config import TrainerConfig
 from models.engine import load_causal_lm
+from models.losses import LossBatch, get_loss, kl_penalty
 
 
 @dataclass(frozen=True)
@@ -66,21 +69,19 @@ def response_logprobs(model, samples: list[Sample], pad_id: int, device: str = "
 
 
 def dapo_loss(new_lp, old_lp, adv, mask, clip_low: float, clip_high: float, n_tokens: float):
-    """Clipped surrogate, summed over masked tokens and divided by the mini-batch's token count."""
-    ratio = torch.exp(new_lp - old_lp)
-    a = adv.unsqueeze(-1)
-    surrogate = torch.minimum(ratio * a, torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * a)
-    loss = -(surrogate * mask).sum() / n_tokens
-    clipped = ((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float()
-    return loss, (clipped * mask).sum(), (ratio * mask).sum()
+    """The DAPO clipped surrogate (kept for callers of the old signature; the trainer uses ``models.losses``)."""
+    cfg = type("Clip", (), {"clip_low": clip_low, "clip_high": clip_high})
+    loss, stats = get_loss("dapo")(LossBatch(new_lp, old_lp, adv, mask, n_tokens), cfg)
+    return loss, stats["clipped"], stats["ratio"]
 
 
 def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: Path, pad_id: int, seed: int,
-           state: dict | None = None, on_step=None) -> dict:
+           state: dict | None = None, on_step=None, ref_dir: Path | None = None) -> dict:
     """One RL update from ``ckpt_dir`` on ``samples``; writes ``out_dir``; returns ``train/*`` metrics.
 
     ``state`` is stored in the checkpoint's ``trainer_state.json``; ``on_step`` is called after
-    every optimizer step (fault injection uses it).
+    every optimizer step (fault injection uses it); ``ref_dir`` is the KL reference policy
+    (required when ``cfg.kl_coef > 0``).
     """
     torch.manual_seed(seed)
     if cfg.device == "cpu":
@@ -90,16 +91,19 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
     opt_path = Path(ckpt_dir) / "optimizer.pt"
     if opt_path.exists():
         opt.load_state_dict(torch.load(opt_path, weights_only=True))
+    get_loss(cfg.loss)
     old = _old_logprobs(model, samples, pad_id, cfg)
+    ref = _reference_logprobs(ref_dir, samples, pad_id, cfg) if cfg.kl_coef > 0 else None
     model.train()
-    totals = {"loss": 0.0, "grad_norm": 0.0, "clipped": 0.0, "ratio": 0.0, "tokens": 0.0}
+    totals = {"loss": 0.0, "grad_norm": 0.0, "clipped": 0.0, "ratio": 0.0, "tokens": 0.0, "kl": 0.0}
     order = list(range(len(samples)))
     rng = random.Random(seed)
     n_steps = 0
     for _ in range(cfg.epochs):
         rng.shuffle(order)
         for mb in _split(order, cfg.mini_batches):
-            _minibatch_step(model, opt, [samples[i] for i in mb], [old[i] for i in mb], cfg, pad_id, totals)
+            _minibatch_step(model, opt, [samples[i] for i in mb], [old[i] for i in mb],
+                            [ref[i] for i in mb] if ref is not None else None, cfg, pad_id, totals)
             n_steps += 1
             if on_step is not None:
                 on_step()
@@ -112,6 +116,7 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
         "train/clip_frac": totals["clipped"] / tokens,
         "train/ratio_mean": totals["ratio"] / tokens,
         "train/tokens": totals["tokens"] / cfg.epochs,
+        **({"train/kl": totals["kl"] / max(n_steps, 1)} if ref is not None else {}),
         "train/sequences": len(samples),
         "train/optimizer_steps": n_steps,
     }
@@ -134,22 +139,41 @@ def _old_logprobs(model, samples: list[Sample], pad_id: int, cfg: TrainerConfig)
     return out
 
 
-def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], cfg: TrainerConfig, pad_id: int, totals: dict):
+@torch.no_grad()
+def _reference_logprobs(ref_dir: Path | None, samples: list[Sample], pad_id: int, cfg: TrainerConfig):
+    if ref_dir is None:
+        raise ValueError("trainer.kl_coef > 0 needs a reference policy, but update() got no ref_dir")
+    return _old_logprobs(load_causal_lm(ref_dir, cfg.device), samples, pad_id, cfg)
+
+
+def _stack(rows: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros_like(like)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out
+
+
+def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: list[torch.Tensor] | None,
+                    cfg: TrainerConfig, pad_id: int, totals: dict):
     n_tokens = float(sum(sum(s.response_mask) for s in mb)) or 1.0
+    loss_fn = get_loss(cfg.loss)
     opt.zero_grad(set_to_none=True)
     loss_sum = 0.0
     for lo in range(0, len(mb), cfg.micro_batch):
-        chunk, old_chunk = mb[lo : lo + cfg.micro_batch], old[lo : lo + cfg.micro_batch]
+        chunk = mb[lo : lo + cfg.micro_batch]
         new_lp, mask = response_logprobs(model, chunk, pad_id, cfg.device)
-        old_lp = torch.zeros_like(new_lp)
-        for i, o in enumerate(old_chunk):
-            old_lp[i, : len(o)] = o
-        adv = torch.tensor([s.advantage for s in chunk], device=new_lp.device)
-        loss, clipped, ratio = dapo_loss(new_lp, old_lp, adv, mask, cfg.clip_low, cfg.clip_high, n_tokens)
+        batch = LossBatch(new_lp, _stack(old[lo : lo + cfg.micro_batch], new_lp),
+                          torch.tensor([s.advantage for s in chunk], device=new_lp.device), mask, n_tokens,
+                          _stack(ref[lo : lo + cfg.micro_batch], new_lp) if ref is not None else None)
+        loss, stats = loss_fn(batch, cfg)
+        if ref is not None:
+            kl = kl_penalty(batch, cfg.kl_estimator)
+            loss = loss + cfg.kl_coef * kl
+            totals["kl"] += kl.item()
         loss.backward()
         loss_sum += loss.item()
-        totals["clipped"] += clipped.item()
-        totals["ratio"] += ratio.item()
+        totals["clipped"] += stats["clipped"].item()
+        totals["ratio"] += stats["ratio"].item()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     opt.step()
     totals["loss"] += loss_sum
