@@ -54,13 +54,36 @@ class RuleEngine:
         return self.retry_answer if guided else self.base_answer
 
     def generate(self, requests, seed):
-        outs = []
-        for req in requests:
-            ctx = self.chat.decode(req.input_ids)
-            self.contexts.append(ctx)
-            ids = self.chat.encode(self.reply(ctx)) + [self.eos_id]
-            outs.append(GenOutput(ids, [-0.5] * len(ids), "stop"))
-        return outs
+        return [GenOutput(*self.answer(req.input_ids), "stop") for req in requests]
+
+    def answer(self, input_ids):
+        ctx = self.chat.decode(input_ids)
+        self.contexts.append(ctx)
+        ids = self.chat.encode(self.reply(ctx)) + [self.eos_id]
+        return ids, [-0.5] * len(ids)
+
+
+class StreamingRuleEngine(RuleEngine):
+    """The same rules behind the continuous-batching contract (submit / step / release / busy)."""
+
+    def stream(self, seed, keep_prefix=True):
+        engine, queue = self, []
+
+        class Stream:
+            busy = property(lambda self: bool(queue))
+
+            def submit(self, key, input_ids, max_new_tokens):
+                queue.append((key, list(input_ids)))
+
+            def release(self, key):
+                return None
+
+            def step(self):
+                done = list(queue)
+                queue.clear()
+                return [(key, *engine.answer(ids), "stop") for key, ids in done]
+
+        return Stream()
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +106,9 @@ def by_kind(res):
     return {t.kind: t for t in res.rows}
 
 
-def test_successful_retry_from_pivot_one(chat, box):
-    res = run_r3l(chat, box, RuleEngine(chat, "Here is my analysis: " + json.dumps(REPORT)))
+@pytest.mark.parametrize("engine_cls", [RuleEngine, StreamingRuleEngine], ids=["rounds", "continuous"])
+def test_successful_retry_from_pivot_one(chat, box, engine_cls):
+    res = run_r3l(chat, box, engine_cls(chat, "Here is my analysis: " + json.dumps(REPORT)))
     rows = by_kind(res)
     assert [t.kind for t in res.rows] == ["base", "distill", "reflect", "retry"]
     base, distill, reflect, retry = rows["base"], rows["distill"], rows["reflect"], rows["retry"]
@@ -205,15 +229,18 @@ class ChangingSandbox:
     def __init__(self, box):
         self.box, self.seen = box, 0
 
-    def run_many(self, codes):
-        out = []
-        for code in codes:
-            if code == "print(6 * 7)":
-                self.seen += 1
-                if self.seen > 1:
-                    code = "raise RuntimeError('the file is gone')"
-            out.append(code)
-        return self.box.run_many(out)
+    def _swap(self, code):
+        if code == "print(6 * 7)":
+            self.seen += 1
+            if self.seen > 1:
+                return "raise RuntimeError('the file is gone')"
+        return code
+
+    def run(self, code, setup=None):
+        return self.box.run(self._swap(code), setup)
+
+    def run_many(self, codes, setups=None):
+        return self.box.run_many([self._swap(c) for c in codes], setups=setups)
 
 
 def test_a_replayed_call_that_now_fails_is_recorded_with_its_error(chat, box):
