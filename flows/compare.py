@@ -31,7 +31,8 @@ def report_task(duckdb_path: str, runs: dict[str, list[str]], baseline: str, tre
     ids = ", ".join(f"'{r}'" for ids in runs.values() for r in ids)
     evals = db.query(duckdb_path, f"SELECT run_id, policy_version, key, value FROM evaluations WHERE run_id IN ({ids})")
     kinds = db.query(duckdb_path, f"""
-        SELECT run_id, CASE WHEN errors_kept > 0 THEN 'errors kept' WHEN rollbacks_recovered > 0 THEN 'purified'
+        SELECT run_id, CASE WHEN coalesce(kind, 'rollout') NOT IN ('rollout', 'base') THEN 'R3L ' || kind
+                            WHEN errors_kept > 0 THEN 'errors kept' WHEN rollbacks_recovered > 0 THEN 'purified'
                             ELSE 'clean first try' END AS kind, count(*) AS n, avg(reward) AS reward,
                avg(advantage) AS advantage
         FROM trajectories WHERE kept AND run_id IN ({ids}) GROUP BY ALL""")

@@ -59,15 +59,25 @@ class TrainConfig(BaseModel):
     """Evaluate the policy on held-out prompts every this many steps, and at the start and end (0 = never)."""
 
 
+ARM_PRESETS: dict[str, list[str]] = {
+    "cleaner": ["rollout.saar.enabled=true", "rollout.saar.raw_share=0.3"],
+    "dapo": ["rollout.saar.enabled=false"],
+    "saar_all": ["rollout.saar.enabled=true", "rollout.saar.raw_share=0.0"],
+    "r3l": ["rollout.mode=r3l", "rollout.saar.enabled=false", "mix.advantage=opmd_reweight_adv",
+            "mix.dynamic_sampling=false", "trainer.loss=opmd", "trainer.kl_coef=0.001"],
+}
+"""Named arms for ``compare.add_arms``; ``r3l`` is R3L as its authors run it (docs/methods.md)."""
+
+
 class CompareConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    arms: dict[str, list[str]] = {
-        "cleaner": ["rollout.saar.enabled=true", "rollout.saar.raw_share=0.3"],
-        "dapo": ["rollout.saar.enabled=false"],
-        "saar_all": ["rollout.saar.enabled=true", "rollout.saar.raw_share=0.0"],
-    }
+    arms: dict[str, list[str]] = {k: ARM_PRESETS[k] for k in ("cleaner", "dapo", "saar_all")}
     """Arm name → overrides applied on top of the run config."""
+
+    add_arms: list[str] = []
+    """Preset arms (``ARM_PRESETS``: cleaner, dapo, saar_all, r3l) added to ``arms`` under their names,
+    e.g. ``--set compare.add_arms=[r3l]``."""
 
     shared: list[str] = []
     """Overrides applied to every arm before its own (e.g. a smaller batch, so that arms × seeds
@@ -90,6 +100,10 @@ class CompareConfig(BaseModel):
 
     @model_validator(mode="after")
     def _arms_exist(self) -> "CompareConfig":
+        for name in self.add_arms:
+            if name not in ARM_PRESETS:
+                raise ValueError(f"add_arms: unknown preset {name!r}; presets: {', '.join(sorted(ARM_PRESETS))}")
+            self.arms.setdefault(name, list(ARM_PRESETS[name]))
         for field in ("baseline", "treatment"):
             if getattr(self, field) not in self.arms:
                 raise ValueError(f"{field} {getattr(self, field)!r} is not one of compare.arms {sorted(self.arms)}")

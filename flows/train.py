@@ -123,7 +123,7 @@ def advantage_task(cfg: RunConfig, info: RunInfo, step: int, policy: str) -> str
 @task(name="update", **STAGE)
 def update_task(cfg: RunConfig, info: RunInfo, step: int, policy: str) -> str:
     return str(stages.update_stage(step_dir(info, step), policy, ckpt_dir(info, step + 1), cfg.trainer,
-                                   cfg.seed * 100_003 + step))
+                                   cfg.seed * 100_003 + step, info.start_ckpt))
 
 
 @task(name="log", **STAGE)

@@ -20,8 +20,8 @@ from tasks.r3l.config import R3LConfig
 from tasks.r3l.credit import assistant_segments
 from tasks.r3l.driver import R3LRollout, r3l_metrics
 from tasks.r3l.prompts import GUIDANCE_HEADER, GUIDANCE_TEMPLATE_COMPACT, REFLECTION_USER_HEAD, guidance_text
-from tasks.rollout import PromptItem, Rollout, RolloutConfig
-from tasks.saar import SAARConfig
+from tasks.rollout.config import RolloutConfig, SAARConfig
+from tasks.rollout.machine import PromptItem, Rollout
 
 ITEM = PromptItem("p0", [{"role": "user", "content": "What is 6 * 7?"}], "synthetic/arith", "42")
 FAILED = "Multiply. " + render_call("pritn(6 * 7)")
@@ -257,7 +257,7 @@ def test_a_replayed_call_that_now_fails_is_recorded_with_its_error(chat, box):
 def test_rows_reflection_table_and_viewer(chat, box):
     from tasks.r3l.records import reflection_frame
     from tasks.r3l.view import render_r3l_section
-    from tasks.records import trajectory_frames
+    from tasks.stores.records import trajectory_frames
 
     res = run_r3l(chat, box, RuleEngine(chat, report(trajectory_summary="<script>x</script>")), n=4)
     trajs = trajectory_frames(res.rows, "run", 3, chat.decode)["trajectories"]

@@ -42,7 +42,7 @@ from tasks.r3l.prompts import (GUIDANCE_HEADER, GUIDANCE_TEMPLATE, GUIDANCE_TEMP
                                REFLECTION_PROMPT_COMPACT, count_steps, guidance_text, insert_guidance,
                                outcome_feedback, reflection_request)
 from tasks.r3l.report import ReportCheck, read_reflection
-from tasks.rollout import PromptItem, Rollout, State, Trajectory, setup_of
+from tasks.rollout.machine import PromptItem, Rollout, State, Trajectory, setup_of
 
 RewardFn = Callable[[Trajectory], "float | None"]
 

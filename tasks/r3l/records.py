@@ -1,6 +1,6 @@
 """R3L reflections as a table: one row per reflection (``r3l_reflections.parquet`` → DuckDB ``r3l_reflections``).
 
-Keys ``(run_id, step, traj_id)`` with ``traj_id`` the base attempt reflected on. Columns: the
+The DuckDB table is declared in ``tasks.stores.db``. Keys ``(run_id, step, traj_id)`` with ``traj_id`` the base attempt reflected on. Columns: the
 base reward and steps, the reflection text, the parsed report (JSON, null when it did not
 parse), validity, perfect, the reason (``tasks.r3l.report.REASONS`` plus ``too_long`` and
 ``ungraded``), the pivot (``retry_from_step``), the retry and distill trajectory ids, the retry reward and steps,
@@ -24,14 +24,6 @@ SCHEMA = {
     "replay_changed": pl.Int64, "note": pl.String, "retry_messages": pl.String,
 }
 
-DDL = """
-CREATE TABLE IF NOT EXISTS r3l_reflections (
-    run_id VARCHAR, step BIGINT, traj_id VARCHAR, prompt_id VARCHAR, sample_idx BIGINT, base_reward DOUBLE,
-    base_steps BIGINT, reflection_text VARCHAR, reflection_tokens BIGINT, finish_reason VARCHAR, report JSON,
-    valid BOOLEAN, perfect BOOLEAN, reason VARCHAR, retry_from_step BIGINT, retry_traj_id VARCHAR, distill_traj_id VARCHAR,
-    retry_reward DOUBLE, retry_steps BIGINT, retry_succeeded BOOLEAN, replays JSON, replay_changed BIGINT,
-    note VARCHAR, retry_messages JSON, PRIMARY KEY (run_id, step, traj_id));
-"""
 
 
 def reflection_frame(reflections: list, run_id: str, step: int) -> pl.DataFrame:

@@ -6,6 +6,9 @@ At each position where SAAR rolled back, the cut attempts are drawn where they w
 failed call, its error, the similarity and the shallow/deep decision, and how the position
 ended (recovered, exhausted, no call). Raw trajectories mark their error-and-retry turns.
 
+In R3L steps a section below the pairs draws base attempt → reflection → guided retry, with the
+masked prefix and the guidance marked (``tasks.r3l.view``).
+
 What it simplifies: reading SAAR's effect without SQL; the page needs no network (inline
 CSS and JS) and escapes all model text, which is untrusted.
 
@@ -21,6 +24,8 @@ import re
 from html import escape
 
 import polars as pl
+
+from tasks.r3l.view import R3L_CSS, render_r3l_section
 
 CUTS = ("shallow", "deep")
 ENDS = {"recovered": "ok", "exhausted": "bad", "no_call": "bad", "length": "bad"}
@@ -53,7 +58,8 @@ function onlyCuts(on){document.querySelectorAll('.pair').forEach(p=>{
 
 HEADER_KEYS = ["rollout/accuracy", "rollout/reward_mean", "tools/success_rate", "tools/first_attempt_success_rate",
                "saar/rollbacks_triggered", "saar/rollbacks_recovered", "saar/global_recovery_rate",
-               "saar/shallow", "saar/deep"]
+               "saar/shallow", "saar/deep", "r3l/valid_rate", "r3l/pivot_mean", "r3l/retry_succeeded",
+               "r3l/second_success"]
 
 
 def _num(x) -> str:
@@ -169,13 +175,18 @@ def _card(row: dict | None, evs: list[dict], side: str) -> str:
 
 
 def render_step_viewer(trajs: pl.DataFrame, events: pl.DataFrame, step: int, n: int,
-                       metrics: dict[str, float] | None = None) -> str:
+                       metrics: dict[str, float] | None = None, reflections: pl.DataFrame | None = None) -> str:
     """The viewer page of one step: ``n`` SAAR trajectories beside raw ones, with their SAAR events.
 
     ``trajs``: the step's trajectory rows (``messages``, ``raw``, ``prompt_id``, SAAR counters;
     ``reward``/``correct`` when scored); ``events``: its ``saar_events`` rows; ``metrics``:
-    the logged step metrics shown in the header (else figures computed from ``trajs``).
+    the logged step metrics shown in the header (else figures computed from ``trajs``);
+    ``reflections``: the step's ``r3l_reflections`` rows, drawn as base → reflection → retry
+    (``tasks.r3l.view``) below the pairs, which show first attempts only.
     """
+    r3l = render_r3l_section(trajs, reflections, n) if reflections is not None else ""
+    if "kind" in trajs.columns:
+        trajs = trajs.filter(pl.col("kind").is_in(["rollout", "base"]))
     ev_rows = events.sort(["traj_id", "event_idx"]).to_dicts() if events.height else []
     by_traj: dict[str, list[dict]] = {}
     for e in ev_rows:
@@ -193,10 +204,11 @@ def render_step_viewer(trajs: pl.DataFrame, events: pl.DataFrame, step: int, n: 
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; style-src 'unsafe-inline'; "
         "script-src 'unsafe-inline'\">"
-        f"<title>CLEANER step {step}: trajectories</title><style>{CSS}</style><script>{JS}</script></head><body>"
+        f"<title>CLEANER step {step}: trajectories</title><style>{CSS}{R3L_CSS}</style><script>{JS}</script>"
+        "</head><body>"
         f"<header><h1>Step {step}: SAAR (purified) beside raw trajectories</h1><div class='metrics'>{head}</div>"
         "</header><div class='bar'><button onclick='setAll(true)'>expand all</button>"
         "<button onclick='setAll(false)'>collapse all</button><label><input type='checkbox' "
         "onchange='onlyCuts(this.checked)'> only trajectories with rollbacks</label></div>"
-        f"{rows or '<p class=none>no trajectories in this step</p>'}</body></html>"
+        f"{rows or '<p class=none>no trajectories in this step</p>'}{r3l}</body></html>"
     )

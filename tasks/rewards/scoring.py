@@ -4,7 +4,9 @@ Reads ``trajectories.parquet`` of a step, grades each response with the reward r
 (``tasks.rewards.registry.compute_reward``, keyed by ``data_source``), adds the overlong penalty and
 writes ``scores.parquet`` (keys + ``score``, ``correct``, ``overlong_penalty``, ``reward``,
 ``graded``). A grader that raises is counted (``score/grader_errors``) and its trajectory is
-marked ``graded = false`` so it never trains — it is not scored 0.
+marked ``graded = false`` so it never trains — it is not scored 0. A row whose method fixed its
+reward (``fixed_reward``: R3L's reflect and retry rows, 1.0) is not graded. The ``rollout/*``
+metrics describe the policy's first attempts only (kinds ``rollout`` and R3L ``base``).
 """
 
 from __future__ import annotations
@@ -19,12 +21,20 @@ from tasks.rewards.registry import GraderError, compute_reward, overlong_penalty
 from tasks.stores.records import read_table
 
 
+FIRST_ATTEMPT_KINDS = ("rollout", "base")
+"""Rows that are the policy's own first attempts: the ``rollout/*`` metrics describe these only."""
+
+
 def score_rows(trajs: pl.DataFrame, reward_cfg: RewardConfig, cfg: ScoreConfig, max_response_tokens: int,
                sandbox=None) -> tuple[pl.DataFrame, dict[str, float]]:
     """Grade every trajectory; returns the scores table and ``score/*`` metrics."""
     rows, errors = [], 0
     for t in trajs.iter_rows(named=True):
         base = {"run_id": t["run_id"], "step": t["step"], "traj_id": t["traj_id"]}
+        if t.get("fixed_reward") is not None:
+            rows.append({**base, "score": t["fixed_reward"], "correct": None, "overlong_penalty": 0.0,
+                         "reward": t["fixed_reward"], "graded": True, "reward_metrics": '{"fixed": true}'})
+            continue
         try:
             res = compute_reward(t["data_source"], t["response_text"], t["ground_truth"], None,
                                  sandbox=sandbox, cfg=reward_cfg)
@@ -43,6 +53,8 @@ def score_rows(trajs: pl.DataFrame, reward_cfg: RewardConfig, cfg: ScoreConfig, 
                                     "score": pl.Float64, "correct": pl.Boolean, "overlong_penalty": pl.Float64,
                                     "reward": pl.Float64, "graded": pl.Boolean, "reward_metrics": pl.String})
     joined = trajs.join(df, on=["run_id", "step", "traj_id"])
+    if "kind" in joined.columns:
+        joined = joined.filter(pl.col("kind").is_in(list(FIRST_ATTEMPT_KINDS)))
     graded = joined.filter(pl.col("graded"))
     metrics = {"score/grader_errors": errors, "rollout/reward_mean": _mean(graded["reward"]),
                "rollout/accuracy": _mean(graded["correct"].cast(pl.Float64)),

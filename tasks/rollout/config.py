@@ -9,6 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.r3l.config import R3LConfig
+
 
 class SAARConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -60,3 +62,11 @@ class RolloutConfig(BaseModel):
 
     saar: SAARConfig = SAARConfig()
     """SAAR rollback settings."""
+
+    mode: Literal["standard", "r3l"] = "standard"
+    """Training rollouts: ``standard`` (``n_samples`` attempts per prompt) or ``r3l`` (n/2 attempts, each
+    reflected on by the policy and retried from its pivot with the guidance; ``tasks.r3l``). Evaluation
+    always uses plain attempts."""
+
+    r3l: R3LConfig = R3LConfig()
+    """R3L settings (used when ``mode`` is ``r3l``)."""

@@ -25,7 +25,6 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from tasks.r3l.records import DDL as R3L_DDL
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -58,6 +57,12 @@ CREATE TABLE IF NOT EXISTS saar_events (
     run_id VARCHAR, step BIGINT, traj_id VARCHAR, event_idx BIGINT, position BIGINT, attempt BIGINT,
     kind VARCHAR, similarity DOUBLE, error_kind VARCHAR, error_text VARCHAR, failed_turn VARCHAR,
     new_turn VARCHAR, PRIMARY KEY (run_id, step, traj_id, event_idx));
+CREATE TABLE IF NOT EXISTS r3l_reflections (
+    run_id VARCHAR, step BIGINT, traj_id VARCHAR, prompt_id VARCHAR, sample_idx BIGINT, base_reward DOUBLE,
+    base_steps BIGINT, reflection_text VARCHAR, reflection_tokens BIGINT, finish_reason VARCHAR, report JSON,
+    valid BOOLEAN, perfect BOOLEAN, reason VARCHAR, retry_from_step BIGINT, retry_traj_id VARCHAR,
+    distill_traj_id VARCHAR, retry_reward DOUBLE, retry_steps BIGINT, retry_succeeded BOOLEAN, replays JSON,
+    replay_changed BIGINT, note VARCHAR, retry_messages JSON, PRIMARY KEY (run_id, step, traj_id));
 CREATE TABLE IF NOT EXISTS metrics (
     run_id VARCHAR, step BIGINT, key VARCHAR, value DOUBLE, PRIMARY KEY (run_id, step, key));
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS kind VARCHAR;
@@ -88,7 +93,7 @@ def connect(path: str | Path) -> duckdb.DuckDBPyConnection:
                 f"DuckDB file {path} is held by another writer process ({err}); stop it or set tracking.duckdb_path"
             ) from err
         raise
-    con.execute(SCHEMA + R3L_DDL)
+    con.execute(SCHEMA)
     return con
 
 

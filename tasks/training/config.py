@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class MixConfig(BaseModel):
@@ -21,6 +21,25 @@ class MixConfig(BaseModel):
 
     adv_eps: float = Field(1e-6, gt=0)
     """ε added to the group std in the GRPO advantage."""
+
+    advantage: str = "grpo"
+    """Registered advantage estimator (``tasks.training.advantages``): ``grpo``, ``opmd_reweight_adv`` (R3L's
+    positive amplification) or ``grpo_reweight_adv``."""
+
+    reweight_alpha: float = Field(3.0, ge=0)
+    """Reweighted estimators: factor on positive scores of partial-reward rows (R3L: 3)."""
+
+    reweight_success: float = 1.0
+    """Reweighted estimators: a reward at or above this gets advantage exactly 1 (R3L: 1.0)."""
+
+    @field_validator("advantage")
+    @classmethod
+    def _known_estimator(cls, name: str) -> str:
+        from tasks.training.advantages import ESTIMATORS
+
+        if name not in ESTIMATORS:
+            raise ValueError(f"unknown estimator {name!r}; registered: {', '.join(sorted(ESTIMATORS))}")
+        return name
 
 
 class EvalConfig(BaseModel):

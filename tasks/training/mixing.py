@@ -6,8 +6,9 @@
   advantage is zero and they only dilute the token-mean;
 * optional StarPO-S: keep the top ``starpo_keep`` share of groups by reward std.
 
-``advantage_step`` computes the GRPO outcome advantage (reward − group mean) / (group std + ε),
-broadcast later over the model's own tokens (mask 1) only.
+``advantage_step`` applies the registered estimator ``mix.advantage`` (``tasks.training.advantages``:
+GRPO (reward − group mean) / (group std + ε) by default) per ``group_id``, broadcast later over the
+model's own tokens (mask 1) only.
 
 ``fill_batch`` is the other half of DAPO dynamic sampling, used by the rollout stage: roll out
 more prompts until ``want`` groups are informative (rewards not all equal), at most
@@ -22,7 +23,9 @@ from typing import Callable, Sequence, TypeVar
 
 import polars as pl
 
+from tasks.r3l.grouping import SINGLETON_KINDS
 from tasks.stores.records import read_table
+from tasks.training.advantages import compute_advantages
 from tasks.training.config import MixConfig
 
 T = TypeVar("T")
@@ -47,20 +50,34 @@ def fill_batch(draw: Callable[[int, int], Sequence], run: Callable[[Sequence], l
     return out, {"mix/refill_rounds": rounds, "mix/informative_groups": informative}
 
 
+def with_roles(df: pl.DataFrame) -> pl.DataFrame:
+    """``df`` with ``group_id`` (default: the prompt id) and ``kind`` (default ``rollout``) filled in."""
+    if "group_id" not in df.columns:
+        df = df.with_columns(pl.col("prompt_id").alias("group_id"))
+    if "kind" not in df.columns:
+        df = df.with_columns(pl.lit("rollout").alias("kind"))
+    return df.with_columns(pl.col("group_id").fill_null(pl.col("prompt_id")), pl.col("kind").fill_null("rollout"))
+
+
 def mix_rows(df: pl.DataFrame, cfg: MixConfig) -> tuple[pl.DataFrame, dict[str, float]]:
-    """Mark ``kept`` rows; return the table and ``mix/*`` metrics."""
+    """Mark ``kept`` rows; return the table and ``mix/*`` metrics.
+
+    Groups are ``group_id`` (one per prompt, or R3L's groups); R3L's reflect/retry rows are groups
+    of one that no group filter drops (their reward is fixed, their std always 0).
+    """
+    df = with_roles(df)
     graded = df.filter(pl.col("graded"))
-    groups = graded.group_by("prompt_id").agg(
-        pl.col("reward").std(ddof=0).fill_null(0.0).alias("group_std"), pl.len().alias("group_n")
-    )
-    keep = groups
+    groups = graded.group_by("group_id").agg(
+        pl.col("reward").std(ddof=0).fill_null(0.0).alias("group_std"), pl.len().alias("group_n"),
+        pl.col("kind").is_in(list(SINGLETON_KINDS)).all().alias("singleton"))
+    keep, exempt = groups.filter(~pl.col("singleton")), groups.filter(pl.col("singleton"))
     if cfg.dynamic_sampling:
         keep = keep.filter(pl.col("group_std") > 0)
     if cfg.starpo_keep < 1.0 and keep.height:
         n = max(1, round(keep.height * cfg.starpo_keep))
-        keep = keep.sort(["group_std", "prompt_id"], descending=[True, False]).head(n)
-    kept_ids = set(keep["prompt_id"].to_list())
-    out = df.with_columns((pl.col("graded") & pl.col("prompt_id").is_in(list(kept_ids))).alias("kept"))
+        keep = keep.sort(["group_std", "group_id"], descending=[True, False]).head(n)
+    kept_ids = set(keep["group_id"].to_list()) | set(exempt["group_id"].to_list())
+    out = df.with_columns((pl.col("graded") & pl.col("group_id").is_in(list(kept_ids))).alias("kept"))
     purified = graded.filter(pl.col("rollbacks_recovered") > 0)
     raw = graded.filter(pl.col("raw"))
     metrics = {
@@ -72,19 +89,14 @@ def mix_rows(df: pl.DataFrame, cfg: MixConfig) -> tuple[pl.DataFrame, dict[str, 
         "mix/purified_accuracy": float(purified["correct"].cast(pl.Float64).mean() or 0.0) if purified.height else 0.0,
         "mix/raw_accuracy": float(raw["correct"].cast(pl.Float64).mean() or 0.0) if raw.height else 0.0,
     }
+    if exempt.height:
+        metrics["mix/singleton_groups"] = exempt.height
     return out, metrics
 
 
 def grpo_advantages(df: pl.DataFrame, eps: float) -> pl.DataFrame:
     """GRPO group-normalised advantage of every kept row (0 for rows that do not train)."""
-    stats = df.filter(pl.col("kept")).group_by("prompt_id").agg(
-        pl.col("reward").mean().alias("g_mean"), pl.col("reward").std(ddof=1).alias("g_std"), pl.len().alias("g_n")
-    )
-    out = df.join(stats, on="prompt_id", how="left")
-    adv = pl.when(pl.col("kept") & (pl.col("g_n") > 1)).then(
-        (pl.col("reward") - pl.col("g_mean")) / (pl.col("g_std").fill_null(0.0) + eps)
-    ).otherwise(0.0)
-    return out.with_columns(adv.alias("advantage")).drop(["g_mean", "g_std", "g_n"])
+    return compute_advantages(with_roles(df), MixConfig(adv_eps=eps))
 
 
 def mix_step(step_dir: Path, cfg: MixConfig) -> dict[str, float]:
@@ -100,7 +112,7 @@ def advantage_step(step_dir: Path, cfg: MixConfig) -> dict[str, float]:
     keys = ["run_id", "step", "traj_id"]
     df = (read_table(step_dir, "trajectories").join(read_table(step_dir, "scores"), on=keys)
           .join(read_table(step_dir, "mix"), on=keys))
-    adv = grpo_advantages(df, cfg.adv_eps)
+    adv = compute_advantages(with_roles(df), cfg)
     adv.select([*keys, "advantage"]).write_parquet(step_dir / "advantages.parquet")
     kept = adv.filter(pl.col("kept"))
     return {"train/advantage_abs_mean": float(kept["advantage"].abs().mean() or 0.0) if kept.height else 0.0}

@@ -3,7 +3,7 @@
 Every stage reads the step folder, writes its own files there, and records its metrics and
 wall time in ``<stage>.metrics.json``; it returns only paths or small dicts, never tensors.
 
-    rollout   → trajectories / turns / executions / saar_events .parquet
+    rollout   → trajectories / turns / executions / saar_events / r3l_reflections .parquet
     score     → scores.parquet
     mix       → mix.parquet
     advantage → advantages.parquet
@@ -28,6 +28,7 @@ from models.trainer import Sample, save_checkpoint, update
 from sandbox.config import SandboxConfig
 from tasks.data.config import DataConfig
 from tasks.data.loader import load_prompts, refill_batch
+from tasks.r3l.records import empty_frame
 from tasks.reports.plots import sample_texts
 from tasks.reports.viewer import render_step_viewer
 from tasks.rewards.config import RewardConfig, ScoreConfig
@@ -44,6 +45,7 @@ from tasks.training.evaluation import evaluate
 from tasks.training.faults import maybe_crash
 from tasks.training.live import get_chat, get_engine, get_sandbox
 from tasks.training.mixing import advantage_step, fill_batch, mix_step
+from tasks.training.rollout_modes import make_mode
 
 
 @contextmanager
@@ -69,7 +71,7 @@ def _step_of(step_dir: Path) -> int:
 def rollout_stage(step_dir: Path, step: int, seed: int, ckpt: str, run_id: str, chat_cfg: ChatConfig,
                   data: DataConfig, rollout: RolloutConfig, engine: EngineConfig, sandbox: SandboxConfig,
                   reward: RewardConfig) -> Path:
-    """Roll out the step's prompts (plus DAPO refill rounds while too few groups are informative)."""
+    """Roll out the step's prompts in ``rollout.mode`` (plus DAPO refill rounds while too few groups are informative)."""
     metrics: dict = {}
     with _timed(step_dir, "rollout", metrics):
         chat = get_chat(ckpt, chat_cfg)
@@ -83,21 +85,20 @@ def rollout_stage(step_dir: Path, step: int, seed: int, ckpt: str, run_id: str, 
             used.update(i.prompt_id for i in batch)
             return batch
 
-        def group_rewards(trajs) -> dict[str, list[float]]:
-            groups: dict[str, list[float]] = {}
-            for t in trajs:
-                try:
-                    res = compute_reward(t.item.data_source, chat.decode(t.response_ids), t.item.ground_truth,
-                                         t.item.extra_info, sandbox=box, cfg=reward)
-                except GraderError:
-                    continue
-                groups.setdefault(t.item.prompt_id, []).append(res.reward)
-            return groups
+        def grade(t) -> float | None:
+            try:
+                return compute_reward(t.item.data_source, chat.decode(t.response_ids), t.item.ground_truth,
+                                      t.item.extra_info, sandbox=box, cfg=reward).reward
+            except GraderError:
+                return None
 
-        trajs, refill = fill_batch(draw, lambda batch: runner.run(batch, seed, step), group_rewards,
+        mode = make_mode(runner, rollout, grade)
+        trajs, refill = fill_batch(draw, lambda batch: mode.run(batch, seed, step), mode.group_rewards,
                                    data.prompts_per_step, data.refill_rounds)
-        write_frames(trajectory_frames(trajs, run_id, step, chat.decode), Path(step_dir))
+        frames = trajectory_frames(trajs, run_id, step, chat.decode)
+        write_frames({**frames, **mode.frames(run_id, step)}, Path(step_dir))
         metrics.update(aggregate_stats([t.stats for t in trajs], [t.raw for t in trajs]))
+        metrics.update(mode.metrics(trajs))
         metrics.update(refill)
     return Path(step_dir)
 
@@ -124,8 +125,11 @@ def advantage_stage(step_dir: Path, mix: MixConfig) -> Path:
     return Path(step_dir)
 
 
-def update_stage(step_dir: Path, ckpt: str, out_ckpt: Path, trainer: TrainerConfig, seed: int) -> Path:
+def update_stage(step_dir: Path, ckpt: str, out_ckpt: Path, trainer: TrainerConfig, seed: int,
+                 ref_ckpt: str | None = None) -> Path:
     """Train on the kept rows; with none kept the policy is unchanged (copied) and ``train/skipped`` = 1.
+
+    ``ref_ckpt`` is the KL reference (the run's starting policy), read only when ``trainer.kl_coef > 0``.
 
     The checkpoint's ``trainer_state.json`` records the step and policy version. Data order,
     raw-share draws, sampling and update randomness are pure functions of (seed, step), so the
@@ -143,7 +147,8 @@ def update_stage(step_dir: Path, ckpt: str, out_ckpt: Path, trainer: TrainerConf
         state = {"step": step, "policy_version": Path(out_ckpt).name, "seed": seed}
         if samples:
             metrics.update(update(Path(ckpt), samples, trainer, Path(out_ckpt), pad, seed, state,
-                                  on_step=lambda: maybe_crash("in_update", step)))
+                                  on_step=lambda: maybe_crash("in_update", step),
+                                  ref_dir=Path(ref_ckpt) if ref_ckpt else None))
             metrics["train/skipped"] = 0
         else:
             from models.engine import load_causal_lm
@@ -154,6 +159,13 @@ def update_stage(step_dir: Path, ckpt: str, out_ckpt: Path, trainer: TrainerConf
                 (Path(out_ckpt) / "optimizer.pt").write_bytes(optim.read_bytes())
             metrics["train/skipped"] = 1
     return Path(out_ckpt)
+
+
+def read_reflections(step_dir: Path) -> pl.DataFrame:
+    """The step's R3L reflections (an empty table for steps rolled out before the table existed)."""
+    if not (Path(step_dir) / "r3l_reflections.parquet").exists():
+        return empty_frame()
+    return read_table(step_dir, "r3l_reflections")
 
 
 def stage_metrics(step_dir: Path) -> dict[str, float]:
@@ -172,10 +184,11 @@ def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, tra
              .join(read_table(step_dir, "mix"), on=keys).join(read_table(step_dir, "advantages"), on=keys))
     metric_rows = pl.DataFrame({"run_id": run_id, "step": step, "key": list(metrics),
                                 "value": [float(v) for v in metrics.values()]})
+    reflections = read_reflections(step_dir)
     frames = {
         "trajectories": trajs, "turns": read_table(step_dir, "turns"),
         "tool_executions": read_table(step_dir, "executions"), "saar_events": read_table(step_dir, "saar_events"),
-        "metrics": metric_rows,
+        "r3l_reflections": reflections, "metrics": metric_rows,
         "steps": pl.DataFrame({"run_id": [run_id], "step": [step], "checkpoint": [ckpt], "policy_version": [Path(ckpt).name],
                                "seconds": [sum(v for k, v in metrics.items() if k.startswith("time/"))]}),
     }
@@ -188,7 +201,7 @@ def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, tra
     texts = sample_texts(trajs, step, tracking_cfg.sample_trajectories)
     if tracking_cfg.sample_trajectories:
         texts[f"viewer/step_{step:06d}.html"] = render_step_viewer(
-            trajs, read_table(step_dir, "saar_events"), step, tracking_cfg.sample_trajectories, metrics)
+            trajs, read_table(step_dir, "saar_events"), step, tracking_cfg.sample_trajectories, metrics, reflections)
     tracking.log_step(tracking_cfg, mlrun, step, metrics, texts)
     (Path(step_dir) / "logged.json").write_text(json.dumps({"checkpoint": ckpt}))
     maybe_crash("after_log", step)
