@@ -64,7 +64,7 @@ ARM_PRESETS: dict[str, list[str]] = {
     "dapo": ["rollout.saar.enabled=false"],
     "saar_all": ["rollout.saar.enabled=true", "rollout.saar.raw_share=0.0"],
     "r3l": ["rollout.mode=r3l", "rollout.saar.enabled=false", "mix.advantage=opmd_reweight_adv",
-            "mix.dynamic_sampling=false", "trainer.loss=opmd", "trainer.kl_coef=0.001"],
+            "mix.dynamic_sampling=false", "data.refill_rounds=0", "trainer.loss=opmd", "trainer.kl_coef=0.001"],
 }
 """Named arms for ``compare.add_arms``; ``r3l`` is R3L as its authors run it (docs/methods.md)."""
 
