@@ -24,8 +24,9 @@ uses tensor methods, so importing it (to validate a config) does not load torch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
@@ -33,23 +34,23 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class LossBatch:
-    new_lp: "torch.Tensor"
+    new_lp: torch.Tensor
     """``[B, R]`` log-probs under the policy being trained (with grad)."""
-    old_lp: "torch.Tensor"
+    old_lp: torch.Tensor
     """``[B, R]`` log-probs under the policy that the update starts from (recomputed, no grad)."""
-    adv: "torch.Tensor"
+    adv: torch.Tensor
     """``[B]`` per-sequence or ``[B, R]`` per-token advantages."""
-    mask: "torch.Tensor"
+    mask: torch.Tensor
     """``[B, R]`` 1 on tokens that train."""
     n_tokens: float
     """Tokens with mask 1 in the whole mini-batch (the token-mean's denominator)."""
-    ref_lp: "torch.Tensor | None" = None
+    ref_lp: torch.Tensor | None = None
     """``[B, R]`` log-probs under the KL reference policy, when a KL penalty is on."""
 
-    def token_adv(self) -> "torch.Tensor":
+    def token_adv(self) -> torch.Tensor:
         return self.adv.unsqueeze(-1) if self.adv.dim() == 1 else self.adv
 
-    def token_mean(self, per_token: "torch.Tensor") -> "torch.Tensor":
+    def token_mean(self, per_token: torch.Tensor) -> torch.Tensor:
         return (per_token * self.mask).sum() / self.n_tokens
 
 
@@ -96,7 +97,7 @@ KL_FNS: dict[str, Callable] = {
 }
 
 
-def kl_penalty(batch: LossBatch, kind: str) -> "torch.Tensor":
+def kl_penalty(batch: LossBatch, kind: str) -> torch.Tensor:
     """Token-mean KL estimate ``kind`` between the policy and the reference."""
     if kind not in KL_FNS:
         raise ValueError(f"unknown KL estimator {kind!r}; registered: {', '.join(sorted(KL_FNS))}")

@@ -9,7 +9,7 @@ import pytest
 
 from tasks.training.advantages import ESTIMATORS, compute_advantages, get_estimator, per_group, register_advantage
 
-CFG = dict(adv_eps=1e-6, reweight_alpha=3.0, reweight_success=1.0)
+CFG = {"adv_eps": 1e-6, "reweight_alpha": 3.0, "reweight_success": 1.0}
 
 
 def frame():

@@ -108,8 +108,8 @@ def test_grouping_without_a_retry(r1, check, has_ids, expected_kinds):
 
 def _batch(**kw):
     new = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]], requires_grad=True)
-    base = dict(new_lp=new, old_lp=new.detach().clone(), adv=torch.tensor([2.0, -1.0]),
-                mask=torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]), n_tokens=3.0)
+    base = {"new_lp": new, "old_lp": new.detach().clone(), "adv": torch.tensor([2.0, -1.0]),
+            "mask": torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]), "n_tokens": 3.0}
     return LossBatch(**{**base, **kw})
 
 
@@ -128,7 +128,7 @@ def test_opmd_loss_value_and_gradient():
 
 
 def test_dapo_loss_at_ratio_one_and_per_token_advantages():
-    loss, stats = get_loss("dapo")(_batch(), Cfg)
+    loss, _ = get_loss("dapo")(_batch(), Cfg)
     assert loss.item() == pytest.approx(-(2 + 2 - 1) / 3)
     per_token = torch.tensor([[2.0, 0.0, 9.0], [-1.0, 9.0, 9.0]])
     assert get_loss("dapo")(_batch(adv=per_token), Cfg)[0].item() == pytest.approx(-(2 + 0 - 1) / 3)

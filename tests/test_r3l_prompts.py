@@ -6,10 +6,25 @@ import json
 
 import pytest
 
-from tasks.r3l import (GUIDANCE_HEADER, GUIDANCE_TEMPLATE_COMPACT, REFLECTION_PROMPT, REFLECTION_PROMPT_COMPACT, check_report, count_steps,
-                       distill_messages, format_trajectory, guidance_text, guided_retry_messages, outcome_feedback,
-                       parse_reflection, pivot_cut, read_reflection, reflection_messages, reflection_request,
-                       validate_reflect_report)
+from tasks.r3l import (
+    GUIDANCE_HEADER,
+    GUIDANCE_TEMPLATE_COMPACT,
+    REFLECTION_PROMPT,
+    REFLECTION_PROMPT_COMPACT,
+    check_report,
+    count_steps,
+    distill_messages,
+    format_trajectory,
+    guidance_text,
+    guided_retry_messages,
+    outcome_feedback,
+    parse_reflection,
+    pivot_cut,
+    read_reflection,
+    reflection_messages,
+    reflection_request,
+    validate_reflect_report,
+)
 
 ATTEMPT = [
     {"role": "system", "content": "Use the tool."},

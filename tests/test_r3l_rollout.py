@@ -17,7 +17,6 @@ from models.engine import GenOutput
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
 from tasks.r3l.config import R3LConfig
-from tasks.r3l.credit import assistant_segments
 from tasks.r3l.driver import R3LRollout, r3l_metrics
 from tasks.r3l.prompts import GUIDANCE_HEADER, GUIDANCE_TEMPLATE_COMPACT, REFLECTION_USER_HEAD, guidance_text
 from tasks.rollout.config import RolloutConfig, SAARConfig

@@ -56,7 +56,7 @@ def _run(engine, chat, box):
                         saar=SAARConfig(raw_share=0.5))
     r3l = R3LConfig(reflection_prompt="compact", guidance_template="compact", guidance_indent=None,
                     max_reflect_tokens=48)
-    grade = lambda t: 1.0 if "\\boxed{" + t.item.ground_truth + "}" in chat.decode(t.response_ids) else 0.0  # noqa: E731
+    grade = lambda t: 1.0 if "\\boxed{" + t.item.ground_truth + "}" in chat.decode(t.response_ids) else 0.0
     return R3LRollout(Rollout(cfg, engine, chat, box), r3l, grade).run(ITEMS, seed=0, step=0, progress=False)
 
 

@@ -16,10 +16,27 @@ The compact prompt/template variants keep a tiny-context model's transcripts sho
 the corpus uses, the RL run must use the same (``rollout.r3l`` config) so SFT and RL texts match.
 """
 
-from tasks.r3l.prompts import (GUIDANCE_HEADER, GUIDANCE_TEMPLATE, GUIDANCE_TEMPLATE_COMPACT, OUTCOMES, REFLECTION_PROMPT,
-                               REFLECTION_PROMPT_COMPACT, REPORT_KEYS, count_steps, distill_messages,
-                               format_trajectory, guidance_text, guided_retry_messages, insert_guidance, outcome_feedback, pivot_cut,
-                               reflection_messages, reflection_request, reflection_user_text, report_text)
+from tasks.r3l.prompts import (
+                               GUIDANCE_HEADER,
+                               GUIDANCE_TEMPLATE,
+                               GUIDANCE_TEMPLATE_COMPACT,
+                               OUTCOMES,
+                               REFLECTION_PROMPT,
+                               REFLECTION_PROMPT_COMPACT,
+                               REPORT_KEYS,
+                               count_steps,
+                               distill_messages,
+                               format_trajectory,
+                               guidance_text,
+                               guided_retry_messages,
+                               insert_guidance,
+                               outcome_feedback,
+                               pivot_cut,
+                               reflection_messages,
+                               reflection_request,
+                               reflection_user_text,
+                               report_text,
+)
 from tasks.r3l.report import ReportCheck, check_report, parse_reflection, read_reflection, validate_reflect_report
 
 __all__ = [

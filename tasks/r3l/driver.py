@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from models.chat import ParsedCall, parse_tool_call
 from models.engine import GenRequest
@@ -38,13 +38,25 @@ from sandbox.result import ExecutionResult
 from tasks.r3l.config import R3LConfig
 from tasks.r3l.credit import assistant_segments, pivotal_mask
 from tasks.r3l.grouping import Kind, plan_rows
-from tasks.r3l.prompts import (GUIDANCE_HEADER, GUIDANCE_TEMPLATE, GUIDANCE_TEMPLATE_COMPACT, REFLECTION_PROMPT,
-                               REFLECTION_PROMPT_COMPACT, count_steps, guidance_text, insert_guidance,
-                               outcome_feedback, reflection_request)
+from tasks.r3l.prompts import (
+    GUIDANCE_HEADER,
+    GUIDANCE_TEMPLATE,
+    GUIDANCE_TEMPLATE_COMPACT,
+    REFLECTION_PROMPT,
+    REFLECTION_PROMPT_COMPACT,
+    count_steps,
+    guidance_text,
+    insert_guidance,
+    outcome_feedback,
+    reflection_request,
+)
 from tasks.r3l.report import ReportCheck, read_reflection
 from tasks.rollout.machine import PromptItem, Rollout, State, Trajectory, setup_of
 
 RewardFn = Callable[[Trajectory], "float | None"]
+
+
+NOT_RUN = ReportCheck(False, False, "not_run")
 
 
 @dataclass(frozen=True)
@@ -78,7 +90,7 @@ class Reflection:
     text: str = ""
     finish_reason: str = ""
     report: object | None = None
-    check: ReportCheck = ReportCheck(False, False, "not_run")
+    check: ReportCheck = NOT_RUN
     replays: list[Replay] = field(default_factory=list)
     retry: Trajectory | None = None
     distill: Trajectory | None = None

@@ -20,7 +20,6 @@ from tasks.rewards.config import RewardConfig, ScoreConfig
 from tasks.rewards.registry import GraderError, compute_reward, overlong_penalty
 from tasks.stores.records import read_table
 
-
 FIRST_ATTEMPT_KINDS = ("rollout", "base")
 """Rows that are the policy's own first attempts: the ``rollout/*`` metrics describe these only."""
 

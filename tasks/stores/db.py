@@ -25,7 +25,6 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id VARCHAR PRIMARY KEY, name VARCHAR, config JSON, mlflow_run_id VARCHAR,

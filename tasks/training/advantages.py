@@ -20,7 +20,7 @@ group's reward list to that signature.
 from __future__ import annotations
 
 import statistics
-from typing import Callable
+from collections.abc import Callable
 
 import polars as pl
 

@@ -13,7 +13,7 @@ Both write an ``r3l_reflections`` table (empty for ``standard``) so every step h
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import polars as pl
 
