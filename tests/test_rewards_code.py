@@ -19,7 +19,7 @@ from sandbox.config import SandboxConfig
 from sandbox.result import ExecutionResult, SandboxInfraError
 from tasks.rewards.code import extract_code, grade_code_batch, parse_tests
 from tasks.rewards.config import RewardConfig
-from tasks.rewards.harness import PREFIX_MODULES, RESULT_MARK, outputs_match, values_match
+from tasks.rewards.harness import PREFIX_MODULES, VERDICT_MARK, outputs_match, values_match
 from tasks.rewards.registry import GraderError, compute_reward
 
 CFG = RewardConfig(code_timeout_s=1.0)
@@ -164,7 +164,7 @@ class FlakySandbox:
         self.calls += 1
         if self.calls <= self.failures:
             raise SandboxInfraError("executor died")
-        verdict = RESULT_MARK + '{"pass": true, "exit": 0}\n'
+        verdict = VERDICT_MARK + '{"end": "ok", "out": "3\\n", "tampered": []}\n'
         return [ExecutionResult(True, 0, verdict, "", None, False, False, 0.01) for _ in codes]
 
 

@@ -10,12 +10,14 @@ Ground truth (a dict or its JSON string) is one of three test formats:
   each input is newline-separated JSON arguments; ``Solution().fn_name(*args)`` (or a plain
   function ``fn_name``) must return the JSON-decoded expected output;
 - **assert** ``{"import_prefix": str, "test_code": str, "entry_point": str}`` (the
-  reference's training data): line 0 of ``test_code`` defines ``check(candidate)``, every
-  further line is one test run as ``check(entry_point)``.
+  reference's training data, HumanEval): ``test_code`` defines ``check(candidate)``; each of its
+  top-level statements holding an ``assert`` is one test (one per line in the reference's data).
 
-Each test is one sandbox snippet (a fork, built by ``tasks.rewards.harness``), so a crash, a
-non-zero ``sys.exit`` or a time-out fails only that test. The reward is the fraction of
-tests passed; ``correct`` means all passed. As in the reference (``code_math.compute_score``)
+Each test is one sandbox snippet (built by ``tasks.rewards.harness``), so a crash, an exit or a
+time-out fails only that test, and a test passes only when it ran to its end and its answer was
+right (``sandbox/THREAT_MODEL.md``, "Grading"). The reward is the fraction of tests passed;
+``correct`` means all passed. Failures are counted by kind; ``suspected_hacks/<kind>`` counts the
+kinds that suggest an attempt on the grader (``tasks.rewards.harness.SUSPECTED``). As in the reference (``code_math.compute_score``)
 a response without a fenced Python block or whose block does not parse scores
 ``cfg.code_format_error_reward`` (-1.0) without running. ``grade_code_batch`` grades many
 responses with one ``run_many`` (what the score stage should use for throughput).
@@ -31,7 +33,7 @@ import re
 
 from sandbox.result import ExecutionResult, SandboxInfraError
 from tasks.rewards.config import RewardConfig
-from tasks.rewards.harness import TIMEOUT_EXIT, CodeTest, build_tests, verdict_of
+from tasks.rewards.harness import SUSPECTED, CodeTest, Kind, Outcome, assert_cases, build_tests, judge_result
 from tasks.rewards.registry import GraderError, RewardResult, register_reward
 
 _FENCE = re.compile(r"```(?:python3?|py)[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
@@ -69,12 +71,6 @@ def parse_tests(ground_truth) -> dict:
     return spec
 
 
-def judge(result: ExecutionResult) -> bool:
-    """Did one test pass: the snippet exited 0 in time and the harness's verdict says pass."""
-    verdict = verdict_of(result.stdout) if result.ok else None
-    return bool(verdict and verdict.get("pass"))
-
-
 def run_with_retries(sandbox, snippets: list[str], retries: int) -> tuple[list[ExecutionResult], int]:
     """``sandbox.run_many`` retried on ``SandboxInfraError``; returns the results and the retries used."""
     for attempt in range(retries + 1):
@@ -86,14 +82,24 @@ def run_with_retries(sandbox, snippets: list[str], retries: int) -> tuple[list[E
     raise AssertionError("unreachable")
 
 
-def _is_timeout(result: ExecutionResult) -> bool:
-    return result.timed_out or result.exit_code == TIMEOUT_EXIT
+_RUNTIME = (Kind.RUNTIME_ERROR, Kind.MEMORY, Kind.CRASH, Kind.HARNESS_LIMIT)
+
+
+def outcome_metrics(outcomes: list[Outcome]) -> dict[str, float]:
+    """Test counts by kind: passed, timeouts, runtime errors, wrong answers and each suspected hack."""
+    kinds = [o.kind for o in outcomes]
+    metrics = {"tests_total": float(len(kinds)), "tests_passed": float(kinds.count(Kind.PASS)),
+               "timeouts": float(kinds.count(Kind.TIMEOUT)),
+               "runtime_errors": float(sum(kinds.count(k) for k in _RUNTIME)),
+               "wrong_answers": float(kinds.count(Kind.WRONG_ANSWER)),
+               "suspected_hacks": float(sum(k in SUSPECTED for k in kinds))}
+    metrics.update({f"suspected_hacks/{k.value}": float(kinds.count(k)) for k in sorted(SUSPECTED)})
+    return metrics
 
 
 def _format_error(cfg: RewardConfig, code: str | None, *, no_block: bool, n_tests: int) -> RewardResult:
-    metrics = {"acc": 0.0, "pass_rate": 0.0, "tests_total": float(n_tests), "tests_passed": 0.0,
-               "timeouts": 0.0, "runtime_errors": 0.0, "wrong_answers": 0.0, "no_code_block": float(no_block),
-               "syntax_error": float(not no_block), "infra_retries": 0.0}
+    metrics = {"acc": 0.0, "pass_rate": 0.0, **outcome_metrics([]), "tests_total": float(n_tests),
+               "no_code_block": float(no_block), "syntax_error": float(not no_block), "infra_retries": 0.0}
     return RewardResult(cfg.code_format_error_reward, False, metrics, code)
 
 
@@ -101,7 +107,7 @@ def prepare(solution_str: str, ground_truth, cfg: RewardConfig) -> RewardResult 
     """Either the final result of a response that cannot run (format error) or (code, tests) to run."""
     spec = parse_tests(ground_truth)
     code = extract_code(solution_str)
-    declared = len(spec["inputs"]) if "inputs" in spec else max(0, len(spec["test_code"].strip().splitlines()) - 1)
+    declared = len(spec["inputs"]) if "inputs" in spec else len(assert_cases(spec["test_code"])[0])
     if code is None:
         return _format_error(cfg, None, no_block=True, n_tests=declared)
     try:
@@ -115,20 +121,12 @@ def prepare(solution_str: str, ground_truth, cfg: RewardConfig) -> RewardResult 
 
 
 def finish(code: str, tests: list[CodeTest], results: list[ExecutionResult], retries: int) -> RewardResult:
-    """The reward of one response from its tests' sandbox results: fraction passed."""
-    n_pass = sum(judge(r) for r in results)
-    metrics = {
-        "acc": float(n_pass == len(tests)),
-        "pass_rate": n_pass / len(tests),
-        "tests_total": float(len(tests)),
-        "tests_passed": float(n_pass),
-        "timeouts": float(sum(_is_timeout(r) for r in results)),
-        "runtime_errors": float(sum(not r.ok and not _is_timeout(r) for r in results)),
-        "wrong_answers": float(sum(r.ok and not judge(r) for r in results)),
-        "no_code_block": 0.0,
-        "syntax_error": 0.0,
-        "infra_retries": float(retries),
-    }
+    """The reward of one response from its tests' sandbox results: fraction passed (``HarnessError``,
+    an infrastructure failure, when the judge could not run a test)."""
+    outcomes = [judge_result(t, r) for t, r in zip(tests, results, strict=True)]
+    n_pass = sum(o.passed for o in outcomes)
+    metrics = {"acc": float(n_pass == len(tests)), "pass_rate": n_pass / len(tests), **outcome_metrics(outcomes),
+               "no_code_block": 0.0, "syntax_error": 0.0, "infra_retries": float(retries)}
     return RewardResult(n_pass / len(tests), n_pass == len(tests), metrics, code)
 
 
@@ -175,10 +173,13 @@ def grade_code_batch(
             return [_grader_error(it[0], it[3], err) if isinstance(p, tuple) else p for it, p in zip(items, prepared)]
     out: list[RewardResult | GraderError] = []
     pos = 0
-    for p in prepared:
+    for it, p in zip(items, prepared):
         if isinstance(p, tuple):
             code, tests = p
-            p = finish(code, tests, results[pos : pos + len(tests)], retries)
+            try:
+                p = finish(code, tests, results[pos : pos + len(tests)], retries)
+            except SandboxInfraError as err:  # the judge could not run (HarnessError)
+                p = _grader_error(it[0], it[3], err)
             pos += len(tests)
         out.append(p)
     return out

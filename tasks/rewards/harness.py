@@ -1,26 +1,45 @@
-"""Test harness for code rewards: one self-contained sandbox snippet per (solution, test).
+"""Test harness for code rewards, host side: one sandbox snippet per (solution, test) and its verdict.
 
-A snippet feeds the test input on stdin (a memfd dup'ed onto fd 0, so ``input()``,
-``sys.stdin`` and ``open(0)`` all work), captures everything the program writes to fd 1
-in a second memfd (so large outputs neither flood nor get truncated by the sandbox's
-output cap), runs the solution under its own alarm (``code_timeout_s``; exit 124), waits
-for the program's non-daemon threads, then compares *inside the sandbox* and prints one
-verdict line ``RESULT_MARK {"pass": ..., "exit": ...}``. The comparison functions below
-are pure and shipped into the snippet by source, so host tests and sandbox agree.
+Each snippet runs the judge program (``tasks.rewards.judge``: compiled here once, shipped marshalled
+with its source as a fallback for another Python) and ends in one verdict line. How a pass is decided, per format:
 
-Test formats (``build_tests``): stdin/stdout, functional (LiveCodeBench ``fn_name``:
-newline-separated JSON arguments, JSON result) and assert (``check(candidate)`` lines).
+- **stdin/stdout** and **functional**: the snippet reports the output / return value the solution
+  produced; *this* side compares it with the expected answer, which never enters the sandbox.
+  Long answers travel as the sha256 of a canonical form (``INLINE_CHARS``); they are then compared
+  exactly (whitespace-normalised lines / canonical JSON) instead of with the 1e-6 number tolerance.
+- **assert** (``check(candidate)``): the test code must run in the sandbox; it runs in a judge
+  process that never runs the solution (see ``judge.py``), and its pass is trusted when it is
+  the one verdict line on an otherwise empty stdout of a snippet that exited 0.
+
+Every test gets an ``Outcome``: ``pass`` or the kind of failure. Kinds in ``SUSPECTED`` are what a
+policy trying to game the grader produces (exits, killed or hijacked channels, fake values,
+patched builtins, forged verdicts); the code reward counts them per response
+(``suspected_hacks/<kind>``) and the score stage per step. A kind read from the sandbox is a hint
+for counting, never a reason to pass.
+
+Test formats (``build_tests``): stdin/stdout, functional (LiveCodeBench ``fn_name``: newline
+separated JSON arguments, JSON result) and assert (``check(candidate)``; every top-level statement
+of ``check`` holding an ``assert`` is one test, run after the statements before it that hold none).
 """
 
 from __future__ import annotations
 
-import inspect
+import ast
+import binascii
+import builtins
+import functools
 import json
+import marshal
 import math
+import signal
+import zlib
 from dataclasses import dataclass
+from enum import Enum
 
-RESULT_MARK = "\x1e__CLEANER_RESULT__"
-TIMEOUT_EXIT = 124
+from sandbox.result import ExecutionResult, SandboxInfraError
+from tasks.rewards.judge import PROGRAM_MODULES, program_source
+from tasks.rewards.judge import wire as judge
+from tasks.rewards.judge.wire import CHANNEL_EXIT, TIMEOUT_EXIT, VERDICT_MARK
 
 IMPORT_PREFIX = (
     "from typing import *\nfrom functools import *\nfrom collections import *\n"
@@ -29,9 +48,82 @@ IMPORT_PREFIX = (
 )
 
 PREFIX_MODULES = ["typing", "functools", "collections", "itertools", "heapq", "bisect", "string", "operator",
-                  "math", "datetime", "json", "threading"]
+                  "math", "datetime", "json", "threading", "hashlib"]
 """Modules the harness imports; list them in ``SandboxConfig.preimport`` so each fork inherits them
 (measured here on the local backend: 38 -> 90 tests/s)."""
+
+INLINE_CHARS = 16384
+"""Outputs / return values up to this many JSON characters come back whole (keep the sandbox's
+``max_output_bytes`` above ~32 KiB); longer ones come back as a digest."""
+
+__all__ = ["CHANNEL_EXIT", "IMPORT_PREFIX", "INLINE_CHARS", "PREFIX_MODULES", "SUSPECTED", "TIMEOUT_EXIT", "VERDICT_MARK",
+           "CodeTest", "HarnessError", "Kind", "Outcome", "build_tests", "judge_result", "outputs_match",
+           "values_match"]
+
+
+class Kind(str, Enum):
+    """How one test ended."""
+
+    PASS = "pass"
+    WRONG_ANSWER = "wrong_answer"
+    RUNTIME_ERROR = "runtime_error"
+    TIMEOUT = "timeout"
+    MEMORY = "memory"
+    CRASH = "crash"
+    HARNESS_LIMIT = "harness_limit"
+    SYSTEM_EXIT = "system_exit"
+    KEYBOARD_INTERRUPT = "keyboard_interrupt"
+    OS_EXIT = "os_exit"
+    KILLED = "killed"
+    CHANNEL_CLOSED = "channel_closed"
+    FORGED_VERDICT = "forged_verdict"
+    FAKE_VALUE = "fake_value"
+    NAN_VALUE = "nan_value"
+    TAMPERING = "tampering"
+    REDEFINED_HELPER = "redefined_helper"
+
+
+SUSPECTED = frozenset({Kind.SYSTEM_EXIT, Kind.KEYBOARD_INTERRUPT, Kind.OS_EXIT, Kind.KILLED, Kind.CHANNEL_CLOSED,
+                       Kind.FORGED_VERDICT, Kind.FAKE_VALUE, Kind.NAN_VALUE, Kind.TAMPERING, Kind.REDEFINED_HELPER})
+"""Failure kinds that suggest an attempt on the grader: ``system_exit`` / ``keyboard_interrupt`` (raised by the
+solution), ``os_exit`` (its process ended before the verdict), ``killed`` (by a signal other than a crash's:
+itself or the judge), ``channel_closed`` (the verdict channel or its own stdout closed or replaced),
+``forged_verdict`` (anything but the harness wrote on the verdict channel), ``fake_value`` (a return value
+that is not plain data: a subclass, an object with its own ``__eq__``), ``nan_value`` (a wrong answer holding
+NaN), ``tampering`` (builtins or harness functions patched, garbage on the judge's pipe, an exit after the
+verdict), ``redefined_helper`` (the solution defines the test's ``check`` or helpers)."""
+
+_CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
+_RUNTIME_KINDS = {Kind.RUNTIME_ERROR, Kind.MEMORY, Kind.CRASH, Kind.HARNESS_LIMIT}
+
+
+class HarnessError(SandboxInfraError):
+    """The judge could not run a test (it could not secure itself or start the solution): infrastructure."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One test's result: its kind and a detail (exception name, signal, ...)."""
+
+    kind: Kind
+    detail: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.kind is Kind.PASS
+
+
+@dataclass(frozen=True)
+class CodeTest:
+    """One test: the snippet to run, its format (``stdin`` | ``functional`` | ``assert``) and, for the
+    formats compared here, the expected answer (kept on this side)."""
+
+    snippet: str
+    mode: str
+    expected: str | None = None
+
+
+# ------------------------------------------------------------------------------ comparisons
 
 
 def tokens_equal(got: str, want: str) -> bool:
@@ -60,7 +152,7 @@ def outputs_match(got: str, want: str) -> bool:
 
 
 def same_value(got, want) -> bool:
-    """JSON values equal, floats within 1e-6 (recursively through lists and dicts)."""
+    """JSON values equal, floats within 1e-6 (recursively through lists and dicts); bools only equal bools."""
     if isinstance(got, bool) or isinstance(want, bool):
         return got is want
     if isinstance(got, (int, float)) and isinstance(want, (int, float)):
@@ -72,124 +164,262 @@ def same_value(got, want) -> bool:
     return got == want
 
 
-def values_match(value, want_text: str) -> bool:
-    """A function's return value vs the expected JSON text (tuples count as lists, as in LiveCodeBench)."""
+def _expected_value(want_text: str):
     try:
-        got = json.loads(json.dumps(value))
-    except (TypeError, ValueError):
-        return False
-    try:
-        want = json.loads(want_text)
+        return json.loads(want_text)
     except ValueError:
-        want = want_text
-    return same_value(got, want)
+        return want_text
 
 
-_JUDGES = "".join(inspect.getsource(f) + "\n" for f in (tokens_equal, outputs_match, same_value, values_match))
-
-_TEMPLATE = """\
-import json, math, os as _os, signal as _signal, sys as _sys, threading as _threading
-def _cleaner_timeout(_s, _f):
-    _os.write(2, b"TimeoutError: test exceeded {timeout}s\\n")
-    _os._exit({timeout_exit})
-def _cleaner_fd(data):
+def values_match(value, want_text: str) -> bool:
+    """A decoded return value vs the expected JSON text, as LiveCodeBench compares them: after a JSON
+    round trip (tuples count as lists; sets never match)."""
     try:
-        fd = _os.memfd_create("cleaner-io")
-    except (AttributeError, OSError):
-        import tempfile
-        fd = _os.dup(tempfile.TemporaryFile().fileno())
-    view = memoryview(data.encode())
-    while view:
-        view = view[_os.write(fd, view):]
-    _os.lseek(fd, 0, 0)
-    return fd
-def _cleaner_join():
-    for _t in _threading.enumerate():
-        if _t is not _threading.main_thread() and not _t.daemon:
-            _t.join()
-_signal.signal(_signal.SIGALRM, _cleaner_timeout)
-_in = _cleaner_fd({stdin!r})
-_os.dup2(_in, 0)
-_os.close(_in)
-_sys.stdin = open(0, "r", closefd=False)
-_real_out = _os.dup(1)
-_cap = _cleaner_fd("")
-_sys.stdout.flush()
-_os.dup2(_cap, 1)
-_ns = {{"__name__": "__main__", "__builtins__": __builtins__}}
-exec({prefix!r}, _ns)
-_code = compile({source!r}, "<solution>", "exec")
-_status, _value = 0, None
-_signal.setitimer(_signal.ITIMER_REAL, {timeout})
-try:
-    exec(_code, _ns)
-{call}    _cleaner_join()
-except SystemExit as _exit:
-    _status = _exit.code if isinstance(_exit.code, int) else (0 if _exit.code is None else 1)
-_signal.setitimer(_signal.ITIMER_REAL, 0)
-_sys.stdout.flush()
-_os.dup2(_real_out, 1)
-_os.lseek(_cap, 0, 0)
-_chunks = []
-while _chunk := _os.read(_cap, 1 << 20):
-    _chunks.append(_chunk)
-_got = b"".join(_chunks).decode("utf-8", "replace")
-{judges}
-_ok = _status == 0 and bool({verdict})
-print({mark!r} + json.dumps({{"pass": _ok, "exit": _status}}), flush=True)
-"""
+        got = judge.json_plain(value)
+    except judge.Unencodable:
+        return False
+    return same_value(got, _expected_value(want_text))
 
-_CALL = """\
-    _fn = getattr(_ns["Solution"](), {fn_name!r}) if "Solution" in _ns else _ns[{fn_name!r}]
-    _value = _fn(*[json.loads(_line) for _line in {args!r}.split("\\n") if _line.strip()])
+
+def _answer_matches(test: CodeTest, verdict: dict) -> bool | None:
+    """Does the reported output / value equal the expected one; None when the report is malformed."""
+    sha = verdict.get("sha256")
+    if test.mode == "stdin":
+        if isinstance(verdict.get("out"), str):
+            return outputs_match(verdict["out"], test.expected)
+        return sha == judge.digest(judge.normal_lines(test.expected)) if isinstance(sha, str) else None
+    if "value" in verdict:
+        try:
+            return values_match(judge.decode(verdict["value"]), test.expected)
+        except (ValueError, TypeError, RecursionError):
+            return None
+    if not isinstance(sha, str):
+        return None
+    canonical = judge.dump(judge.json_plain(_expected_value(test.expected)), sort=True)
+    return sha == judge.digest(canonical)
+
+
+# ------------------------------------------------------------------------------ snippets
+
+_BOOT = """\
+import sys as _sys
+import binascii as _b, marshal as _m, zlib as _z
+_g = {{"__name__": "cleaner_judge"}}
+if getattr(_sys.modules.get("_frozen_importlib_external"), "MAGIC_NUMBER", None) == {magic!r}:
+    _program = _z.decompress(_b.a2b_base64({blob!r}))
+else:
+    _program = _m.dumps(compile(_z.decompress(_b.a2b_base64({source!r})), "<cleaner-judge>", "exec", optimize=2))
+exec(_m.loads(_program), _g)
 """
 
 
-@dataclass(frozen=True)
-class CodeTest:
-    """One test: the snippet to run and its format (``stdin`` | ``functional`` | ``assert``)."""
-
-    snippet: str
-    mode: str
+def _packed(data: bytes) -> str:
+    return binascii.b2a_base64(zlib.compress(data, 9), newline=False).decode()
 
 
-def _snippet(source: str, *, stdin: str, call: str, verdict: str, prefix: str, timeout: float) -> str:
-    return _TEMPLATE.format(
-        timeout=timeout, timeout_exit=TIMEOUT_EXIT, stdin=stdin, prefix=prefix, source=source,
-        call=call, judges=_JUDGES, verdict=verdict, mark=RESULT_MARK,
-    )
+@functools.lru_cache(maxsize=2)
+def _boot(modules: tuple[str, ...]) -> str:
+    """The snippet head that loads the judge program: marshalled when the sandbox's bytecode matches ours
+    (its source, compressed, goes along for a sandbox whose Python differs)."""
+    from importlib.util import MAGIC_NUMBER
+
+    source = program_source(modules)
+    code = compile(source, "<cleaner-judge>", "exec", optimize=2, dont_inherit=True)
+    return _BOOT.format(magic=MAGIC_NUMBER, blob=_packed(marshal.dumps(code)), source=_packed(source.encode()))
+
+
+def _call(entry: str, *args) -> str:
+    judged = entry == "judge_assert"  # the in-process runner needs neither the judge nor the child server
+    head = _boot(PROGRAM_MODULES if judged else PROGRAM_MODULES[:2])
+    return head + f"_g[{entry!r}]({', '.join(map(repr, args))}{', _program' if judged else ''})\n"
+
+
+def _names(tree: ast.AST) -> tuple[set[str], set[str]]:
+    """Names a module loads, and names it binds anywhere (assignments, defs, imports, parameters)."""
+    loaded, bound = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.alias):
+            bound.add((node.asname or node.name).split(".")[0])
+    return loaded, bound
+
+
+def assert_cases(test_code: str) -> tuple[list[str], list[str], list[str]]:
+    """The tests of an assert-format ``test_code``: one module source per test (the preamble and a
+    ``check`` holding one assert statement after the setup statements before it), the names the test
+    uses but never defines (looked up in the solution) and the names it defines at top level."""
+    try:
+        tree = ast.parse(test_code)
+    except SyntaxError as err:
+        raise ValueError(f"code ground truth: test_code does not parse ({err.msg}, line {err.lineno})") from None
+    checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
+    if not checks:
+        raise ValueError("code ground truth: test_code defines no check(candidate)")
+    check = checks[-1]
+    preamble = [n for n in tree.body if n is not check and not _calls_check(n)]
+    cases, setup = [], []
+    for stmt in check.body:
+        if any(isinstance(n, ast.Assert) for n in ast.walk(stmt)):
+            one = ast.FunctionDef(check.name, check.args, setup + [stmt], [], None, None)
+            cases.append(ast.unparse(ast.fix_missing_locations(ast.Module([*preamble, one], []))))
+        else:
+            setup.append(stmt)
+    if not cases:
+        cases = [ast.unparse(ast.Module([*preamble, check], []))]
+    loaded, bound = _names(ast.Module([*preamble, check], []))
+    lookup = sorted(n for n in loaded - bound if not hasattr(builtins, n))
+    shadow = sorted(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
+    return cases, lookup, shadow
+
+
+def _calls_check(stmt: ast.stmt) -> bool:
+    """A top-level ``check(...)`` call (some test files end with one): the harness makes that call."""
+    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+            and isinstance(stmt.value.func, ast.Name) and stmt.value.func.id == "check")
 
 
 def build_tests(code: str, spec: dict, timeout_s: float) -> list[CodeTest]:
     """One snippet per test of ``spec`` (see ``tasks.rewards.code.parse_tests``) for ``code``."""
     if "test_code" in spec:
-        lines = [ln for ln in spec["test_code"].split("\n") if ln.strip()]
+        cases, lookup, shadow = assert_cases(spec["test_code"])
         prefix = spec.get("import_prefix", "")
-        out = []
-        for line in lines[1:]:
-            source = f"{code}\n{lines[0]}\n{line}\ncheck({spec['entry_point']})\n"
-            out.append(CodeTest(_snippet(source, stdin="", call="", verdict="True", prefix=prefix, timeout=timeout_s), "assert"))
-        return out
+        return [CodeTest(_call("judge_assert", code, prefix, case, spec["entry_point"], lookup, shadow, timeout_s),
+                         "assert") for case in cases]
     fn_name = spec.get("fn_name")
-    out = []
-    for inp, expected in zip(spec["inputs"], spec["outputs"]):
-        if fn_name:
-            call = _CALL.format(fn_name=fn_name, args=str(inp))
-            verdict = f"values_match(_value, {str(expected)!r})"
-            out.append(CodeTest(_snippet(code, stdin="", call=call, verdict=verdict, prefix=IMPORT_PREFIX, timeout=timeout_s), "functional"))
-        else:
-            verdict = f"outputs_match(_got, {str(expected)!r})"
-            out.append(CodeTest(_snippet(code, stdin=str(inp), call="", verdict=verdict, prefix=IMPORT_PREFIX, timeout=timeout_s), "stdin"))
-    return out
+    mode = "functional" if fn_name else "stdin"
+    return [CodeTest(_call("run_program", code, IMPORT_PREFIX, "" if fn_name else str(inp), fn_name or None,
+                           str(inp) if fn_name else "", timeout_s, INLINE_CHARS), mode, str(expected))
+            for inp, expected in zip(spec["inputs"], spec["outputs"])]
 
 
-def verdict_of(stdout: str) -> dict | None:
-    """The harness's verdict from a snippet's stdout, or None when the snippet never got to print one."""
-    marked = [ln for ln in stdout.split("\n") if ln.startswith(RESULT_MARK)]
-    if not marked:
-        return None
+# ------------------------------------------------------------------------------ verdicts
+
+
+def _read_verdict(result: ExecutionResult) -> tuple[dict | None, Kind | None]:
+    """The verdict object of a snippet's stdout, or the kind of failure its stdout shows."""
+    out = result.stdout
+    if VERDICT_MARK not in out:
+        flooded = out.strip() or result.stdout_truncated or result.error_kind == "output_limit"
+        return None, Kind.FORGED_VERDICT if flooded else None
+    line = out[:-1] if out.endswith("\n") else out
+    if out.count(VERDICT_MARK) > 1 or not line.startswith(VERDICT_MARK) or "\n" in line:
+        return None, Kind.FORGED_VERDICT
     try:
-        verdict = json.loads(marked[-1][len(RESULT_MARK) :])
+        verdict = json.loads(line[len(VERDICT_MARK):])
+    except (ValueError, RecursionError):
+        return None, Kind.FORGED_VERDICT
+    return (verdict, None) if isinstance(verdict, dict) else (None, Kind.FORGED_VERDICT)
+
+
+def _is_timeout(result: ExecutionResult) -> bool:
+    return result.timed_out or result.exit_code == TIMEOUT_EXIT
+
+
+def _without_verdict(result: ExecutionResult) -> Outcome:
+    """A snippet that ended before its verdict: a limit, a crash, or something ended or silenced it."""
+    if _is_timeout(result):
+        return Outcome(Kind.TIMEOUT)
+    if result.memory_exceeded:
+        return Outcome(Kind.MEMORY)
+    code = result.exit_code
+    if code == CHANNEL_EXIT:
+        return Outcome(Kind.CHANNEL_CLOSED)
+    if code is not None and code < 0:
+        sig = -code
+        name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
+        if sig == signal.SIGXCPU:
+            return Outcome(Kind.TIMEOUT, name)
+        if sig == signal.SIGINT:
+            return Outcome(Kind.KEYBOARD_INTERRUPT, name)
+        return Outcome(Kind.CRASH if sig in _CRASH_SIGNALS else Kind.KILLED, name)
+    return Outcome(Kind.OS_EXIT, f"exit {code}")
+
+
+def _assert_outcome(verdict: dict) -> Outcome:
+    if "error" in verdict:
+        raise HarnessError(str(verdict["error"]))
+    try:
+        kind = Kind(verdict.get("kind"))
     except ValueError:
-        return None
-    return verdict if isinstance(verdict, dict) else None
+        return Outcome(Kind.FORGED_VERDICT, "unknown kind")
+    if (verdict.get("pass") is True) != (kind is Kind.PASS):
+        return Outcome(Kind.FORGED_VERDICT, "inconsistent verdict")
+    hints = verdict.get("hints") if isinstance(verdict.get("hints"), list) else []
+    detail = verdict.get("exc") if isinstance(verdict.get("exc"), str) else None
+    if kind in (Kind.WRONG_ANSWER, Kind.RUNTIME_ERROR):
+        for hinted in _HINT_ORDER:
+            if hinted.value in hints or (hinted is Kind.TAMPERING and "tampered" in hints):
+                return Outcome(hinted, detail)
+        if "nan" in hints:
+            return Outcome(Kind.NAN_VALUE, detail)
+    return Outcome(kind, detail)
+
+
+_HINT_ORDER = (Kind.CHANNEL_CLOSED, Kind.FORGED_VERDICT, Kind.REDEFINED_HELPER, Kind.TAMPERING)
+"""Which hint names a failure when several were seen (the first present)."""
+
+
+def _hinted(verdict: dict, exited: bool) -> Kind | None:
+    """The suspected kind a failed in-process run's hints point at, if any."""
+    tampered = verdict.get("tampered") if isinstance(verdict.get("tampered"), list) else []
+    if "fd:1" in tampered:
+        return Kind.CHANNEL_CLOSED
+    if verdict.get("marked") is True:
+        return Kind.FORGED_VERDICT
+    if verdict.get("shadowed"):
+        return Kind.REDEFINED_HELPER
+    if exited:
+        return Kind.SYSTEM_EXIT
+    return Kind.TAMPERING if tampered else None
+
+
+def _program_outcome(test: CodeTest, verdict: dict) -> Outcome:
+    end = verdict.get("end")
+    if verdict.get("channel") == "closed":
+        return Outcome(Kind.CHANNEL_CLOSED)
+    if end == "fake":
+        return Outcome(Kind.FAKE_VALUE, str(verdict.get("type")))
+    if end == "exc":
+        exc = str(verdict.get("exc"))
+        if exc == "KeyboardInterrupt":
+            return Outcome(Kind.KEYBOARD_INTERRUPT)
+        return Outcome(_hinted(verdict, False) or Kind.RUNTIME_ERROR, exc)
+    exited = end == "exit"
+    if exited and (test.mode != "stdin" or verdict.get("code") != 0):
+        return Outcome(_hinted(verdict, False) or Kind.SYSTEM_EXIT, f"code {verdict.get('code')}")
+    if end != "ok" and not exited:
+        return Outcome(Kind.FORGED_VERDICT, "unknown end")
+    matched = _answer_matches(test, verdict)
+    if matched is None:
+        return Outcome(Kind.FORGED_VERDICT, "malformed report")
+    if matched:
+        return Outcome(Kind.PASS)
+    hinted = _hinted(verdict, exited)
+    if hinted is not None:
+        return Outcome(hinted)
+    try:
+        nan = "value" in verdict and judge.has_nan(judge.decode(verdict["value"]))
+    except (ValueError, TypeError, RecursionError):
+        nan = False
+    return Outcome(Kind.NAN_VALUE if nan else Kind.WRONG_ANSWER)
+
+
+def judge_result(test: CodeTest, result: ExecutionResult) -> Outcome:
+    """The outcome of one test from its snippet's sandbox result (``HarnessError`` when the judge could
+    not run the test at all: infrastructure, never a score)."""
+    verdict, problem = _read_verdict(result)
+    if problem is not None:
+        return Outcome(problem)
+    if verdict is None:
+        return _without_verdict(result)
+    outcome = _assert_outcome(verdict) if test.mode == "assert" else _program_outcome(test, verdict)
+    if result.ok or outcome.kind in SUSPECTED:
+        return outcome
+    if _is_timeout(result) or result.memory_exceeded:
+        return Outcome(Kind.TIMEOUT if _is_timeout(result) else Kind.MEMORY)
+    return Outcome(Kind.TAMPERING, f"exit {result.exit_code} after the verdict")

@@ -1,0 +1,179 @@
+"""The code harness's pure parts: the plain-data codec, assert-test splitting and reading verdicts.
+
+No sandbox: verdicts are judged from hand-built ``ExecutionResult``s, including the forged, truncated
+and late-exit ones a hostile solution could produce. The same rules run for real in
+``tests/test_reward_hacks.py``. Run: ``pytest tests/test_code_harness.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from sandbox.result import ExecutionResult
+from tasks.rewards.harness import (CHANNEL_EXIT, TIMEOUT_EXIT, VERDICT_MARK, CodeTest, HarnessError, Kind,
+                                   assert_cases, judge_result)
+from tasks.rewards.judge.wire import Unencodable, decode, digest, dump, encode, has_nan, json_plain, normal_lines
+
+
+@pytest.mark.parametrize("value", [None, True, 0, -3, 2 ** 53, -(2 ** 200), 1.5, math.inf, "é\udcff", [1, [2]], (1, "a"),
+                                   {1, 2}, frozenset({"x"}), {1: "a", (2, 3): [None]}, {"k": {"n": -0.0}}, []])
+def test_codec_round_trip_keeps_exact_types(value):
+    wire = json.loads(json.dumps(encode(value)))
+    got = decode(wire)
+    assert got == value and type(got) is type(value)
+
+
+def test_codec_nan_and_big_ints():
+    assert encode(2 ** 60) == {"i": hex(2 ** 60)} and decode({"i": "-0x10"}) == -16
+    got = decode(json.loads(json.dumps(encode([float("nan")]))))
+    assert has_nan(got) and not has_nan([1.0, (2.0,)])
+
+
+class _Eq:
+    def __eq__(self, other):
+        return True
+
+
+@pytest.mark.parametrize("value,name", [(_Eq(), "_Eq"), (type("S", (str,), {})("x"), "S"), (True.__class__, "type"),
+                                        ([1, type("I", (int,), {})(2)], "I"), ((x for x in []), "generator")])
+def test_encode_refuses_anything_but_plain_data(value, name):
+    with pytest.raises(Unencodable, match=name):
+        encode(value)
+
+
+def test_encode_refuses_deep_nesting():
+    deep = []
+    for _ in range(300):
+        deep = [deep]
+    with pytest.raises(Unencodable, match="nesting"):
+        encode(deep)
+
+
+@pytest.mark.parametrize("wire", [{"x": 1}, {"i": 5}, {"f": "1.0"}, {"d": [[1]]}, {"t": "ab"}, {"s": [[1]]},
+                                  {"t": [1], "s": [2]}])
+def test_decode_refuses_what_encode_never_writes(wire):
+    with pytest.raises((ValueError, TypeError)):
+        decode(wire)
+
+
+def test_dump_matches_json_and_survives_patched_builtins():
+    data = {"b": [1, 2.5, None, True, "q\"\n\u00e9"], "a": {"z": -1}}
+    assert dump(data) == json.dumps(data, separators=(",", ":"))
+    assert dump(data, sort=True) == json.dumps(data, separators=(",", ":"), sort_keys=True)
+    import builtins
+
+    saved = builtins.isinstance, builtins.type, builtins.sorted
+    try:
+        builtins.isinstance, builtins.type, builtins.sorted = (lambda *a: True), (lambda *a: int), None
+        text = dump({"k": [1, "x"]}, sort=True)
+    finally:
+        builtins.isinstance, builtins.type, builtins.sorted = saved
+    assert text == '{"k":[1,"x"]}'
+
+
+def test_json_plain_is_a_json_round_trip():
+    assert json_plain((1, {2: (3,), None: True})) == [1, {"2": [3], "null": True}]
+    with pytest.raises(Unencodable):
+        json_plain([{1}])
+    assert normal_lines("  a   b \n\n c\n\n") == "a b\n\nc" and len(digest("x")) == 64
+
+
+def test_assert_cases_split_check_into_tests_with_their_setup():
+    test_code = ("METADATA = {}\n\ndef helper(v):\n    return v\n\ndef check(candidate):\n    import math\n"
+                 "    assert candidate(1) == 1\n    xs = [1, 2]\n    for x in xs:\n        assert candidate(x) == helper(x)\n"
+                 "    assert poly(candidate(2)) == 4\n\ncheck(f)\n")
+    cases, lookup, shadow = assert_cases(test_code)
+    assert len(cases) == 3 and all("METADATA = {}" in c and "def helper" in c for c in cases)
+    assert "import math" in cases[0] and "xs = [1, 2]" not in cases[0]
+    assert "xs = [1, 2]" in cases[1] and "assert candidate(1) == 1" not in cases[1]
+    assert "check(f)" not in cases[2]
+    assert lookup == ["poly"] and shadow == ["check", "helper"]
+
+
+def test_assert_cases_one_line_per_test_as_the_reference_writes_them():
+    cases, _, _ = assert_cases("def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(3) == 9\n")
+    assert [c.splitlines()[-1].strip() for c in cases] == ["assert candidate(2) == 4", "assert candidate(3) == 9"]
+    whole, _, _ = assert_cases("def check(candidate):\n    _eq(candidate(1), 1)\n")
+    assert len(whole) == 1
+
+
+@pytest.mark.parametrize("bad", ["def check(candidate:\n", "assert True\n"])
+def test_assert_cases_name_a_broken_test_code(bad):
+    with pytest.raises(ValueError, match="test_code"):
+        assert_cases(bad)
+
+
+def _result(stdout="", *, ok=True, exit_code=0, timed_out=False, memory=False, truncated=False, kind=None):
+    return ExecutionResult(ok, exit_code, stdout, "", kind, timed_out, memory, 0.01, stdout_truncated=truncated)
+
+
+def _line(payload: dict) -> str:
+    return VERDICT_MARK + json.dumps(payload) + "\n"
+
+
+STDIN = CodeTest("", "stdin", "4\n")
+FUNCTIONAL = CodeTest("", "functional", "[1, 2]")
+ASSERT = CodeTest("", "assert")
+OK_RUN = {"end": "ok", "tampered": [], "shadowed": [], "marked": False}
+
+
+@pytest.mark.parametrize("test,result,kind", [
+    (STDIN, _result(_line({**OK_RUN, "out": "4\n"})), Kind.PASS),
+    (STDIN, _result(_line({**OK_RUN, "end": "exit", "code": 0, "out": " 4 \n\n"})), Kind.PASS),
+    (STDIN, _result(_line({**OK_RUN, "out": "5\n"})), Kind.WRONG_ANSWER),
+    (STDIN, _result(_line({**OK_RUN, "end": "exit", "code": 0, "out": ""})), Kind.SYSTEM_EXIT),
+    (STDIN, _result(_line({**OK_RUN, "end": "exit", "code": 3, "out": "4\n"})), Kind.SYSTEM_EXIT),
+    (STDIN, _result(_line({**OK_RUN, "sha256": digest("4")})), Kind.PASS),
+    (STDIN, _result(_line({**OK_RUN, "out": "5\n", "marked": True})), Kind.FORGED_VERDICT),
+    (STDIN, _result(_line({**OK_RUN, "out": "", "tampered": ["fd:1"]})), Kind.CHANNEL_CLOSED),
+    (STDIN, _result(_line({**OK_RUN, "out": "4\n", "tampered": ["builtins.print"]})), Kind.PASS),
+    (STDIN, _result(_line({**OK_RUN, "end": "exc", "exc": "ZeroDivisionError", "out": ""})), Kind.RUNTIME_ERROR),
+    (STDIN, _result(_line({**OK_RUN, "end": "exc", "exc": "KeyboardInterrupt", "out": ""})), Kind.KEYBOARD_INTERRUPT),
+    (STDIN, _result(_line({**OK_RUN, "end": "ok"})), Kind.FORGED_VERDICT),
+    (STDIN, _result(_line({**OK_RUN, "out": "4\n"}) * 2), Kind.FORGED_VERDICT),
+    (STDIN, _result("noise\n" + _line({**OK_RUN, "out": "4\n"})), Kind.FORGED_VERDICT),
+    (STDIN, _result(_line({**OK_RUN, "out": "4\n"}) + "noise"), Kind.FORGED_VERDICT),
+    (STDIN, _result(VERDICT_MARK + "{not json\n"), Kind.FORGED_VERDICT),
+    (STDIN, _result("x" * 100, truncated=True), Kind.FORGED_VERDICT),
+    (STDIN, _result(_line({**OK_RUN, "out": "4\n"}), ok=False, exit_code=3), Kind.TAMPERING),
+    (STDIN, _result(_line({**OK_RUN, "out": "4\n"}), ok=False, exit_code=None, timed_out=True), Kind.TIMEOUT),
+    (STDIN, _result(ok=True, exit_code=0), Kind.OS_EXIT),
+    (STDIN, _result(ok=False, exit_code=7), Kind.OS_EXIT),
+    (STDIN, _result(ok=False, exit_code=CHANNEL_EXIT), Kind.CHANNEL_CLOSED),
+    (STDIN, _result(ok=False, exit_code=TIMEOUT_EXIT), Kind.TIMEOUT),
+    (STDIN, _result(ok=False, exit_code=-9), Kind.KILLED),
+    (STDIN, _result(ok=False, exit_code=-11), Kind.CRASH),
+    (STDIN, _result(ok=False, exit_code=-2), Kind.KEYBOARD_INTERRUPT),
+    (STDIN, _result(ok=False, exit_code=-9, memory=True), Kind.MEMORY),
+    (FUNCTIONAL, _result(_line({**OK_RUN, "value": {"t": [1, 2]}})), Kind.PASS),
+    (FUNCTIONAL, _result(_line({**OK_RUN, "value": {"s": [1, 2]}})), Kind.WRONG_ANSWER),
+    (FUNCTIONAL, _result(_line({**OK_RUN, "value": [1, {"f": "nan"}]})), Kind.NAN_VALUE),
+    (FUNCTIONAL, _result(_line({**OK_RUN, "value": {"x": 1}})), Kind.FORGED_VERDICT),
+    (FUNCTIONAL, _result(_line({**OK_RUN, "sha256": digest("[1,2]")})), Kind.PASS),
+    (FUNCTIONAL, _result(_line({**OK_RUN, "end": "fake", "type": "Any"})), Kind.FAKE_VALUE),
+    (FUNCTIONAL, _result(_line({**OK_RUN, "end": "exit", "code": 0})), Kind.SYSTEM_EXIT),
+    (FUNCTIONAL, _result(_line({**OK_RUN, "value": 0, "shadowed": ["check"]})), Kind.REDEFINED_HELPER),
+    (FUNCTIONAL, _result(_line({**OK_RUN, "value": 0, "tampered": ["int.__eq__"]})), Kind.TAMPERING),
+    (FUNCTIONAL, _result(_line({**OK_RUN, "channel": "closed"})), Kind.CHANNEL_CLOSED),
+    (FUNCTIONAL, _result(_line({"end": "later", "value": [1, 2]})), Kind.FORGED_VERDICT),
+    (ASSERT, _result(_line({"pass": True, "kind": "pass", "exc": None, "hints": []})), Kind.PASS),
+    (ASSERT, _result(_line({"pass": True, "kind": "pass", "exc": None, "hints": []}), ok=False, exit_code=-9),
+     Kind.TAMPERING),
+    (ASSERT, _result(_line({"pass": True, "kind": "wrong_answer"})), Kind.FORGED_VERDICT),
+    (ASSERT, _result(_line({"pass": False, "kind": "no_such_kind"})), Kind.FORGED_VERDICT),
+    (ASSERT, _result(_line({"pass": False, "kind": "wrong_answer", "hints": ["nan"]})), Kind.NAN_VALUE),
+    (ASSERT, _result(_line({"pass": False, "kind": "wrong_answer", "hints": ["tampered", "forged_verdict"]})),
+     Kind.FORGED_VERDICT),
+    (ASSERT, _result(_line({"pass": False, "kind": "system_exit", "hints": ["tampered"]})), Kind.SYSTEM_EXIT),
+])
+def test_judge_result(test, result, kind):
+    assert judge_result(test, result).kind is kind
+
+
+def test_a_judge_that_cannot_run_is_infrastructure():
+    with pytest.raises(HarnessError, match="non-dumpable"):
+        judge_result(ASSERT, _result(_line({"error": "the judge could not make itself non-dumpable"})))
+    assert judge_result(STDIN, _result(_line({"error": "x", **OK_RUN, "out": "4\n"}))).kind is Kind.PASS
