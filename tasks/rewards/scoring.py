@@ -7,6 +7,10 @@ writes ``scores.parquet`` (keys + ``score``, ``correct``, ``overlong_penalty``, 
 marked ``graded = false`` so it never trains — it is not scored 0. A row whose method fixed its
 reward (``fixed_reward``: R3L's reflect and retry rows, 1.0) is not graded. The ``rollout/*``
 metrics describe the policy's first attempts only (kinds ``rollout`` and R3L ``base``).
+``score/suspected_hacks/<kind>`` counts the responses whose grading saw a failure of that kind
+suggesting an attempt on the grader (a code answer that exits, forges a verdict, returns a fake
+value, ...; see ``tasks.rewards.harness.SUSPECTED``), and ``score/suspected_hacks/total`` those with
+any: present whenever the step graded a reward that reports them (0 when no response tried).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ FIRST_ATTEMPT_KINDS = ("rollout", "base")
 def score_rows(trajs: pl.DataFrame, reward_cfg: RewardConfig, cfg: ScoreConfig, max_response_tokens: int,
                sandbox=None) -> tuple[pl.DataFrame, dict[str, float]]:
     """Grade every trajectory; returns the scores table and ``score/*`` metrics."""
-    rows, errors = [], 0
+    rows, errors, hacks = [], 0, {}
     for t in trajs.iter_rows(named=True):
         base = {"run_id": t["run_id"], "step": t["step"], "traj_id": t["traj_id"]}
         if t.get("fixed_reward") is not None:
@@ -48,6 +52,7 @@ def score_rows(trajs: pl.DataFrame, reward_cfg: RewardConfig, cfg: ScoreConfig, 
                                    cfg.overlong_penalty_factor)
         rows.append({**base, "score": res.reward, "correct": res.correct, "overlong_penalty": pen,
                      "reward": res.reward + pen, "graded": True, "reward_metrics": json.dumps(res.metrics)})
+        _count_hacks(res.metrics, hacks)
     df = pl.DataFrame(rows, schema={"run_id": pl.String, "step": pl.Int64, "traj_id": pl.String,
                                     "score": pl.Float64, "correct": pl.Boolean, "overlong_penalty": pl.Float64,
                                     "reward": pl.Float64, "graded": pl.Boolean, "reward_metrics": pl.String})
@@ -63,7 +68,20 @@ def score_rows(trajs: pl.DataFrame, reward_cfg: RewardConfig, cfg: ScoreConfig, 
         part = graded.filter(pl.col("raw") == raw)
         if part.height:
             metrics[f"rollout/accuracy_{name}"] = _mean(part["correct"].cast(pl.Float64))
+    metrics.update({f"score/{key}": float(n) for key, n in sorted(hacks.items())})
     return df, metrics
+
+
+def _count_hacks(reward_metrics: dict[str, float], counts: dict[str, int]) -> None:
+    """Add one response's ``suspected_hacks/<kind>`` test counts to per-kind response counts."""
+    kinds = [k for k in reward_metrics if k.startswith("suspected_hacks/")]
+    if not kinds:
+        return
+    for key in [*kinds, "suspected_hacks/total"]:
+        counts.setdefault(key, 0)
+    for key in kinds:
+        counts[key] += reward_metrics[key] > 0
+    counts["suspected_hacks/total"] += any(reward_metrics[k] > 0 for k in kinds)
 
 
 def _mean(s: pl.Series) -> float:
