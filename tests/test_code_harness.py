@@ -13,8 +13,16 @@ import math
 import pytest
 
 from sandbox.result import ExecutionResult
-from tasks.rewards.harness import (CHANNEL_EXIT, TIMEOUT_EXIT, VERDICT_MARK, CodeTest, HarnessError, Kind,
-                                   assert_cases, judge_result)
+from tasks.rewards.harness import (
+    CHANNEL_EXIT,
+    TIMEOUT_EXIT,
+    VERDICT_MARK,
+    CodeTest,
+    HarnessError,
+    Kind,
+    assert_cases,
+    judge_result,
+)
 from tasks.rewards.judge.wire import Unencodable, decode, digest, dump, encode, has_nan, json_plain, normal_lines
 
 
@@ -148,6 +156,7 @@ OK_RUN = {"end": "ok", "tampered": [], "shadowed": [], "marked": False}
     (STDIN, _result(ok=False, exit_code=-11), Kind.CRASH),
     (STDIN, _result(ok=False, exit_code=-2), Kind.KEYBOARD_INTERRUPT),
     (STDIN, _result(ok=False, exit_code=-9, memory=True), Kind.MEMORY),
+    (ASSERT, _result(ok=False, exit_code=None, kind="worker_killed"), Kind.KILLED),
     (FUNCTIONAL, _result(_line({**OK_RUN, "value": {"t": [1, 2]}})), Kind.PASS),
     (FUNCTIONAL, _result(_line({**OK_RUN, "value": {"s": [1, 2]}})), Kind.WRONG_ANSWER),
     (FUNCTIONAL, _result(_line({**OK_RUN, "value": [1, {"f": "nan"}]})), Kind.NAN_VALUE),

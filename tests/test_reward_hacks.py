@@ -184,10 +184,9 @@ HACKS = [
     Hack("redefine-check-and-judges", "def check(candidate):\n    return True\n"
          "values_match = outputs_match = lambda *a, **k: True", "return 0", (K.REDEFINED_HELPER,) * 3),
     Hack("read-expected-from-memory-frames-files", _STEAL, "return steal(x)", (K.WRONG_ANSWER,) * 3),
-    # the judge's parent is the executor in the functional and stdin formats: attacks on it are the sandbox's
-    # hostile tests (tests/test_sandbox_hostile.py), not grader hacks
-    Hack("ptrace-the-judge", "", "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-         "libc.ptrace(16, os.getppid(), 0, 0)\nreturn 0", (K.WRONG_ANSWER, None, None)),
+    # the parent is the judge in the assert format and the executor in the others (non-dumpable, seccomp: EPERM)
+    Hack("ptrace-the-parent", "", "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+         "libc.ptrace(16, os.getppid(), 0, 0)\nreturn 0", (K.WRONG_ANSWER,) * 3),
     Hack("forge-through-the-executor-then-kill-the-judge", _THROUGH_EXECUTOR, "return forge()", (K.KILLED, None, None)),
 ]
 

@@ -306,7 +306,7 @@ def _read_verdict(result: ExecutionResult) -> tuple[dict | None, Kind | None]:
     if VERDICT_MARK not in out:
         flooded = out.strip() or result.stdout_truncated or result.error_kind == "output_limit"
         return None, Kind.FORGED_VERDICT if flooded else None
-    line = out[:-1] if out.endswith("\n") else out
+    line = out.removesuffix("\n")
     if out.count(VERDICT_MARK) > 1 or not line.startswith(VERDICT_MARK) or "\n" in line:
         return None, Kind.FORGED_VERDICT
     try:
@@ -326,6 +326,8 @@ def _without_verdict(result: ExecutionResult) -> Outcome:
         return Outcome(Kind.TIMEOUT)
     if result.memory_exceeded:
         return Outcome(Kind.MEMORY)
+    if result.error_kind == "worker_killed":  # the snippet took its sandbox worker down with it
+        return Outcome(Kind.KILLED, "worker_killed")
     code = result.exit_code
     if code == CHANNEL_EXIT:
         return Outcome(Kind.CHANNEL_CLOSED)

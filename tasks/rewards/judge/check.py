@@ -13,9 +13,27 @@ import signal
 import sys
 
 if __name__ != "cleaner_judge":  # shipped into the sandbox as one program, these names are defined above
-    from tasks.rewards.judge.run import emit, end_of, memfd, on_alarm, scan_marks, snapshot, tamper_hints, verdict_channel
-    from tasks.rewards.judge.wire import (CHANNEL_EXIT, Unencodable, decode, encode, has_nan, recv, recv_trusted, send,
-                                          send_trusted)
+    from tasks.rewards.judge.run import (
+        emit,
+        end_of,
+        memfd,
+        on_alarm,
+        scan_marks,
+        snapshot,
+        tamper_hints,
+        verdict_channel,
+    )
+    from tasks.rewards.judge.wire import (
+        CHANNEL_EXIT,
+        Unencodable,
+        decode,
+        encode,
+        has_nan,
+        recv,
+        recv_trusted,
+        send,
+        send_trusted,
+    )
 
 _CRASH_SIGNALS = (4, 6, 7, 8, 11)  # SIGILL, SIGABRT, SIGBUS, SIGFPE, SIGSEGV
 
@@ -77,7 +95,7 @@ def child_main():
         try:
             fn = ns.get(req["name"])
             if not callable(fn):
-                raise NameError("name %r is not defined" % (req["name"],))
+                raise NameError(f"name {req['name']!r} is not defined")
             reply = {"ok": True, "value": encode(fn(*decode(req["args"]), **decode(req["kwargs"])))}
         except BaseException as exc:  # noqa: BLE001 - reported to the judge
             reply = _child_end(exc)
@@ -191,7 +209,7 @@ class _Child:
         try:
             self.raised = cls(str(reply.get("msg", ""))[:200])
         except TypeError:
-            self.raised = RuntimeError("%s: %s" % (name, reply.get("msg", "")))
+            self.raised = RuntimeError(f"{name}: {reply.get('msg', '')}")
         return self.raised
 
     def call(self, name, args, kwargs):
@@ -259,7 +277,7 @@ def judge_assert(solution, prefix, test_src, entry, lookup, shadow, timeout, pro
     try:
         child = _Child(program)
     except OSError as err:
-        emit(channel, {"error": "could not start the solution's process: %s" % err})
+        emit(channel, {"error": f"could not start the solution's process: {err}"})
         return
     kind, detail = "pass", None
     try:

@@ -9,14 +9,23 @@ redefined). The host compares; the expected answer never enters the sandbox. Fun
 after solution code take the builtins they use as default arguments, bound before it ran.
 """
 
-import math
 import os
 import signal
 import sys
 
 if __name__ != "cleaner_judge":  # shipped into the sandbox as one program, these names are defined above
-    from tasks.rewards.judge.wire import (CHANNEL_EXIT, TIMEOUT_EXIT, VERDICT_MARK, Unencodable, decode, digest, dump,
-                                          encode, json_plain, normal_lines)
+    from tasks.rewards.judge.wire import (
+        CHANNEL_EXIT,
+        TIMEOUT_EXIT,
+        VERDICT_MARK,
+        Unencodable,
+        decode,
+        digest,
+        dump,
+        encode,
+        json_plain,
+        normal_lines,
+    )
 
 _HARNESS_NAMES = ("check", "candidate", "run_program", "judge_assert", "values_match", "outputs_match",
                   "same_value", "tokens_equal", "encode", "decode", "dump")

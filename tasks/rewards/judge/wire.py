@@ -34,7 +34,7 @@ def encode(v, depth=0, _type=type, _fin=math.isfinite, _hex=hex, _repr=repr, _bi
     if t is float:
         return v if _fin(v) else {"f": _repr(v)}
     if depth > _MAX_DEPTH:
-        raise Unencodable("nesting deeper than %d" % _MAX_DEPTH)
+        raise Unencodable(f"nesting deeper than {_MAX_DEPTH}")
     if t is list:
         return [encode(x, depth + 1) for x in v]
     if t is tuple:
@@ -69,13 +69,13 @@ def decode(obj, depth=0):
                 return set(items) if tag == "s" else frozenset(items)
             if tag == "d" and all(type(p) is list and len(p) == 2 for p in items):
                 return {k: x for k, x in items}
-    raise ValueError("not an encoded value: %.80r" % (obj,))
+    raise ValueError(f"not an encoded value: {obj!r:.80}")
 
 
 def has_nan(v, depth=0):
     """Does a decoded value hold a float NaN anywhere."""
     if type(v) is float:
-        return v != v
+        return math.isnan(v)
     if depth > _MAX_DEPTH:
         return False
     if type(v) in (list, tuple, set, frozenset):
@@ -111,7 +111,7 @@ def dump(o, sort=False, _type=type, _esc=_json.encode_basestring_ascii, _fin=mat
     if t is int:
         return _irepr(o)
     if t is float:
-        return _frepr(o) if _fin(o) else ("NaN" if o != o else "Infinity" if o > 0 else "-Infinity")
+        return _frepr(o) if _fin(o) else ("NaN" if math.isnan(o) else "Infinity" if o > 0 else "-Infinity")
     if t is list:
         return "[" + ",".join([dump(x, sort) for x in o]) + "]"
     if t is dict:
@@ -170,7 +170,7 @@ def _frame(fd):
         raise ValueError("forged")
     size = int.from_bytes(head, "big")
     if size > _MAX_FRAME:
-        raise ValueError("frame of %d bytes" % size)
+        raise ValueError(f"frame of {size} bytes")
     return read_n(fd, size)
 
 
