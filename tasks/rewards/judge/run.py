@@ -200,6 +200,6 @@ def _captured(cap, inline, _pread=os.pread, _len=len):
         return {"channel": "closed"}
     text = b"".join(chunks).decode("utf-8", "replace")
     marked = VERDICT_MARK in text
-    if _len(dump(text)) <= inline:
+    if _len(text) <= inline and _len(dump(text)) <= inline:  # escaping only lengthens: skip it for long text
         return {"out": text, "marked": marked}
     return {"sha256": digest(normal_lines(text)), "marked": marked}
