@@ -5,7 +5,10 @@ built-in backends register themselves when their module is imported; ``make_sand
 that module by name on first use (``_PLUGINS``), so this module never imports a backend back.
 Every backend honours the same contract: ``run_many`` executes snippets concurrently
 (bounded by the backend's pool), returns results in input order, never raises for user
-code, and raises ``SandboxInfraError`` only after its infra retries are used up.
+code, and raises ``SandboxInfraError`` only after its infra retries are used up.  A snippet
+that kills, stops or corrupts its worker (twice, on fresh workers, while the pool is healthy)
+gets ``error_kind="worker_killed"``: its own failure, never the batch's.  Every snippet starts
+with empty writable directories (``sandbox/THREAT_MODEL.md``).
 
 Setup code: ``run(code, setup=...)`` / ``run_many(codes, setups=[...])`` (aligned with
 ``codes``, ``None`` for none) run the caller's trusted setup in the snippet's process and

@@ -24,7 +24,8 @@ class ExecutionResult:
     ``error_kind`` names the failure: the exception type parsed from the traceback
     (``NameError``, ``SyntaxError``, ...), ``timeout``, ``memory`` , ``output_limit``,
     ``signal:<NAME>`` for a child killed by a signal, ``exit:<code>`` for a bare non-zero exit,
-    ``setup_error`` when the caller's setup code failed and the snippet never ran (a caller bug).
+    ``setup_error`` when the caller's setup code failed and the snippet never ran (a caller bug),
+    ``worker_killed`` when the snippet brought down the worker it ran on (the detail in stderr).
     """
 
     ok: bool
