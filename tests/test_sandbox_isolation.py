@@ -164,6 +164,26 @@ print('signals sent')
     assert box.stats()["worker_restarts"] == 0
 
 
+def test_a_snippet_can_make_its_own_parent_non_dumpable(box):
+    # what a judge inside a snippet does to keep the solution it forks away from its memory
+    code = r'''
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(4, 0, 0, 0, 0) == 0 and libc.prctl(3, 0, 0, 0, 0) == 0
+judge = os.getpid()
+pid = os.fork()
+if pid == 0:
+    try:
+        open(f'/proc/{judge}/mem', 'rb')
+        os._exit(1)
+    except PermissionError:
+        os._exit(0)
+print('judge safe', os.waitpid(pid, 0)[1] == 0)
+'''
+    r = box.run(code)
+    assert r.ok and r.stdout == "judge safe True\n", r
+
+
 def test_double_fork_survivor_is_gone_before_the_next_snippet(box):
     daemon = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
               "        while True:\n            open('/tmp/survivor', 'a').write('x')\n            time.sleep(0.005)\n"
