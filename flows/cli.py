@@ -158,7 +158,7 @@ def eval_table(metrics: dict, modes: list[str], title: str) -> Table:
 @app.command()
 def compare(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt,
             compare_id: Optional[str] = typer.Option(None, help="Id of the comparison (an existing one resumes).")) -> None:
-    """CLEANER vs the DAPO baseline (and SAAR everywhere) over several seeds; writes a report."""
+    """CLEANER vs the DAPO baseline (and SAAR everywhere; R3L with --set 'compare.add_arms=[r3l]') over seeds."""
     from flows.compare import compare_flow
 
     _load(config, overrides)

@@ -5,7 +5,8 @@ MLflow run under one parent run), evaluating the policy with SAAR **off** every
 ``compare.eval_every`` steps. The report (JSON, PNG, Markdown) goes to the parent run's
 ``report/`` artifacts and to ``<output_dir>/<compare id>/report/``.
 
-Run: ``cleaner compare --config configs/tiny.yaml``.
+Run: ``cleaner compare --config configs/tiny.yaml``; ``--set 'compare.add_arms=[r3l]'`` adds R3L as an arm
+(``flows.config.ARM_PRESETS``; docs/methods.md).
 """
 
 from __future__ import annotations
