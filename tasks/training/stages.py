@@ -28,6 +28,7 @@ from models.trainer import Sample, save_checkpoint, update
 from sandbox.config import SandboxConfig
 from tasks.data.config import DataConfig
 from tasks.data.loader import load_prompts, refill_batch
+from tasks.r3l.grouping import SINGLETON_KINDS
 from tasks.r3l.records import empty_frame
 from tasks.reports.plots import sample_texts
 from tasks.reports.viewer import render_step_viewer
@@ -97,7 +98,8 @@ def rollout_stage(step_dir: Path, step: int, seed: int, ckpt: str, run_id: str, 
                                    data.prompts_per_step, data.refill_rounds)
         frames = trajectory_frames(trajs, run_id, step, chat.decode)
         write_frames({**frames, **mode.frames(run_id, step)}, Path(step_dir))
-        metrics.update(aggregate_stats([t.stats for t in trajs], [t.raw for t in trajs]))
+        rolled = [t for t in trajs if t.kind not in SINGLETON_KINDS]  # R3L reflect/retry rows repeat others' turns
+        metrics.update(aggregate_stats([t.stats for t in rolled], [t.raw for t in rolled]))
         metrics.update(mode.metrics(trajs))
         metrics.update(refill)
     return Path(step_dir)
