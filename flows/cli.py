@@ -47,13 +47,16 @@ def _load(config: Path, overrides: Optional[list[str]]):
 
 
 def _check_tracking(cfg) -> None:
-    """A tracking server that is down is a clear error before any work."""
+    """A tracking server that is down, or a DuckDB file another process holds, is a one-line error before any
+    work (and before an MLflow run exists)."""
+    from tasks.stores.db import StoreLockedError, connect
     from tasks.stores.tracking import TrackingUnavailable, check_server
 
     try:
         check_server(cfg.tracking.mlflow_uri)
-    except TrackingUnavailable as err:
-        console.print(f"[red]{err}[/red]")
+        connect(cfg.tracking.duckdb_path).close()
+    except (StoreLockedError, TrackingUnavailable) as err:
+        console.print(f"[red]{err}[/red]", soft_wrap=True)
         raise typer.Exit(2) from None
 
 
@@ -114,7 +117,7 @@ def resume(run_id: str, output_dir: Path = typer.Option(Path("runs"), help="Fold
     if not config.exists():
         console.print(f"[red]no run {run_id!r}[/red]: {config} does not exist")
         raise typer.Exit(2)
-    _load(config, None)
+    _check_tracking(_load(config, None))
     result = train_flow(str(config), [], run_id)
     console.print(f"run [bold]{result['run_id']}[/bold] finished; final checkpoint {result['final_checkpoint']}")
 

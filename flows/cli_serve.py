@@ -33,6 +33,7 @@ from flows.serve_stack import (
     StackConfig,
     Supervisor,
     group_alive,
+    pid_alive,
     read_state,
     wait_http,
 )
@@ -42,20 +43,12 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Local Prefec
 DirOpt = typer.Option(Path(".serve"), "--dir", help="Folder for logs/ and pids.json.")
 
 
-def _pid_alive(pid: int | None) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (OSError, TypeError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def _running(folder: Path) -> bool:
     try:
         state = read_state(folder)
     except FileNotFoundError:
         return False
-    return _pid_alive(state.get("supervisor")) or any(group_alive(p) for p in state["pids"].values())
+    return pid_alive(state.get("supervisor")) or any(group_alive(p) for p in state["pids"].values())
 
 
 def _token(state: dict) -> str | None:
@@ -182,12 +175,12 @@ def stop(folder: Path = DirOpt,
                        "through Prefect, waits for them, then stops the stack.")
             raise typer.Exit(1)
     sup = state.get("supervisor")
-    if _pid_alive(sup):
+    if pid_alive(sup):
         os.kill(sup, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while _pid_alive(sup) and time.monotonic() < deadline:
+        while pid_alive(sup) and time.monotonic() < deadline:
             time.sleep(0.5)
-    if _pid_alive(sup) or any(group_alive(p) for p in state["pids"].values()):
+    if pid_alive(sup) or any(group_alive(p) for p in state["pids"].values()):
         from flows.serve_stack import stop_groups
 
         stop_groups(state["pids"])
@@ -203,7 +196,7 @@ def restart(name: str = typer.Argument(..., help=f"One of: {', '.join(ORDER)}.")
         typer.echo(f"unknown server {name!r}; one of: {', '.join(ORDER)}")
         raise typer.Exit(2)
     state = _state_or_exit(folder)
-    if not _pid_alive(state.get("supervisor")):
+    if not pid_alive(state.get("supervisor")):
         typer.echo(f"no supervisor is running for {folder} (start the stack with `cleaner serve start`)")
         raise typer.Exit(1)
     old = state["pids"].get(name)
@@ -233,7 +226,7 @@ def status(folder: Path = DirOpt) -> None:
     """Which servers are alive, how often each was restarted, and scheduler errors in the Prefect log.
     Exit 1 when a server is down or the scheduler is failing."""
     state = _state_or_exit(folder)
-    healthy = _pid_alive(state.get("supervisor"))
+    healthy = pid_alive(state.get("supervisor"))
     typer.echo(f"{'supervisor':10s} pid  {state.get('supervisor', 0):<8d} {'running' if healthy else 'stopped'}")
     for name, pgid in state["pids"].items():
         up = group_alive(pgid)

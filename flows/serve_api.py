@@ -34,12 +34,18 @@ def headers(auth_string: str | None) -> dict[str, str]:
 
 
 def active_runs(api: str, auth_string: str | None = None, timeout_s: float = 10.0) -> list[dict]:
-    """Flow runs that hold a process or a slot: ``{id, name, state, deployment_id}``."""
+    """Flow runs that hold a process or a slot: ``{id, name, state, deployment_id, pid}``."""
     body = {"flow_runs": {"state": {"type": {"any_": list(ACTIVE)}}}, "limit": 200}
     resp = httpx.post(f"{api}/flow_runs/filter", json=body, headers=headers(auth_string), timeout=timeout_s)
     resp.raise_for_status()
-    return [{"id": r["id"], "name": r["name"], "state": r["state_type"], "deployment_id": r.get("deployment_id")}
-            for r in resp.json()]
+    return [{"id": r["id"], "name": r["name"], "state": r["state_type"], "deployment_id": r.get("deployment_id"),
+             "pid": _pid(r.get("infrastructure_pid"))} for r in resp.json()]
+
+
+def _pid(infrastructure_pid: str | None) -> int | None:
+    """The process id in Prefect's ``infrastructure_pid`` (``pid`` or ``host:pid``)."""
+    tail = str(infrastructure_pid or "").rsplit(":", 1)[-1]
+    return int(tail) if tail.isdigit() else None
 
 
 def set_state(api: str, run_id: str, state: str, message: str, force: bool, auth_string: str | None = None) -> str:

@@ -35,6 +35,7 @@ from flows.serve_auth import env_for_clients
 ORDER = ("prefect", "mlflow", "worker")
 BACKOFF_S = (1, 2, 4, 8, 16, 30, 60)
 STABLE_S = 60.0
+RECONCILE_S = 10.0
 PR_SET_CHILD_SUBREAPER = 36
 QUIET = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
 
@@ -126,6 +127,14 @@ def _proc_table() -> dict[int, tuple[int, int, str]]:
     return table
 
 
+def pid_alive(pid: int | None) -> bool:
+    """Whether ``pid`` is a live (non-zombie) process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def descendants(root: int) -> dict[int, int]:
     """pid → pgid of every live process below ``root``."""
     table, found, frontier = _proc_table(), {}, [root]
@@ -189,6 +198,8 @@ class Supervisor:
         self.crashes: dict[str, int] = {}
         self.due: dict[str, float] = {}
         self.stopping = threading.Event()
+        self.seen: set[int] = set()
+        self.next_reconcile = 0.0
         self.state = {"supervisor": os.getpid(), "pids": {}, "prefect_api": cfg.prefect_api,
                       "mlflow_uri": cfg.mlflow_uri, "pool": cfg.pool, "host": cfg.host, "ready": False,
                       "restarts": {}, "log_offsets": {}, "auth_file": cfg.auth.get("file")}
@@ -264,7 +275,29 @@ class Supervisor:
                 elif now - self.started[name] > STABLE_S:
                     self.crashes[name] = 0
             self._reap_orphans()
+            if now >= self.next_reconcile:
+                self.next_reconcile = now + RECONCILE_S
+                self._reconcile()
             self.stopping.wait(poll_s)
+
+    def _reconcile(self) -> None:
+        """Flow runs Prefect shows Running whose process, once below us, is gone: the worker that started them
+        died or was restarted (it streams their output, so they end with it). Mark them Crashed, so their slot is
+        released and a Retry resumes them."""
+        self.seen |= set(descendants(os.getpid()))
+        if not self.alive("prefect"):
+            return
+        token = self.cfg.auth.get("prefect")
+        try:
+            for run in serve_api.active_runs(self.cfg.prefect_api, token):
+                pid = run["pid"]
+                if run["state"] == "RUNNING" and pid in self.seen and not pid_alive(pid):
+                    serve_api.set_state(self.cfg.prefect_api, run["id"], "CRASHED",
+                                        f"its flow process {pid} ended without reporting (worker restarted or died)",
+                                        False, token)
+                    self.echo(f"flow run {run['name']}: process {pid} is gone; marked Crashed (a retry resumes it)")
+        except httpx.HTTPError as err:
+            self.echo(f"could not check flow runs: {err}")
 
     def _after_exit(self, name: str, now: float) -> None:
         if name not in self.due:

@@ -7,6 +7,11 @@ run id again — ``cleaner resume <run>`` after a crash — skips every finished
 continues at the one that failed, from the last checkpoint (with its optimizer state) and the
 same MLflow run. A cached result counts only while the stage's output files exist.
 
+Results live in the run folder (``runs/<id>/results``), so the cache belongs to the run, whatever
+PREFECT_HOME the shell has. A run started without ``run_id`` gets one derived from its Prefect flow run, so a
+Prefect retry of that flow run (UI Retry, ``prefect flow-run retry``) resumes it; an attempt that crashes, is
+cancelled or fails leaves its MLflow run and DuckDB row with that status (flow hooks) until resumed.
+
 Run: ``cleaner train --config configs/tiny.yaml`` (ephemeral Prefect; no server needed).
 """
 
@@ -43,21 +48,29 @@ def ckpt_dir(info: RunInfo, version: int) -> Path:
     return Path(info.run_dir) / "checkpoints" / f"policy_{version:06d}"
 
 
+def default_run_id(config_name: str, flow_run_id: str, flow_run_name: str) -> str:
+    """The run id of a flow run started without one: stable across retries of that flow run (Prefect's UI Retry,
+    ``prefect flow-run retry``, flow ``retries``), unique across flow runs (the random tail of its UUID)."""
+    return f"{config_name}-{flow_run_name}-{flow_run_id.replace('-', '')[-8:]}"
+
+
 @task(name="prepare-run", cache_policy=NO_CACHE)
 def prepare_run(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run: str | None = None) -> RunInfo:
-    """Data files, the starting policy, the MLflow run (resumed by tag) and the DuckDB run row."""
-    ensure_files(cfg.data, cfg.seed)
-    ensure_policy(cfg)
-    run_dir = Path(cfg.output_dir) / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config = cfg.model_dump(mode="json")
-    (run_dir / "config.json").write_text(json.dumps(config, indent=1))
-    tags = {"prefect.flow_run_id": flow_run_id, "cleaner.config_hash": cfg.hash(), "git.commit": _git_commit()}
-    if parent_mlflow_run:
-        tags["mlflow.parentRunId"] = parent_mlflow_run
-    mlrun = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, run_id, config, tags)
+    """Data files, the starting policy, the MLflow run (resumed by tag) and the DuckDB run row.
+
+    The DuckDB file is opened first: a file held by another process fails before an MLflow run exists."""
     con = db.connect(cfg.tracking.duckdb_path)
     try:
+        ensure_files(cfg.data, cfg.seed)
+        ensure_policy(cfg)
+        run_dir = Path(cfg.output_dir) / run_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config = cfg.model_dump(mode="json")
+        (run_dir / "config.json").write_text(json.dumps(config, indent=1))
+        tags = {"prefect.flow_run_id": flow_run_id, "cleaner.config_hash": cfg.hash(), "git.commit": _git_commit()}
+        if parent_mlflow_run:
+            tags["mlflow.parentRunId"] = parent_mlflow_run
+        mlrun = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, run_id, config, tags)
         db.upsert_run(con, run_id, cfg.name, config, mlrun, "running")
     finally:
         con.close()
@@ -151,11 +164,19 @@ STEP_TASKS = {"rollout": rollout_task, "score": score_task, "mix": mix_task, "ad
               "update": update_task}
 
 
+def results(info: RunInfo) -> Path:
+    """Where stage results (and so the stage cache) live: in the run folder, not in a user's PREFECT_HOME, so a
+    retry, ``cleaner resume`` from any shell, or a worker sharing the run folder finds them (Prefect stores a
+    task's results under a ``Path`` given as its result storage)."""
+    return (Path(info.run_dir) / "results").resolve()
+
+
 def run_stage(name: str, cfg: RunConfig, info: RunInfo, step: int, policy: str, *extra):
     """Run a stage task; its cached result is reused only while the stage's output files exist."""
     task_ = log_task if name == "log" else STEP_TASKS[name]
     marker = step_dir(info, step) / ("logged.json" if name == "log" else f"{name}.metrics.json")
-    return task_.with_options(refresh_cache=not marker.exists())(cfg, info, step, policy, *extra)
+    return task_.with_options(refresh_cache=not marker.exists(), result_storage=results(info))(
+        cfg, info, step, policy, *extra)
 
 
 @task(name="finish-run", cache_policy=NO_CACHE)
@@ -182,18 +203,34 @@ def _prune(info: RunInfo, keep: int, current: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-@flow(name="train", log_prints=True)
+def _ended(mlflow_status: str, db_status: str):
+    """A flow hook giving an attempt that ended without finishing a terminal status in both stores; a retry of the
+    same flow run resumes the run and sets it running again."""
+
+    def hook(flow, flow_run, state) -> None:
+        params = flow_run.parameters or {}
+        cfg = load_config(params.get("config_path", "configs/tiny.yaml"), params.get("overrides"))
+        run_id = params.get("run_id") or default_run_id(cfg.name, str(flow_run.id), flow_run.name)
+        tracking.end_run(cfg.tracking, cfg.tracking.experiment or cfg.name, run_id, mlflow_status)
+        db.end_run(cfg.tracking.duckdb_path, run_id, db_status)
+
+    hook.__name__ = f"mark_run_{db_status}"
+    return hook
+
+
+@flow(name="train", log_prints=True, on_crashed=[_ended("FAILED", "crashed")],
+      on_cancellation=[_ended("KILLED", "cancelled")], on_failure=[_ended("FAILED", "failed")])
 def train(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = None, run_id: str | None = None,
           parent_mlflow_run: str | None = None) -> dict:
     """Train a policy with CLEANER; returns the run id, MLflow run id and final checkpoint."""
     from prefect.runtime import flow_run
 
     cfg = load_config(config_path, overrides)
-    run_id = run_id or f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    info = prepare_run(cfg, run_id, str(flow_run.get_id() or ""), parent_mlflow_run)
+    run_id = run_id or default_run_id(cfg.name, flow_run.get_id(), flow_run.get_name())
+    info = prepare_run(cfg, run_id, flow_run.get_id(), parent_mlflow_run)
     ckpt = info.start_ckpt
     if _eval_due(cfg, 0):
-        eval_task(cfg, info, 0, ckpt)
+        eval_task.with_options(result_storage=results(info))(cfg, info, 0, ckpt)
     walls: dict[int, float] = {}
     for step in range(cfg.train.steps):
         t0 = time.perf_counter()
@@ -205,7 +242,7 @@ def train(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = 
         ckpt = new_ckpt
         walls[step] = time.perf_counter() - t0
         if _eval_due(cfg, step + 1):
-            eval_task(cfg, info, step + 1, ckpt)
+            eval_task.with_options(result_storage=results(info))(cfg, info, step + 1, ckpt)
         _prune(info, cfg.train.keep_checkpoints, Path(ckpt))
         print(_summary(step, metrics))
     (Path(info.run_dir) / f"walltime-{flow_run.get_id() or 'local'}.json").write_text(json.dumps(walls))

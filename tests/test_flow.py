@@ -85,3 +85,16 @@ def test_rerun_of_finished_run_skips_steps_and_duplicates_nothing(finished_run):
     runs = client.search_runs([exp.experiment_id])
     assert len(runs) == 1
     assert len(client.get_metric_history(runs[0].info.run_id, "rollout/accuracy")) == 2
+
+
+def test_default_run_id_follows_the_flow_run():
+    """Stable for one flow run (a retry resumes it), distinct for flow runs created in the same millisecond."""
+    from prefect._internal.uuid7 import uuid7
+
+    from flows.train import default_run_id
+
+    a = str(uuid7())
+    b = a[:24] + format(int(a[24:], 16) ^ 1, "012x")  # same millisecond, another random tail
+    assert default_run_id("tiny", a, "brave-otter") == default_run_id("tiny", a, "brave-otter")
+    assert default_run_id("tiny", a, "brave-otter") != default_run_id("tiny", b, "brave-otter")
+    assert default_run_id("tiny", a, "brave-otter") == f"tiny-brave-otter-{a.replace('-', '')[-8:]}"

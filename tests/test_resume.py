@@ -8,7 +8,9 @@ The processes share the session's Prefect test server, so each start is cheap.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +86,47 @@ def test_kill_at_every_crash_point_then_resume(prefect_harness, warm_model_dir, 
     n_metrics = con.execute("SELECT count(*), count(DISTINCT (step, key)) FROM metrics WHERE run_id = 'crashy'").fetchone()
     assert n_metrics[0] == n_metrics[1] > 0
     con.close()
+
+
+def _bare(cmd: list[str], work: Path, home: str, crash: str | None = None) -> tuple[int, str]:
+    """The CLI as a user's shell runs it: no Prefect server (an ephemeral one), its own PREFECT_HOME.
+    A killed CLI leaves its ephemeral Prefect server behind: the whole process group is stopped afterwards."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", ENV)}
+    env.update(PYTHONPATH=str(ROOT), PREFECT_HOME=str(work / home), **({ENV: crash} if crash else {}))
+    log = work / f"{home}.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=900)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    return code, log.read_text()
+
+
+def test_resume_from_a_bare_cli_with_another_prefect_home_skips_finished_stages(warm_model_dir, tmp_path):
+    code, out = _bare(_cmd(tmp_path, warm_model_dir, "bare"), tmp_path, "home-a", crash="after_update@0")
+    assert code == -9, out[-2000:]
+    step0 = tmp_path / "runs" / "bare" / "steps" / "000000"
+    # the crash hit inside the update task (after its files, before Prefect recorded its result): update reruns,
+    # the four stages before it must not
+    before = {p.name: p.stat().st_mtime_ns for p in step0.iterdir() if not p.name.startswith("update")}
+    assert {"rollout.metrics.json", "advantage.metrics.json"} <= before.keys() and "logged.json" not in before
+    code, out = _bare([sys.executable, "-m", "flows.cli", "resume", "bare", "--output-dir", str(tmp_path / "runs")],
+                      tmp_path, "home-b")
+    assert code == 0, out[-3000:]
+    after = {p.name: p.stat().st_mtime_ns for p in step0.iterdir() if p.name in before}
+    assert after == before, "a finished stage of step 0 was recomputed"
+    assert (step0 / "logged.json").exists() and (tmp_path / "runs" / "bare" / "results").is_dir()
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'm.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("tiny").experiment_id],
+                              filter_string=f"tags.`{RUN_TAG}` = 'bare'")
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, STEP_SENTINEL)) == [0, 1]
+    con = duckdb.connect(str(tmp_path / "c.duckdb"), read_only=True)
+    try:
+        assert con.execute("SELECT status FROM runs WHERE run_id = 'bare'").fetchone() == ("finished",)
+        assert dict(con.execute("SELECT step, count(*) FROM trajectories WHERE run_id = 'bare' GROUP BY step")
+                    .fetchall()) == {0: 16, 1: 16}
+    finally:
+        con.close()

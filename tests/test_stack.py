@@ -3,7 +3,8 @@ server, the ``train-tiny`` deployment from ``prefect.yaml``), on free ports in a
 
 * an interval schedule produces runs that complete, and ``serve status`` sees no scheduler errors;
 * MLflow killed with SIGKILL is restarted by the supervisor while Prefect and the worker keep running;
-* ``serve restart worker`` replaces only the worker;
+* ``serve restart worker`` replaces only the worker; a run it cut short is marked Crashed (its slot released);
+* a flow process killed with SIGKILL, then ``prefect flow-run retry``: the same training run resumes;
 * ``serve stop`` refuses during a run; ``--force`` cancels it through Prefect: no run stays Running, the
   deployment's concurrency slot is free, and the flow process is gone.
 
@@ -99,6 +100,16 @@ def _alive(pgid: int) -> bool:
     return group_alive(pgid)
 
 
+def _wait_state(stack: Stack, run_id: str, want: str, timeout_s: float = 420) -> dict:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        cur = stack.api("GET", f"/flow_runs/{run_id}").json()
+        if cur["state_type"] == want:
+            return cur
+        time.sleep(1)
+    pytest.fail(f"flow run {run_id} never reached {want}: {cur['state']}")
+
+
 def test_interval_schedule_fires_and_runs_complete(stack):
     params = json.dumps(stack.params(steps=1))
     t0 = time.time()
@@ -113,6 +124,9 @@ def test_interval_schedule_fires_and_runs_complete(stack):
         assert not [r for r in runs if r["state_type"] in ("FAILED", "CRASHED")], runs
         done = [r for r in runs if r["state_type"] == "COMPLETED"]
     stack.unschedule()
+    deadline = time.time() + 300
+    while [r for r in stack.runs() if r["state_type"] in ("PENDING", "RUNNING")] and time.time() < deadline:
+        time.sleep(2)
     log = (stack.folder / "logs" / "worker.log").read_text()[-3000:]
     assert len(done) >= 2, f"scheduled runs completed: {len(done)} within 600 s\n{log}"
     for r in done[:2]:
@@ -151,8 +165,17 @@ def test_restart_replaces_only_the_named_server(stack):
     before = stack.state["pids"]
     bad = serve("restart", "nginx", "--dir", str(stack.folder), env=stack.env)
     assert bad.returncode == 2 and "unknown server 'nginx'; one of: prefect, mlflow, worker" in bad.stdout
+    dep = stack.deployment()
+    run = stack.api("POST", f"/deployments/{dep['id']}/create_flow_run",
+                    json={"parameters": stack.params(steps=5, run_id="cut-short")}).json()
+    _wait_state(stack, run["id"], "RUNNING", 300)
     done = serve("restart", "worker", "--dir", str(stack.folder), env=stack.env)
     assert done.returncode == 0, done.stdout + done.stderr
+    # the flow process ends with the worker that streams its output; the supervisor marks the run Crashed
+    crashed = _wait_state(stack, run["id"], "CRASHED", 120)
+    assert "ended without reporting" in crashed["state"]["message"], crashed["state"]
+    slots = stack.api("POST", "/v2/concurrency_limits/filter", json={}).json()
+    assert all(s["active_slots"] == 0 for s in slots), slots
     after = stack.state["pids"]
     assert after["worker"] != before["worker"] and not _alive(before["worker"]) and _alive(after["worker"])
     assert {k: after[k] for k in ("prefect", "mlflow")} == {k: before[k] for k in ("prefect", "mlflow")}
@@ -161,6 +184,76 @@ def test_restart_replaces_only_the_named_server(stack):
 
 def _flow_pid(run: dict) -> int:
     return int(str(run["infrastructure_pid"]).rsplit(":", 1)[-1])
+
+
+def test_prefect_retry_of_a_killed_run_resumes_the_same_training_run(stack):
+    """kill -9 of the flow process, then `prefect flow-run retry`: same run folder and MLflow run, step 0 not
+    recomputed, no duplicate metrics or rows; the crashed attempt was marked in both stores meanwhile."""
+    import duckdb
+    from mlflow.tracking import MlflowClient
+
+    from flows.train import default_run_id
+    from tasks.stores.tracking import RUN_TAG, STEP_SENTINEL
+
+    dep = stack.deployment()
+    run = stack.api("POST", f"/deployments/{dep['id']}/create_flow_run",
+                    json={"parameters": stack.params(steps=2)}).json()
+    ours = default_run_id("tiny", run["id"], run["name"])
+    step0 = stack.tmp / "runs" / ours / "steps" / "000000"
+    deadline = time.time() + 420
+    while not (step0 / "logged.json").exists():
+        assert time.time() < deadline, "step 0 was never logged"
+        time.sleep(0.5)
+    before = {p.name: p.stat().st_mtime_ns for p in step0.iterdir()}
+    os.kill(_flow_pid(_wait_state(stack, run["id"], "RUNNING")), signal.SIGKILL)
+    _wait_state(stack, run["id"], "CRASHED", 120)
+    client = MlflowClient(tracking_uri=f"sqlite:///{stack.tmp / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tiny").experiment_id
+
+    def mlruns():
+        return client.search_runs([exp], filter_string=f"tags.`{RUN_TAG}` = '{ours}'")
+
+    def db_status():
+        con = duckdb.connect(str(stack.tmp / "cleaner.duckdb"), read_only=True)
+        try:
+            return con.execute("SELECT status FROM runs WHERE run_id = ?", [ours]).fetchone()[0]
+        finally:
+            con.close()
+
+    deadline = time.time() + 60
+    while mlruns()[0].info.status != "FAILED" and time.time() < deadline:
+        time.sleep(1)
+    assert mlruns()[0].info.status == "FAILED" and db_status() == "crashed", "on_crashed did not mark the stores"
+    # the worker may report the crash a second time once it reaps the process (~30 s later here), overwriting a
+    # Retry made before: retry as a user would, again if the run fell back to Crashed (at most 3 times)
+    for _ in range(3):
+        retried = cli([PREFECT, "flow-run", "retry", run["id"]], stack.env, 120)
+        assert retried.returncode == 0, retried.stdout + retried.stderr
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            cur = stack.api("GET", f"/flow_runs/{run['id']}").json()
+            if cur["run_count"] >= 2 or cur["state_type"] == "CRASHED":
+                break
+            time.sleep(1)
+        if cur["run_count"] >= 2:
+            break
+    done = _wait_state(stack, run["id"], "COMPLETED")
+    assert done["run_count"] >= 2
+    assert sorted(p.name for p in (stack.tmp / "runs").iterdir() if ours.rsplit("-", 1)[-1] in p.name) == [ours]
+    assert {p.name: p.stat().st_mtime_ns for p in step0.iterdir() if p.name in before} == before, \
+        "a finished stage of step 0 was recomputed"
+    [mlrun] = mlruns()
+    assert mlrun.info.status == "FINISHED" and db_status() == "finished"
+    for key in (STEP_SENTINEL, "rollout/accuracy"):
+        assert sorted(m.step for m in client.get_metric_history(mlrun.info.run_id, key)) == [0, 1], key
+    con = duckdb.connect(str(stack.tmp / "cleaner.duckdb"), read_only=True)
+    try:
+        rows = dict(con.execute("SELECT step, count(*) FROM trajectories WHERE run_id = ? GROUP BY step", [ours])
+                    .fetchall())
+        dup = con.execute("SELECT count(*) - count(DISTINCT (step, key)) FROM metrics WHERE run_id = ?", [ours])
+        assert rows == {0: 4, 1: 4} and dup.fetchone()[0] == 0
+    finally:
+        con.close()
 
 
 def test_stop_refuses_during_a_run_and_force_cancels_it(stack):
@@ -202,6 +295,17 @@ def test_stop_refuses_during_a_run_and_force_cancels_it(stack):
     assert "RUNNING" not in states.values() and "PENDING" not in states.values()
     slots = db.execute("SELECT name, active_slots FROM concurrency_limit_v2").fetchall()
     assert slots and all(n == 0 for _, n in slots), slots
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{stack.tmp / 'mlflow.db'}")
+    [long_run] = client.search_runs([client.get_experiment_by_name("tiny").experiment_id],
+                                    filter_string="tags.`cleaner.run_id` = 'long'")
+    assert long_run.info.status == "KILLED", "on_cancellation did not end the MLflow run"
+    import duckdb
+
+    con = duckdb.connect(str(stack.tmp / "cleaner.duckdb"), read_only=True)
+    assert con.execute("SELECT status FROM runs WHERE run_id = 'long'").fetchone() == ("cancelled",)
+    con.close()
 
 
 def _pid_alive(pid: int) -> bool:

@@ -1,7 +1,8 @@
 """Store failures are clear errors, raised before any work, and never corrupt what exists.
 
 * MLflow server unreachable → ``TrackingUnavailable`` naming the URL (library and CLI);
-* the DuckDB file held by another writer process → ``StoreLockedError`` naming the file;
+* the DuckDB file held by another process (a writer or a read-only notebook) → ``StoreLockedError`` naming it,
+  before any MLflow run exists; a tracking server that dies mid-run fails after ``tracking.http_retries``;
 * a crash while a checkpoint is written → the previous checkpoint still loads.
 """
 
@@ -62,25 +63,71 @@ def test_cli_train_exits_with_the_url_before_any_rollout(warm_model_dir, tmp_pat
 
 HOLDER = """
 import sys, time, duckdb
-con = duckdb.connect(sys.argv[1])
-con.execute("CREATE TABLE IF NOT EXISTS t (x INT)")
+duckdb.connect(sys.argv[1]).execute("CREATE TABLE IF NOT EXISTS t (x INT)").close()
+con = duckdb.connect(sys.argv[1], read_only=sys.argv[2] == "ro")
 print("holding", flush=True)
 time.sleep(120)
 """
 
 
-def test_duckdb_held_by_another_writer_is_named(tmp_path):
+def _hold(path: Path, mode: str) -> subprocess.Popen:
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path), mode, "notebook-marker"],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "holding"
+    return holder
+
+
+@pytest.mark.parametrize("mode", ["rw", "ro"])
+def test_duckdb_held_by_another_process_names_it(tmp_path, mode):
     path = tmp_path / "held.duckdb"
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdout=subprocess.PIPE, text=True)
+    holder = _hold(path, mode)
     try:
-        assert holder.stdout.readline().strip() == "holding"
         with pytest.raises(db.StoreLockedError) as err:
             db.connect(path)
-        assert str(path) in str(err.value) and "another writer" in str(err.value)
+        msg = str(err.value)
+        assert msg.startswith(f"tracking.duckdb_path: {path} is open in PID {holder.pid} (")
+        assert "notebook-marker" in msg and "\n" not in msg and "even a read-only one" in msg
+        assert "writer" not in msg
     finally:
         holder.kill()
         holder.wait(timeout=30)
     db.connect(path).close()
+
+
+def test_cli_train_with_the_duckdb_file_held_fails_before_mlflow(warm_model_dir, tmp_path):
+    """A notebook reading the store (read-only) blocks training: a one-line error naming it, no MLflow run."""
+    holder = _hold(tmp_path / "cleaner.duckdb", "ro")
+    try:
+        args = [a for o in tiny_overrides(tmp_path, warm_model_dir, steps=1) for a in ("--set", o)]
+        env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_HOME": str(tmp_path / "prefect")}
+        done = subprocess.run([sys.executable, "-m", "flows.cli", "train", "--config", "configs/tiny.yaml", *args,
+                               "--run-id", "locked"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
+                              check=False)
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    out = (done.stdout + done.stderr).strip()
+    assert done.returncode == 2, out[-2000:]
+    assert out.splitlines() == [out.splitlines()[0]] and f"is open in PID {holder.pid} (" in out, out[-2000:]
+    assert "Traceback" not in out
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "runs" / "locked").exists()
+
+
+def test_dead_tracking_server_fails_the_stage_after_bounded_retries(tmp_path):
+    """MLflow's client retries 7 times with factor 2 (~4 min here); ours ``http_retries`` times, then names the key."""
+    import time
+
+    url = f"http://127.0.0.1:{closed_port()}"
+    cfg = TrackingConfig(mlflow_uri=url, http_retries=1, http_timeout_s=5)
+    t0 = time.perf_counter()
+    with pytest.raises(tracking.TrackingUnavailable) as err:
+        tracking.log_step(cfg, "0" * 32, 0, {"a": 1.0}, {})
+    print(f"log_step against a dead server failed after {time.perf_counter() - t0:.1f} s")
+    assert str(err.value).startswith(f"tracking.mlflow_uri: MLflow server {url} did not answer after 1 retries (")
+    bad = TrackingConfig(mlflow_uri=f"sqlite:///{tmp_path / 'm.db'}")
+    with pytest.raises(Exception) as other:
+        tracking.log_step(bad, "no-such-run", 0, {"a": 1.0}, {})
+    assert not isinstance(other.value, tracking.TrackingUnavailable), "a bad request is not an unreachable server"
 
 
 @pytest.fixture

@@ -13,13 +13,14 @@ Schema (primary keys in brackets)::
     evaluations     [run_id, policy_version, key]             held-out evaluation of a policy version
 
 A step's rows are replaced in one transaction (a rerun of step N never duplicates rows);
-rows go in as Arrow batches (``INSERT ... BY NAME``), never one by one. One writer process:
-a file held by another writer fails with an error that names it.
+rows go in as Arrow batches (``INSERT ... BY NAME``), never one by one. One process per file
+(DuckDB's lock): a file open elsewhere, even read-only, fails with a one-line error naming that process.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import duckdb
@@ -78,22 +79,45 @@ STEP_TABLES = ("trajectories", "turns", "tool_executions", "saar_events", "r3l_r
 
 
 class StoreLockedError(RuntimeError):
-    """The DuckDB file is held by another writer process."""
+    """The DuckDB file is open in another process (a writer, or a read-only reader such as a notebook)."""
+
+
+def _holder(message: str) -> str:
+    """``PID n (command line)`` of the process DuckDB says holds the lock, from its error message."""
+    found = re.search(r"\(PID (\d+)\)", message)
+    if not found:
+        return "another process"
+    pid = found.group(1)
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        argv = []
+    short = [" ".join(a.split())[:40] + ("…" if len(a) > 40 else "") for a in argv if a]
+    return f"PID {pid}" + (f" ({' '.join(short)[:240]})" if short else "")
 
 
 def connect(path: str | Path) -> duckdb.DuckDBPyConnection:
-    """Open (and create) the store; a file locked by another process is a clear error."""
+    """Open (and create) the store; a file another process holds is a one-line error naming that process."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     try:
         con = duckdb.connect(str(path))
     except duckdb.IOException as err:
         if "lock" in str(err).lower():
             raise StoreLockedError(
-                f"DuckDB file {path} is held by another writer process ({err}); stop it or set tracking.duckdb_path"
-            ) from err
+                f"tracking.duckdb_path: {path} is open in {_holder(str(err))}; DuckDB allows one process per file, "
+                "even a read-only one: close it there, or set tracking.duckdb_path") from None
         raise
     con.execute(SCHEMA)
     return con
+
+
+def end_run(path: str | Path, run_id: str, status: str) -> None:
+    """Set a run row still ``running`` to ``status`` (crashed, cancelled, failed)."""
+    con = connect(path)
+    try:
+        con.execute("UPDATE runs SET status = ? WHERE run_id = ? AND status = 'running'", [status, run_id])
+    finally:
+        con.close()
 
 
 def upsert_run(con, run_id: str, name: str, config: dict, mlflow_run_id: str, status: str) -> None:

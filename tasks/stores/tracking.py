@@ -11,7 +11,9 @@ with ``mlflow ui --backend-store-uri sqlite:///mlflow.db``.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import time
 from pathlib import Path
 
@@ -39,9 +41,39 @@ def check_server(uri: str, timeout_s: float = 5.0) -> None:
 
 
 def _client(cfg: TrackingConfig):
+    """A client whose requests to a tracking server are retried ``http_retries`` times, not MLflow's 7."""
     from mlflow.tracking import MlflowClient
 
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(cfg.http_retries)
+    os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = "1"
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(int(max(1, cfg.http_timeout_s)))
     return MlflowClient(tracking_uri=cfg.mlflow_uri)
+
+
+def _unreachable(err: Exception) -> bool:
+    """Whether an MLflow client error means the server did not answer (not a bad request)."""
+    import requests
+
+    text = str(err)
+    return isinstance(err, requests.exceptions.RequestException) or (
+        "API request to" in text and "failed with exception" in text)
+
+
+def named_errors(fn):
+    """Re-raise a tracking server that stopped answering as ``TrackingUnavailable`` naming the config key."""
+
+    @functools.wraps(fn)
+    def wrapper(cfg: TrackingConfig, *args, **kwargs):
+        try:
+            return fn(cfg, *args, **kwargs)
+        except Exception as err:
+            if not cfg.mlflow_uri.startswith("http") or not _unreachable(err):
+                raise
+            raise TrackingUnavailable(
+                f"tracking.mlflow_uri: MLflow server {cfg.mlflow_uri} did not answer after "
+                f"{cfg.http_retries} retries ({str(err).splitlines()[0][:300]})") from err
+
+    return wrapper
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
@@ -55,6 +87,7 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
+@named_errors
 def open_run(cfg: TrackingConfig, experiment: str, run_id: str, config: dict, tags: dict[str, str]) -> str:
     """The MLflow run id for our ``run_id``: resumed when it exists, else created with params."""
     from mlflow.entities import Param, RunTag
@@ -97,6 +130,7 @@ def _log_once(client, mlrun: str, step: int, metrics: dict[str, float], sentinel
         client.log_batch(mlrun, metrics=batch[lo : lo + 1000])
 
 
+@named_errors
 def log_step(cfg: TrackingConfig, mlrun: str, step: int, metrics: dict[str, float], texts: dict[str, str]) -> None:
     """Metrics of one step in one batch, plus text artifacts (path → content).
 
@@ -109,6 +143,7 @@ def log_step(cfg: TrackingConfig, mlrun: str, step: int, metrics: dict[str, floa
         client.log_text(mlrun, text, path)
 
 
+@named_errors
 def log_eval(cfg: TrackingConfig, mlrun: str, version: int, metrics: dict[str, float]) -> None:
     """Evaluation metrics of a policy version (MLflow step = version) and a table artifact; idempotent."""
     client = _client(cfg)
@@ -116,9 +151,31 @@ def log_eval(cfg: TrackingConfig, mlrun: str, version: int, metrics: dict[str, f
     client.log_text(mlrun, json.dumps(metrics, indent=1, sort_keys=True), f"eval/policy_{version:06d}.json")
 
 
+@named_errors
 def log_file(cfg: TrackingConfig, mlrun: str, local: Path, artifact_dir: str) -> None:
     _client(cfg).log_artifact(mlrun, str(local), artifact_dir)
 
 
+@named_errors
 def finish_run(cfg: TrackingConfig, mlrun: str, status: str = "FINISHED") -> None:
     _client(cfg).set_terminated(mlrun, status=status)
+
+
+@named_errors
+def logged_steps(cfg: TrackingConfig, mlrun: str, sentinel: str = STEP_SENTINEL) -> set[int]:
+    """Steps whose metrics are already in the MLflow run."""
+    return {m.step for m in _client(cfg).get_metric_history(mlrun, sentinel)}
+
+
+@named_errors
+def end_run(cfg: TrackingConfig, experiment: str, run_id: str, status: str) -> str | None:
+    """Mark our run's MLflow run ``status`` (KILLED, FAILED) if it is still RUNNING; returns its id, if any."""
+    client = _client(cfg)
+    exp = client.get_experiment_by_name(experiment)
+    found = exp and client.search_runs([exp.experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{run_id}'",
+                                       max_results=1)
+    if not found:
+        return None
+    if found[0].info.status == "RUNNING":
+        client.set_terminated(found[0].info.run_id, status=status)
+    return found[0].info.run_id

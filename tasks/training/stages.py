@@ -178,9 +178,18 @@ def stage_metrics(step_dir: Path) -> dict[str, float]:
 
 
 def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, tracking_cfg: TrackingConfig) -> dict:
-    """Write the step's rows to DuckDB (replacing any earlier attempt) and its metrics to MLflow."""
+    """Write the step's rows to DuckDB (replacing any earlier attempt) and its metrics to MLflow.
+
+    The stores never disagree about a step: DuckDB is written first, MLflow last (with a sentinel in the same
+    batch); a step MLflow already holds is written to neither again, so a recomputed step cannot replace
+    DuckDB's rows under MLflow's first values.
+    """
     t0 = time.perf_counter()
     metrics = stage_metrics(step_dir)
+    if step in tracking.logged_steps(tracking_cfg, mlrun):
+        print(f"step {step} is already in both stores (MLflow run {mlrun}); it is not written again")
+        (Path(step_dir) / "logged.json").write_text(json.dumps({"checkpoint": ckpt}))
+        return metrics
     keys = ["run_id", "step", "traj_id"]
     trajs = (read_table(step_dir, "trajectories").join(read_table(step_dir, "scores"), on=keys)
              .join(read_table(step_dir, "mix"), on=keys).join(read_table(step_dir, "advantages"), on=keys))
