@@ -10,8 +10,8 @@ package has the same version in both. ``make setup`` installs a lock with pip, t
 
 What it simplifies: the locks are ``uv pip compile`` output for CPython 3.11.7 (this machine's) on x86_64 Linux, with torch taken
 from the local CPU wheel folder (``--find-links``, default ``/opt/wheels``), never PyPI's CUDA build. Each lock
-records a digest of the pyproject requirements it was compiled from, so a dependency edited without
-``make lock`` is caught by ``check`` (the digest covers the dependency lists only, not the rest of pyproject).
+records a digest of the pyproject it was compiled from, so an edit without ``make lock`` is caught by ``check``
+(any edit: a refreshed lock is then committed after the pyproject change, whatever it was).
 A refresh keeps existing pins (uv reads the old lock as preferences) unless ``--upgrade``.
 """
 
@@ -36,7 +36,7 @@ SPLIT = {"antlr4-python3-runtime": "verl pins 4.9 (through hydra/omegaconf); mat
 TARGET = {"python_version": "3.11", "python_full_version": "3.11.7", "sys_platform": "linux",
           "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
           "implementation_name": "cpython", "platform_python_implementation": "CPython"}
-DIGEST_PREFIX = "# pyproject requirements sha256: "
+DIGEST_PREFIX = "# pyproject sha256: "
 NOT_LOCKED = {"pip", "setuptools", "wheel", "cleaner"}
 
 
@@ -51,8 +51,9 @@ def requirements(pyproject: Path, extras: tuple[str, ...]) -> list[Requirement]:
 
 
 def digest(pyproject: Path, extras: tuple[str, ...]) -> str:
-    reqs = sorted(str(r) for r in requirements(pyproject, extras))
-    return hashlib.sha256(json.dumps([list(extras), reqs]).encode()).hexdigest()
+    """Of the whole pyproject (not only its requirements): any edit asks for ``make lock``, so the lock is
+    never older than the pyproject it was made from."""
+    return hashlib.sha256(json.dumps(list(extras)).encode() + pyproject.read_bytes()).hexdigest()
 
 
 def read_lock(lock: Path) -> tuple[str | None, dict[str, str]]:
