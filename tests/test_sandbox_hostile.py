@@ -17,6 +17,7 @@ import uuid
 import pytest
 
 from sandbox.config import SandboxConfig
+from sandbox.executor.forker import NAME
 from sandbox.docker_backend import DockerSandbox, docker_client, image_present
 from sandbox.local import LocalSandbox, LocalWorker
 from sandbox.result import SandboxInfraError
@@ -24,6 +25,7 @@ from sandbox.result import SandboxInfraError
 TIMEOUT_S = 2.0
 BOUND_S = TIMEOUT_S + 6.0
 SECRET = f"s3cr3t-{uuid.uuid4().hex}"
+FORKER = NAME.decode()  # the executor's forker (sandbox/executor/forker.py) is no leftover
 CFG = dict(timeout_s=TIMEOUT_S, memory_mb=256, max_processes=32, workers=2, file_mb=16,
            max_output_bytes=8192, preimport=["math"], infra_retries=1)
 
@@ -73,21 +75,23 @@ def leftover_processes(pool) -> int:
     if isinstance(pool, DockerSandbox):
         count = 0
         for c in pool.containers():
-            top = c.top(ps_args="-o pid,ppid,sid")
+            top = c.top(ps_args="-o pid,ppid,sid,comm")
             rows = [dict(zip(top["Titles"], r)) for r in top["Processes"] or []]
-            count += _outside_executor_session([(r["PID"], r["PPID"], r["SID"]) for r in rows])
+            count += _outside_executor_session([(r["PID"], r["PPID"], r["SID"]) for r in rows
+                                                if r["COMMAND"] != FORKER])
         return count
     count = 0
     for worker in list(pool._idle.queue):
         if isinstance(worker, LocalWorker):
-            procs = [p for p in _descendants(worker.pid) if _stat(p)[0] != "bwrap"]
+            procs = [p for p in _descendants(worker.pid) if _stat(p)[0] not in ("bwrap", FORKER)]
             count += _outside_executor_session([(p, *_stat(p)[1:]) for p in procs])
     return count
 
 
 def _outside_executor_session(rows) -> int:
-    """rows: (pid, ppid, sid); the executor is the one whose parent is not in the set.  Its idle
-    pre-forked child leads a session of its own (it isolates itself before its request)."""
+    """rows: (pid, ppid, sid), the forker left out; the executor is the one whose parent is not
+    in the set.  Its idle pre-forked child leads a session of its own (it isolates itself
+    before its request)."""
     rows = [tuple(map(str, row)) for row in rows]
     pids = {pid for pid, _, _ in rows}
     executors = [(pid, sid) for pid, ppid, sid in rows if ppid not in pids]

@@ -12,14 +12,17 @@ The parent reads stdout/stderr concurrently (capped, never blocking on huge outp
 the whole process group on timeout, answers with an ``ExecutionResult`` dict as soon as the
 child reports its exit code, then sweeps every escaped descendant and forks the next child.
 
-Modules, along the seams: ``protocol`` (frames), ``child`` (the forked side), ``supervise``
-(watching and reaping one snippet), ``outcome`` (captures and the answer), ``server`` (the
-fork server and its transports).  The package is stdlib-only and imports nothing from the
+Modules, along the seams: ``protocol`` (frames), ``child`` (the forked side), ``forker`` (the
+process that clones children, so the executor never forks), ``guard`` (non-dumpable executor,
+seccomp), ``scratch`` (emptying the writable dirs), ``supervise`` (watching and reaping one
+snippet), ``outcome`` (captures and the answer), ``server`` (the fork server and its
+transports).  The package is stdlib-only and imports nothing from the
 project, because the backends copy it into the sandbox (``install``) and start it there with
 ``launch_argv``.
 
-Run:  ``python -m sandbox.executor [--preimport numpy,sympy] [--socket PATH] [--uid N]``
-(stdio transport by default; ``--socket`` serves a unix socket, one connection at a time).
+Run:  ``python -m sandbox.executor [--preimport numpy,sympy] [--connect PATH] [--uid N]
+[--scratch DIRS] [--spawn]`` (stdio transport by default; ``--connect`` talks over a unix socket
+the host listens on).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def child_main(fds: tuple[int, int, int, int], uid: int | None, base_vm: int, guard,
-               spawn: tuple[list[str], dict, str] | None = None) -> None:
+               spawn: tuple[list[str], dict, str] | None = None, workdir: str = "/") -> None:
     """Runs in the pre-forked child; never returns.  ``fds``: stdout, stderr, status writers
     and the request reader.  The child keeps only those, waits for its request, then runs it.
 
@@ -76,6 +76,8 @@ def child_main(fds: tuple[int, int, int, int], uid: int | None, base_vm: int, gu
         os.dup2(fds[2], STATUS_FD)
         os.dup2(fds[3], REQUEST_FD)
         os.closerange(REQUEST_FD + 1, 1 << 30)  # one close_range(2)
+        os.chdir(workdir)
+        _after_clone()
         _isolate(uid, guard)
         os.write(STATUS_FD, READY)
         try:
@@ -99,6 +101,14 @@ def child_main(fds: tuple[int, int, int, int], uid: int | None, base_vm: int, gu
             pass
     finally:
         os._exit(code)
+
+
+def _after_clone() -> None:
+    """What ``os.fork``'s hooks would do in a child, for the modules a pool may pre-import: a
+    fresh random seed (else every snippet would draw the same numbers)."""
+    random = sys.modules.get("random")
+    if random is not None:
+        random.seed()
 
 
 def _isolate(uid: int | None, guard) -> None:

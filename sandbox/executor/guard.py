@@ -28,6 +28,7 @@ import platform
 import struct
 
 _PR_SET_DUMPABLE = 4
+_PR_SET_NAME = 15
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
@@ -85,6 +86,32 @@ def seccomp_program(machine: str | None = None) -> bytes | None:
     return b"".join(prog)
 
 
+_SIGNAL_PID = {  # name: (x86_64, aarch64): calls whose first argument names the process signalled
+    "kill": (62, 129), "tkill": (200, 130), "tgkill": (234, 131), "rt_sigqueueinfo": (129, 138),
+    "rt_tgsigqueueinfo": (297, 240), "pidfd_open": (434, 434),
+}
+_PIDFD_SEND_SIGNAL = (424, 424)
+
+
+def protect_pid_program(pid: int, machine: str | None = None) -> bytes | None:
+    """A second filter layer: no signal to process ``pid`` (nor to its group, nor to every
+    process with ``kill(-1)``), no ``pidfd_send_signal`` at all (a ``/proc/<pid>`` directory
+    works as a pidfd).  The forker installs it on itself, so the snippets it clones cannot stop
+    or kill it (``executor/forker.py``)."""
+    column, audit_arch = _ARCHES.get(machine or platform.machine(), (None, None))
+    if column is None:
+        return None
+    targets = (pid & 0xFFFFFFFF, -pid & 0xFFFFFFFF, 0xFFFFFFFF)  # pid, its group, everyone (kill)
+    prog = [_op(_LD_W_ABS, 4), _op(_JEQ, audit_arch, 1, 0), _op(_RET, _EPERM), _op(_LD_W_ABS, 0),
+            _op(_JEQ, _PIDFD_SEND_SIGNAL[column], 0, 1), _op(_RET, _EPERM)]
+    for numbers in _SIGNAL_PID.values():
+        # nr? then: arg0 one of the targets -> EPERM (3 - i ahead), else ALLOW; not nr: skip 6
+        prog += [_op(_JEQ, numbers[column], 0, 6), _op(_LD_W_ABS, _arg(0)),
+                 *[_op(_JEQ, t, 3 - i, 0) for i, t in enumerate(targets)], _op(_RET, _ALLOW), _op(_RET, _EPERM)]
+    prog.append(_op(_RET, _ALLOW))
+    return b"".join(prog)
+
+
 class _Fprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
@@ -95,6 +122,13 @@ class Guard:
     def __init__(self, enabled: bool = True):
         self._prctl = ctypes.CDLL(None, use_errno=True).prctl
         self._prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+        try:
+            with open("/proc/self/comm", "rb") as fh:
+                name = fh.read().strip()[:15]
+        except OSError:
+            name = b"python3"
+        self._name_buffer = ctypes.create_string_buffer(name)
+        self._name = ctypes.addressof(self._name_buffer)
         program = seccomp_program() if enabled else None
         self.seccomp = program is not None
         if program is not None:
@@ -105,18 +139,25 @@ class Guard:
         """Make this process non-dumpable; True on success."""
         return self._prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
 
-    def install(self) -> None:
-        """No new privileges, then the seccomp filter, on this process and everything it will
-        fork (the executor installs it on itself once, so each child pays nothing for it: the
-        executor itself makes none of the denied calls).  ``OSError`` when a step fails."""
+    def install(self, program: bytes | None = None) -> None:
+        """No new privileges, then the seccomp filter (or ``program``, a further layer), on this
+        process and everything it will fork (the executor installs it on itself once, so each
+        child pays nothing for it: the executor itself makes none of the denied calls).
+        ``OSError`` when a step fails."""
         if not self.seccomp:
             return
+        fprog = self._fprog
+        if program is not None:
+            buffer = ctypes.create_string_buffer(program, len(program))
+            fprog = _Fprog(len(program) // 8, ctypes.addressof(buffer))
         if self._prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or self._prctl(
-                _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(self._fprog), 0, 0) != 0:
+                _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"seccomp filter not installed: {errno.errorcode.get(err, err)}")
 
     def apply(self) -> None:
         """In the snippet's process: dumpable again, so its own ``/proc/self`` files stay its own
-        (the filter is inherited from the executor)."""
+        (the filter is inherited from the executor), and the executor's process name back (a
+        child cloned by the forker inherits the forker's)."""
         self._prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
+        self._prctl(_PR_SET_NAME, self._name, 0, 0, 0)

@@ -1,9 +1,9 @@
 """The fork server proper: pre-imports, pre-forks one child, serves requests one at a time.
 
-``Executor.handle(request)`` validates a request and runs it in the pre-forked child
+``Executor.run(payload)`` validates a binary run request and runs it in the pre-forked child
 (``child.py``), supervised by ``supervise.py``; after answering, ``cleanup`` kills what is
-left of the snippet, empties every writable directory (``scratch.wipe``) and forks the next
-child, so that work is off the next request's path.  ``main`` is the entry point: the
+left of the snippet, empties every writable directory (``scratch.wipe``) and has the forker
+(``forker.py``) clone the next child, so that work is off the next request's path.  ``main`` is the entry point: the
 executor makes itself non-dumpable, then talks over stdio, or connects to a unix socket the
 host listens on (``--connect``; nothing in the sandbox needs a writable host directory).
 Stdlib only (this package runs inside containers).
@@ -26,7 +26,8 @@ import time
 import types
 
 from .child import READY, child_main, vm_size
-from .guard import Guard
+from .forker import CHILD_FDS, Forker
+from .guard import Guard, protect_pid_program
 from .outcome import answer, oom_kills
 from .protocol import (HEADER, RUN, ProtocolError, decode_payload, decode_result, encode_frame, encode_run,
                        read_payload, run_fields, write_all)
@@ -60,6 +61,13 @@ class Executor:
         self.runs = 0
         self._pending: int | None = None
         self._next: tuple[int, int, int, int, int] | None = None
+        self._base_vm = vm_size()  # the forker's size: it is a snapshot of this process now
+        self._forker = Forker(self._child, self._protect_forker)
+
+    def _protect_forker(self, pid: int) -> None:
+        program = protect_pid_program(pid) if self.guard.seccomp else None
+        if program is not None:
+            self.guard.install(program)
 
     def handle(self, req: dict) -> dict:
         """A JSON request: ``ping``, or a run request as a dict (tests, simple clients)."""
@@ -102,7 +110,7 @@ class Executor:
                 pass  # the child is gone; supervise sees its exit status
             os.close(req_w)
             status, timed_out, flooded, report, out, err = supervise(
-                pid, timeout_s, cap, n_setup > 0, (out_r, err_r, st_r), start)
+                pid, timeout_s, cap, n_setup > 0, (out_r, err_r, st_r), start, self._forker.pid)
         finally:
             for fd in (out_r, err_r, st_r):
                 os.close(fd)
@@ -110,7 +118,8 @@ class Executor:
                       report.setup is True)
 
     def _prefork(self) -> tuple[int, int, int, int, int]:
-        """Fork the next child in a fresh, empty work dir; it waits for its request."""
+        """Have the forker clone the next child (in the work dir, emptied); it waits for its
+        request.  Returns (pid, stdout, stderr, status read ends, request write end)."""
         left = wipe(self.scratch)
         if left:  # a worker that cannot forget must not run another snippet
             raise SystemExit(f"executor: could not empty {left}")
@@ -121,25 +130,27 @@ class Executor:
                 pass
             if self.uid is not None and os.geteuid() == 0:
                 os.chown(self.workdir, self.uid, self.uid)
-        os.chdir(self.workdir)  # inherited by the child
-        base_vm = vm_size()
         (out_r, out_w), (err_r, err_w), (st_r, st_w), (req_r, req_w) = os.pipe(), os.pipe(), os.pipe(), os.pipe()
-        pid = os.fork()  # (the executor writes nothing to sys.stdout/stderr, so no buffer to flush)
-        if pid == 0:
-            child_main((out_w, err_w, st_w, req_r), self.uid, base_vm, self.guard, self.spawn)
-        for fd in (out_w, err_w, st_w, req_r):
+        for end, fixed in zip((out_w, err_w, st_w, req_r), CHILD_FDS):
+            os.dup2(end, fixed)
+            os.close(end)
+        pid = self._forker.fork()
+        for fd in CHILD_FDS:
             os.close(fd)
         for fd in (out_r, err_r, st_r):
             os.set_blocking(fd, False)  # only our ends: the child's stay blocking
         return pid, out_r, err_r, st_r, req_w
+
+    def _child(self) -> None:
+        """What a cloned child runs (in the forker's image)."""
+        child_main(CHILD_FDS, self.uid, self._base_vm, self.guard, self.spawn, self.workdir)
 
     def cleanup(self) -> None:
         """Kill what is left of the last snippet, reap it, and pre-fork the next child."""
         if self._pending is not None:
             pid, self._pending = self._pending, None
             killpg(pid)
-            sweep()
-            os.chdir("/")
+            sweep(self._forker.pid)
         if self._next is None:
             self._next = self._prefork()
 

@@ -20,11 +20,12 @@ from .outcome import Capture, StatusPipe
 DRAIN_S = 0.5
 
 
-def supervise(pid: int, timeout_s: float, cap: int, setup: bool, fds: tuple[int, int, int], start: float):
+def supervise(pid: int, timeout_s: float, cap: int, setup: bool, fds: tuple[int, int, int], start: float,
+              keep: int | None = None):
     """Watch child ``pid`` until it ends, times out or floods (past 16x the output ``cap``);
     returns ``(wait status, timed_out, flooded, StatusPipe, stdout Capture, stderr Capture)``.
     ``setup``: the request has setup code.  ``fds`` (stdout, stderr, status read ends) are
-    non-blocking."""
+    non-blocking.  ``keep``: a child of ours that is not the snippet's (the forker)."""
     out_r, err_r, st_r = fds
     hard_cap = max(16 * cap, 1 << 20)
     caps = {out_r: Capture(cap, keep_tail=False), err_r: Capture(cap, keep_tail=True)}
@@ -56,7 +57,7 @@ def supervise(pid: int, timeout_s: float, cap: int, setup: bool, fds: tuple[int,
         killpg(pid)
         if status is None:
             status = os.waitpid(pid, 0)[1]
-        _drain(watch, caps)
+        _drain(watch, caps, keep)
         report.read(watch)
     finally:
         if pidfd is not None:
@@ -80,9 +81,9 @@ class _Watch:
             self.poller.unregister(fd)
 
 
-def _drain(watch: _Watch, caps) -> None:
+def _drain(watch: _Watch, caps, keep: int | None = None) -> None:
     """Read what is left; escaped writers are swept so EOF normally comes at once."""
-    sweep()
+    sweep(keep)
     end = time.monotonic() + DRAIN_S
     while any(fd in watch.open for fd in caps) and time.monotonic() < end:
         for fd, _ in watch.poller.poll(max(0.0, end - time.monotonic()) * 1000):
@@ -90,10 +91,11 @@ def _drain(watch: _Watch, caps) -> None:
                 _read_into(fd, caps[fd], watch)
 
 
-def sweep() -> None:
-    """Kill and reap every remaining child (orphans are re-parented to this subreaper)."""
+def sweep(keep: int | None = None) -> None:
+    """Kill and reap every remaining child but ``keep`` (the forker); orphans are re-parented
+    to this subreaper."""
     for _ in range(100):
-        kids = _children()
+        kids = [kid for kid in _children() if kid != keep]
         if not kids:
             break
         for kid in kids:
