@@ -21,7 +21,8 @@ in ``stderr``.  That is the caller's bug (callers raise on it), never the model'
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from sandbox.config import SandboxConfig
 from sandbox.result import ExecutionResult
@@ -39,7 +40,7 @@ class Sandbox(Protocol):
 
     def close(self) -> None: ...
 
-    def __enter__(self) -> "Sandbox": ...
+    def __enter__(self) -> Sandbox: ...
 
     def __exit__(self, *exc) -> None: ...
 

@@ -64,7 +64,7 @@ def docker_client(timeout: float = 30):
     try:
         client = docker.from_env(timeout=timeout)
         client.ping()
-    except Exception as exc:  # noqa: BLE001 - any failure means no usable engine
+    except Exception as exc:  # any failure means no usable engine
         raise SandboxInfraError(
             f"sandbox.backend=docker: no Docker engine answers ({exc}); start one with "
             "infra/docker/start-dockerd.sh") from exc
@@ -88,7 +88,7 @@ class ContainerWorker(Worker):
     the executor connects to it once, after which the host closes the listener and removes the
     socket file, so nothing in the container can reach the host through it any more."""
 
-    def __init__(self, slot: int, pool: "DockerSandbox"):
+    def __init__(self, slot: int, pool: DockerSandbox):
         super().__init__(slot)
         self.hostdir = tempfile.mkdtemp(prefix=f"slot{slot}-", dir=pool.tmp)
         os.chmod(self.hostdir, 0o755)
@@ -105,7 +105,7 @@ class ContainerWorker(Worker):
         except WorkerError:
             self.kill()
             raise
-        except Exception as exc:  # noqa: BLE001 - any engine error is an infra failure
+        except Exception as exc:  # any engine error is an infra failure
             self.kill()
             raise WorkerError(f"could not start a container from {pool.cfg.image!r}: {exc}") from exc
         finally:

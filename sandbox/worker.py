@@ -14,8 +14,15 @@ import os
 import select
 import time
 
-from sandbox.executor.protocol import (MAX_FRAME, RUN, ProtocolError, decode_payload, decode_result, encode_frame,
-                                       encode_run)
+from sandbox.executor.protocol import (
+    MAX_FRAME,
+    RUN,
+    ProtocolError,
+    decode_payload,
+    decode_result,
+    encode_frame,
+    encode_run,
+)
 from sandbox.result import ExecutionResult
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ExecutionResult)}

@@ -17,8 +17,8 @@ import uuid
 import pytest
 
 from sandbox.config import SandboxConfig
-from sandbox.executor.forker import NAME
 from sandbox.docker_backend import DockerSandbox, docker_client, image_present
+from sandbox.executor.forker import NAME
 from sandbox.local import LocalSandbox, LocalWorker
 from sandbox.result import SandboxInfraError
 

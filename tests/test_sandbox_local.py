@@ -199,11 +199,10 @@ def test_error_kind_parser(stderr, kind):
 def test_rlimits_only_mode_warns_loudly(monkeypatch, caplog):
     monkeypatch.setattr("sandbox.local.bwrap_works", lambda: False)
     cfg = SandboxConfig(workers=1, timeout_s=TIMEOUT_S, preimport=[])
-    with caplog.at_level("WARNING", logger="sandbox.local"):
-        with LocalSandbox(cfg) as box:
-            assert box.isolation == "rlimits"
-            assert box.run("print(2 + 2)").stdout == "4\n"
-            assert box.run("pritn(1)").error_kind == "NameError"
+    with caplog.at_level("WARNING", logger="sandbox.local"), LocalSandbox(cfg) as box:
+        assert box.isolation == "rlimits"
+        assert box.run("print(2 + 2)").stdout == "4\n"
+        assert box.run("pritn(1)").error_kind == "NameError"
     assert "NO ISOLATION" in caplog.text
 
 
@@ -232,9 +231,8 @@ def test_executor_refuses_malformed_requests():
 def test_auto_without_engine_falls_back_to_local(monkeypatch, caplog):
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/cleaner-docker.sock")
     cfg = SandboxConfig(backend="auto", workers=1, preimport=[])
-    with caplog.at_level("WARNING", logger="sandbox.docker_backend"):
-        with make_sandbox(cfg) as box:
-            assert box.name == "local" and box.run("print(3)").stdout == "3\n"
+    with caplog.at_level("WARNING", logger="sandbox.docker_backend"), make_sandbox(cfg) as box:
+        assert box.name == "local" and box.run("print(3)").stdout == "3\n"
     assert "no Docker engine answers" in caplog.text
 
 

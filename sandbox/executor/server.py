@@ -29,8 +29,18 @@ from .child import READY, child_main, vm_size
 from .forker import CHILD_FDS, Forker
 from .guard import Guard, protect_pid_program
 from .outcome import answer, oom_kills
-from .protocol import (HEADER, RUN, ProtocolError, decode_payload, decode_result, encode_frame, encode_run,
-                       read_payload, run_fields, write_all)
+from .protocol import (
+    HEADER,
+    RUN,
+    ProtocolError,
+    decode_payload,
+    decode_result,
+    encode_frame,
+    encode_run,
+    read_payload,
+    run_fields,
+    write_all,
+)
 from .scratch import wipe
 from .supervise import killpg, supervise, sweep
 
