@@ -2,8 +2,10 @@
 
 ``DataConfig`` names the train and held-out files; when ``synthetic`` is on and a file is
 missing it is written from ``tasks.synthetic`` (DESIGN §9). ``batch_for_step`` is a pure
-function of (seed, step): the data cursor walks a seeded permutation epoch by epoch, so a
-rerun of step N sees exactly the prompts it saw before.
+function of (seed, step): every epoch is a seeded permutation cut into ``len // n`` whole
+batches (the last ``len % n`` prompts of each epoch's order are left out, as a data loader with
+``drop_last`` does), so a step's prompts are always distinct — a batch never straddles two
+epochs — and a rerun of step N sees exactly the prompts it saw before.
 """
 
 from __future__ import annotations
@@ -50,13 +52,12 @@ def load_prompts(path: str) -> tuple[PromptItem, ...]:
 
 
 def batch_for_step(items: tuple[PromptItem, ...], n: int, seed: int, step: int) -> list[PromptItem]:
-    """Prompts ``[step*n, step*n+n)`` of the seeded epoch-wise permutation of ``items``."""
-    out = []
-    for pos in range(step * n, step * n + n):
-        epoch, idx = divmod(pos, len(items))
-        perm = _permutation(len(items), seed, epoch)
-        out.append(items[perm[idx]])
-    return out
+    """Batch ``step`` of the seeded epoch-wise permutations: ``n`` distinct prompts, never across two epochs."""
+    if not 0 < n <= len(items):
+        raise ValueError(f"data.prompts_per_step={n} must be between 1 and the {len(items)} training prompts")
+    epoch, slot = divmod(step, len(items) // n)
+    perm = _permutation(len(items), seed, epoch)
+    return [items[i] for i in perm[slot * n : slot * n + n]]
 
 
 def refill_batch(items: tuple[PromptItem, ...], n: int, seed: int, step: int, round_: int,
