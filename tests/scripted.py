@@ -2,14 +2,35 @@
 
 Each trajectory (by request order) answers with the next text of its script, encoded with
 the real tokenizer and ended by the real end-of-turn id; log-probs are a fixed per-call value
-so splices can be traced. ``stream`` offers the continuous-batching contract of
+so splices can be traced. A script entry ``Turn(text, end)`` ends otherwise: ``endoftext`` (the
+tokenizer's other eos id, a ``stop`` without the end-of-turn id, as Qwen emits it) or ``length``
+(cut by the budget: no end id). ``stream`` offers the continuous-batching contract of
 ``models.decode.DecodeStream`` (submit / step / release / busy): a key gets the next unused
 script on its first submit, and every submitted turn finishes at the next ``step``.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from models.engine import GenOutput, GenRequest
+
+
+class Turn(NamedTuple):
+    text: str
+    end: str = "eos"
+    """``eos`` (the end-of-turn id), ``endoftext`` (another eos id, finish ``stop``) or ``length`` (cut)."""
+
+
+def scripted_turn(chat, entry, lp: float) -> tuple[list[int], list[float], str]:
+    """Ids, log-probs and finish reason of one script entry (a text, or a ``Turn``)."""
+    turn = entry if isinstance(entry, Turn) else Turn(entry)
+    ids = chat.encode(turn.text)
+    if turn.end == "eos":
+        ids.append(chat.eos_id)
+    elif turn.end == "endoftext":
+        ids.append(chat.tokenizer.convert_tokens_to_ids("<|endoftext|>"))
+    return ids, [lp] * len(ids), "length" if turn.end == "length" else "stop"
 
 
 class ScriptedEngine:
@@ -30,8 +51,7 @@ class ScriptedEngine:
         for req, script in zip(requests, live):
             self.calls += 1
             self.requests.append(req)
-            ids = self.chat.encode(script.pop(0)) + [self.eos_id]
-            outs.append(GenOutput(ids, [-0.01 * self.calls] * len(ids), "stop"))
+            outs.append(GenOutput(*scripted_turn(self.chat, script.pop(0), -0.01 * self.calls)))
         return outs
 
     def stream(self, seed: int, keep_prefix: bool = True) -> "ScriptedStream":
@@ -65,6 +85,5 @@ class ScriptedStream:
             assert script, f"script of {key!r} ran out"
             self.engine.calls += 1
             self.engine.requests.append(req)
-            ids = self.engine.chat.encode(script.pop(0)) + [self.engine.eos_id]
-            out.append((key, ids, [-0.01 * self.engine.calls] * len(ids), "stop"))
+            out.append((key, *scripted_turn(self.engine.chat, script.pop(0), -0.01 * self.engine.calls)))
         return out

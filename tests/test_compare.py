@@ -96,15 +96,19 @@ def test_refill_stops_at_its_bound_and_when_full():
     def uniform(items):
         return {p: [0.0, 0.0] for p in items}
 
-    out, m = fill_batch(draw, lambda items: list(items), uniform, want=4, max_rounds=2)
-    assert m == {"mix/refill_rounds": 2, "mix/informative_groups": 0} and len(calls) == 3 and len(out) == 12
+    def run(items, round_):
+        return list(items)
+
+    out, m = fill_batch(draw, run, uniform, want=4, max_rounds=2, group_of=str)
+    assert m == {"mix/refill_rounds": 2, "mix/informative_groups": 0, "mix/refill_dropped_groups": 8}
+    assert len(calls) == 3 and out == ["r0p0", "r0p1", "r0p2", "r0p3"]  # trimmed back to the batch size
 
     def half(items):
         return {p: ([0.0, 1.0] if i % 2 == 0 else [1.0, 1.0]) for i, p in enumerate(items)}
 
     calls.clear()
-    out, m = fill_batch(draw, lambda items: list(items), half, want=4, max_rounds=5)
-    assert m["mix/informative_groups"] >= 4 and calls[0] == (0, 4) and calls[1] == (1, 2)
+    out, m = fill_batch(draw, run, half, want=4, max_rounds=5, group_of=str)
+    assert m["mix/informative_groups"] == 4 and calls[:2] == [(0, 4), (1, 2)] and len(out) == 4
 
 
 def test_same_seed_same_rollout(warm_model_dir, chat):

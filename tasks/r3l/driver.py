@@ -152,14 +152,16 @@ class R3LRollout:
         self.base_runner = Rollout(runner.cfg.model_copy(update={"n_samples": n_base}), runner.engine, runner.chat,
                                    runner.sandbox)
 
-    def run(self, items: list[PromptItem], seed: int, step: int, progress: bool = True) -> R3LResult:
-        bases = self.base_runner.run(items, seed, step, progress)
+    def run(self, items: list[PromptItem], seed: int, step: int, progress: bool = True,
+            refill_round: int = 0) -> R3LResult:
+        bases = self.base_runner.run(items, seed, step, progress, refill_round=refill_round)
         refl = [Reflection(t, self.reward_fn(t), count_steps(split_messages(t, self.chat)[1])) for t in bases]
         self._reflect(refl, seed, step)
         todo = [r for r in refl if r.check.valid and not r.check.perfect and r.r1 is not None]
         self._prepare_retries(todo, step)
         ready = [r for r in todo if r.retry is not None]
-        self.runner.drive_all([r.retry for r in ready], seed, step, progress, stream="r3l-retry")
+        self.runner.drive_all([r.retry for r in ready], seed, step, progress, stream="r3l-retry",
+                              refill_round=refill_round)
         for r in ready:
             self._finish_retry(r)
         return self._rows(refl)

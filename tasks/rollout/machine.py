@@ -31,6 +31,7 @@ rollout (``SandboxInfraError``): they are never a code failure, a SAAR trigger o
 
 from __future__ import annotations
 
+import zlib
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from enum import Enum
@@ -146,14 +147,24 @@ class Rollout:
         self.sandbox = sandbox
 
     def new_trajectories(self, items: list[PromptItem], seed: int, step: int) -> list[Trajectory]:
+        """``n_samples`` trajectories per prompt; ids ``step:prompt:sample`` are unique because prompts are."""
+        ids = [item.prompt_id for item in items]
+        if len(set(ids)) != len(ids):
+            dup = sorted({i for i in ids if ids.count(i) > 1})
+            raise ValueError(f"step {step}: prompt ids drawn twice in one batch: {dup} (trajectory ids would collide)")
         return [self.new_trajectory(item, seed, step, k) for item in items for k in range(self.cfg.n_samples)]
 
     def new_trajectory(self, item: PromptItem, seed: int, step: int, sample_idx: int) -> Trajectory:
-        """Sample ``sample_idx`` of ``item``: prompt ids from the chat template, the seeded raw draw."""
+        """Sample ``sample_idx`` of ``item``: prompt ids from the chat template, the seeded raw draw.
+
+        A trajectory is raw only when SAAR could have acted on it: with SAAR off (the DAPO baseline)
+        nothing is drawn raw, so raw/SAAR metrics are not split over a distinction that does not exist.
+        """
         messages = self.chat.messages(item.messages)
-        raw = is_raw(seed, step, item.prompt_id, sample_idx, self.cfg.saar.raw_share)
+        saar = self.cfg.saar
+        raw = saar.enabled and is_raw(seed, step, item.prompt_id, sample_idx, saar.raw_share)
         return Trajectory(f"{step}:{item.prompt_id}:{sample_idx}", item, sample_idx, raw, self.chat.prompt_ids(messages),
-                          list(messages), saar_on=self.cfg.saar.enabled and not raw)
+                          list(messages), saar_on=saar.enabled and not raw)
 
     async def drive(self, t: Trajectory, agenerate, aexecute) -> Trajectory:
         """Run one trajectory to its end with async callables, through the same handlers as ``run``.
@@ -172,15 +183,17 @@ class Rollout:
         t.truncate(self.budget(t))
         return t
 
-    def run(self, items: list[PromptItem], seed: int, step: int, progress: bool = True) -> list[Trajectory]:
-        return self.drive_all(self.new_trajectories(items, seed, step), seed, step, progress)
+    def run(self, items: list[PromptItem], seed: int, step: int, progress: bool = True,
+            refill_round: int = 0) -> list[Trajectory]:
+        return self.drive_all(self.new_trajectories(items, seed, step), seed, step, progress, refill_round=refill_round)
 
     def drive_all(self, trajs: list[Trajectory], seed: int, step: int, progress: bool = True,
-                  stream: str = "") -> list[Trajectory]:
-        """Run prepared trajectories to their ends; ``stream`` salts the sampling seeds (a second phase)."""
+                  stream: str = "", refill_round: int = 0) -> list[Trajectory]:
+        """Run prepared trajectories to their ends; ``stream`` (a second phase) and ``refill_round`` > 0
+        (a DAPO refill) salt the sampling seeds (``sampling_salt``)."""
         bar = tqdm(total=len(trajs), desc=f"rollout step {step}{stream and ' ' + stream}", disable=not progress,
                    leave=False)
-        salt = (seed, step, stream) if stream else (seed, step)
+        salt = sampling_salt(seed, step, stream, refill_round)
         if self.cfg.scheduling == "continuous" and hasattr(self.engine, "stream"):
             self._run_continuous(trajs, salt, bar)
         else:
@@ -194,7 +207,7 @@ class Rollout:
         """Response-token budget of ``t``: ``max_response_tokens`` plus its uncounted injected tokens."""
         return self.cfg.max_response_tokens + t.budget_extra
 
-    def _run_rounds(self, trajs: list[Trajectory], salt: tuple, bar) -> None:
+    def _run_rounds(self, trajs: list[Trajectory], salt: tuple[int, ...], bar) -> None:
         round_ = 0
         while True:
             gen = [t for t in trajs if t.state in (State.GENERATING, State.RETRYING)]
@@ -211,7 +224,7 @@ class Rollout:
                 break
             round_ += 1
 
-    def _run_continuous(self, trajs: list[Trajectory], salt: tuple, bar) -> None:
+    def _run_continuous(self, trajs: list[Trajectory], salt: tuple[int, ...], bar) -> None:
         """Turns join the engine's decoding batch when ready; tool calls run in threads meanwhile."""
         stream = self.engine.stream(seed=hash(salt) % 2**31)
         by_id = {t.traj_id: t for t in trajs}
@@ -274,10 +287,11 @@ class Rollout:
     # -- handlers, one per state --------------------------------------------------------------
 
     def on_generated(self, t: Trajectory, out: GenOutput) -> None:
-        """GENERATING: a new assistant turn arrived."""
+        """GENERATING: a new assistant turn arrived (a turn cut by length never runs its call)."""
         turn_start = len(t.response_ids)
         text = self.chat.decode(out.token_ids)
         t.append(out.token_ids, 1, out.logprobs)
+        t.append(self.closer(out), 0)
         t.messages.append({"role": "assistant", "content": text})
         t.assistant_turns += 1
         call = parse_tool_call(text)
@@ -285,11 +299,22 @@ class Rollout:
             return self._terminate(t, "length")
         if call is None:
             return self._terminate(t, "stop")
-        if call.code is None and call.error_kind == "malformed_call" and not self.cfg.saar.malformed_call_is_failure:
+        if self._dropped(call):
             return self._terminate(t, "malformed_call")
         if t.assistant_turns >= self.cfg.max_turns:
             return self._terminate(t, "turn_cap")
         t.pending, t.pending_start, t.state = call, turn_start, State.EXECUTING
+
+    def closer(self, out: GenOutput) -> list[int]:
+        """The end-of-turn id when a turn stopped without sampling it (another eos id such as
+        ``<|endoftext|>``, a stop string): injected with mask 0 and log-prob 0 so the next turn's context
+        is well formed, and never trained — the policy did not sample it. Nothing for a turn cut by length."""
+        ended = out.token_ids and out.token_ids[-1] == self.chat.eos_id
+        return [self.chat.eos_id] if out.finish_reason == "stop" and not ended else []
+
+    def _dropped(self, call: ParsedCall) -> bool:
+        """Reference mode (``malformed_call_is_failure`` off): an unparseable call is dropped, as if absent."""
+        return call.code is None and call.error_kind == "malformed_call" and not self.cfg.saar.malformed_call_is_failure
 
     def on_executed(self, t: Trajectory, res: ExecutionResult) -> None:
         """EXECUTING: the pending call ran (or failed to parse)."""
@@ -334,24 +359,18 @@ class Rollout:
         snap.retries += 1
         position = t.assistant_turns - 1
         new_text = self.chat.decode(out.token_ids)
-        old_ids, old_lps = t.response_ids[snap.turn_start :], t.logprobs[snap.turn_start :]
-        if parse_tool_call(new_text) is None or out.finish_reason == "length":
-            kind = "length" if out.finish_reason == "length" else "no_call"
-            t.append(snap.retry_suffix, 0)
-            t.messages.append({"role": "tool", "content": snap.error_text})
-            s.errors_kept += 1
-            t.append(out.token_ids, 1, out.logprobs)
-            t.messages.append({"role": "assistant", "content": new_text})
-            t.assistant_turns += 1
-            s.rollbacks_failed += 1
-            t.events.append(SaarEvent(position, snap.retries, kind, error_kind=snap.error_kind,
-                                      error_text=snap.error_text, new_turn=new_text))
-            t.saar_on, t.snapshot = False, None
-            return self._terminate(t, "stop" if kind == "no_call" else "length")
+        end = len(t.response_ids)
+        while end > snap.turn_start and t.response_mask[end - 1] == 0:
+            end -= 1  # the failed turn's injected end-of-turn id is not part of it
+        old_ids, old_lps = t.response_ids[snap.turn_start : end], t.logprobs[snap.turn_start : end]
+        call = parse_tool_call(new_text)
+        if out.finish_reason == "length" or call is None or self._dropped(call):
+            return self._retry_failed(t, out, new_text, call)
         sp = splice(old_ids, old_lps, out.token_ids, out.logprobs, self.chat.call_start(old_ids),
                     self.chat.call_start(out.token_ids), self.chat.decode, self.cfg.saar.similarity_threshold)
         t.truncate(snap.turn_start)
         t.append(sp.ids, 1, sp.logprobs)
+        t.append(self.closer(out), 0)
         spliced_text = self.chat.decode(sp.ids)
         t.messages[-1] = {"role": "assistant", "content": spliced_text}
         setattr(s, sp.decision, getattr(s, sp.decision) + 1)
@@ -360,6 +379,26 @@ class Rollout:
                                   snap.error_text, self.chat.decode(old_ids), new_text))
         t.pending, t.pending_start, t.state = parse_tool_call(spliced_text), snap.turn_start, State.EXECUTING
 
+    def _retry_failed(self, t: Trajectory, out: GenOutput, new_text: str, call: ParsedCall | None) -> None:
+        """A regeneration SAAR cannot use — no call, a call the reference parser drops, or cut by length
+        (even around a complete call: a turn the model did not finish is never spliced in nor run). The
+        failed call, its error and the new turn all stay; SAAR is off; the trajectory ends."""
+        snap, s, position = t.snapshot, t.stats, t.assistant_turns - 1
+        kind = "length" if out.finish_reason == "length" else "no_call"
+        t.append(snap.retry_suffix, 0)
+        t.messages.append({"role": "tool", "content": snap.error_text})
+        s.errors_kept += 1
+        t.append(out.token_ids, 1, out.logprobs)
+        t.append(self.closer(out), 0)
+        t.messages.append({"role": "assistant", "content": new_text})
+        t.assistant_turns += 1
+        s.rollbacks_failed += 1
+        t.events.append(SaarEvent(position, snap.retries, kind, error_kind=snap.error_kind,
+                                  error_text=snap.error_text, new_turn=new_text))
+        t.saar_on, t.snapshot = False, None
+        reason = {"length": "length", "no_call": "malformed_call" if call is not None else "stop"}[kind]
+        self._terminate(t, reason)
+
     def _continue_after_tool(self, t: Trajectory, text: str) -> None:
         t.append(self.chat.tool_response_ids(text), 0)
         t.messages.append({"role": "tool", "content": text})
@@ -367,6 +406,17 @@ class Rollout:
         if len(t.response_ids) >= self.budget(t):
             return self._terminate(t, "length")
         t.state = State.GENERATING
+
+
+def sampling_salt(seed: int, step: int, stream: str = "", refill_round: int = 0) -> tuple[int, ...]:
+    """What the engine seeds of a rollout are hashed from: ints only — ``hash`` of a ``str`` changes with
+    every process (PYTHONHASHSEED), so a stream name enters as its CRC-32 and a rerun samples the same."""
+    salt = (seed, step)
+    if stream:
+        salt += (zlib.crc32(stream.encode()),)
+    if refill_round:
+        salt += (1_000_003, refill_round)
+    return salt
 
 
 def setup_of(t: Trajectory) -> str | None:

@@ -112,7 +112,8 @@ def _rate(num: float, den: float) -> float:
 
 
 def aggregate_stats(stats: list[TrajStats], raw_flags: list[bool]) -> dict[str, float]:
-    """Per-step metrics (names follow the reference where it has one: recovery rate, success rate)."""
+    """Per-step metrics: the project's own (``tools/``, ``saar/``, ``rollout/``) plus the reference's keys
+    with the reference's meaning (``reference_metrics``; the table in docs/metrics.md)."""
     tot = Counter()
     reasons = Counter()
     sims: list[float] = []
@@ -139,4 +140,38 @@ def aggregate_stats(stats: list[TrajStats], raw_flags: list[bool]) -> dict[str, 
     }
     for kind, n in sorted(reasons.items()):
         out[f"tools/failures/{kind}"] = n
+    out.update(reference_metrics(stats))
+    return out
+
+
+def reference_metrics(stats: list[TrajStats]) -> dict[str, float]:
+    """The paper's metric keys, computed as Open-CLEANER's trainer aggregates its agent loop's counters.
+
+    ``tool_calls/success_rate`` is the FIRST-attempt success rate (calls that were not a SAAR retry;
+    every call of a raw or SAAR-off trajectory is a first attempt), falling back to all calls only when
+    a step has no first attempt; ``tool_calls/failure_reason/<kind>`` counts the trajectories with at
+    least one failure of that kind (retries included) — not failures, which ``tools/failures/<kind>``
+    counts; ``rollback/global_recovery_rate`` is only logged when a rollback was triggered.
+    """
+    tot = Counter()
+    reasons = Counter()
+    for s in stats:
+        tot.update(s.scalars())
+        reasons.update(set(s.failure_reasons))
+    first = tot["first_attempt_total"] > 0
+    attempts = tot["first_attempt_total"] if first else tot["tool_calls"]
+    success = tot["first_attempt_success"] if first else tot["tool_success"]
+    out = {
+        "tool_calls/total_attempts": attempts,
+        "tool_calls/success_rate": _rate(success, attempts),
+        "rollback/global_triggered": tot["rollbacks_triggered"],
+        "rollback/global_recovered": tot["rollbacks_recovered"],
+        "rollback/global_failed": tot["rollbacks_failed"],
+        "rollback/rollback_full_turn_count": tot["deep"],
+        "rollback/rollback_tool_call_only_count": tot["shallow"],
+    }
+    if tot["rollbacks_triggered"]:
+        out["rollback/global_recovery_rate"] = tot["rollbacks_recovered"] / tot["rollbacks_triggered"]
+    for kind, n in sorted(reasons.items()):
+        out[f"tool_calls/failure_reason/{kind}"] = n
     return out

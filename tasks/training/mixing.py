@@ -13,7 +13,8 @@ model's own tokens (mask 1) only.
 ``fill_batch`` is the other half of DAPO dynamic sampling, used by the rollout stage: roll out
 more prompts until ``want`` groups are informative (rewards not all equal), at most
 ``max_rounds`` extra rounds — the bound keeps a step's cost finite when the policy solves
-(or fails) everything.
+(or fails) everything — then trim the batch back to ``want`` groups, as DAPO trims its
+accumulated batch to the train batch size.
 """
 
 from __future__ import annotations
@@ -31,23 +32,42 @@ from tasks.training.config import MixConfig
 T = TypeVar("T")
 
 
-def fill_batch(draw: Callable[[int, int], Sequence], run: Callable[[Sequence], list[T]],
+def fill_batch(draw: Callable[[int, int], Sequence], run: Callable[[Sequence, int], list[T]],
                group_rewards: Callable[[list[T]], dict[str, list[float]]], want: int,
-               max_rounds: int) -> tuple[list[T], dict[str, float]]:
-    """Roll out ``draw(round, n)`` prompts until ``want`` informative groups, within ``max_rounds`` refills."""
+               max_rounds: int, group_of: Callable[[T], str]) -> tuple[list[T], dict[str, float]]:
+    """Roll out ``draw(round, n)`` prompts (``run(prompts, round)``) until ``want`` informative groups,
+    within ``max_rounds`` refills; the batch is then trimmed back to ``want`` groups.
+
+    The trimmed batch holds every informative group (never more than ``want``: each round draws only
+    the shortfall) and, when the rounds ran out first, the earliest uninformative groups up to ``want``;
+    uninformative groups a refill replaced are dropped (``mix/refill_dropped_groups``).
+    """
     out: list[T] = []
-    informative = 0
+    informative: set[str] = set()
+    order: list[str] = []
     rounds = 0
     need = want
     while True:
-        new = run(draw(rounds, need))
+        new = run(draw(rounds, need), rounds)
         out.extend(new)
-        informative += sum(len(set(r)) > 1 for r in group_rewards(new).values())
-        if informative >= want or rounds >= max_rounds:
+        rewards = group_rewards(new)
+        order += [g for g in dict.fromkeys(group_of(t) for t in new)]
+        informative.update(g for g, r in rewards.items() if len(set(r)) > 1)
+        if len(informative) >= want or rounds >= max_rounds:
             break
         rounds += 1
-        need = want - informative
-    return out, {"mix/refill_rounds": rounds, "mix/informative_groups": informative}
+        need = want - len(informative)
+    keep = set(informative)
+    if rounds:
+        for g in order:
+            if len(keep) >= want:
+                break
+            keep.add(g)
+    else:
+        keep = set(order)
+    batch = [t for t in out if group_of(t) in keep]
+    return batch, {"mix/refill_rounds": rounds, "mix/informative_groups": len(informative),
+                   "mix/refill_dropped_groups": len(set(order) - keep)}
 
 
 def with_roles(df: pl.DataFrame) -> pl.DataFrame:

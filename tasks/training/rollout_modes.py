@@ -31,8 +31,8 @@ class StandardMode:
     def __init__(self, runner: Rollout, cfg: RolloutConfig, grade: Grade):
         self.runner, self.grade = runner, grade
 
-    def run(self, batch: list[PromptItem], seed: int, step: int) -> list[Trajectory]:
-        return self.runner.run(batch, seed, step)
+    def run(self, batch: list[PromptItem], seed: int, step: int, refill_round: int = 0) -> list[Trajectory]:
+        return self.runner.run(batch, seed, step, refill_round=refill_round)
 
     def group_rewards(self, trajs: list[Trajectory]) -> dict[str, list[float]]:
         groups: dict[str, list[float]] = {}
@@ -58,8 +58,8 @@ class R3LMode:
         self.reflections: list = []
         self.rewards: dict[str, float] = {}
 
-    def run(self, batch: list[PromptItem], seed: int, step: int) -> list[Trajectory]:
-        res = self.driver.run(batch, seed, step)
+    def run(self, batch: list[PromptItem], seed: int, step: int, refill_round: int = 0) -> list[Trajectory]:
+        res = self.driver.run(batch, seed, step, refill_round=refill_round)
         self.reflections += res.reflections
         self.rewards.update(res.rewards)
         return res.rows

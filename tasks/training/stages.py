@@ -94,8 +94,9 @@ def rollout_stage(step_dir: Path, step: int, seed: int, ckpt: str, run_id: str, 
                 return None
 
         mode = make_mode(runner, rollout, grade)
-        trajs, refill = fill_batch(draw, lambda batch: mode.run(batch, seed, step), mode.group_rewards,
-                                   data.prompts_per_step, data.refill_rounds)
+        trajs, refill = fill_batch(draw, lambda batch, round_: mode.run(batch, seed, step, refill_round=round_),
+                                   mode.group_rewards, data.prompts_per_step, data.refill_rounds,
+                                   group_of=lambda t: t.item.prompt_id)
         frames = trajectory_frames(trajs, run_id, step, chat.decode)
         write_frames({**frames, **mode.frames(run_id, step)}, Path(step_dir))
         rolled = [t for t in trajs if t.kind not in SINGLETON_KINDS]  # R3L reflect/retry rows repeat others' turns
