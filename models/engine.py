@@ -41,6 +41,9 @@ class GenOutput:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: Literal["stop", "length"]
+    """``stop``: the engine ended the turn (on the end-of-turn id, or on another eos id or a stop string,
+    which then is the last id: ids are only what was sampled, never a token added for form);
+    ``length``: the budget was used up."""
 
 
 class Engine(Protocol):

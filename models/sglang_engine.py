@@ -165,9 +165,7 @@ class SGLangEngine:
         triples = meta["output_token_logprobs"][: req.max_new_tokens]
         ids = [int(t[1]) for t in triples]
         lps = [float(t[0]) if t[0] is not None else 0.0 for t in triples]
-        if kind == "stop":
-            if not ids or ids[-1] != self.eos_id:
-                ids, lps = ids + [self.eos_id], lps + [0.0]
+        if kind == "stop":  # ids as sampled: a stop on another eos id or a stop string gets no invented end id
             return GenOutput(ids, lps, "stop")
         return GenOutput(ids, lps, "length")
 

@@ -49,6 +49,16 @@ def test_generate_honours_budgets_logprobs_and_end_of_turn(engine, chat):
             assert len(out.token_ids) == req.max_new_tokens and chat.eos_id not in out.token_ids
 
 
+def test_a_stop_without_the_end_of_turn_id_returns_only_sampled_ids(engine, chat):
+    """A stop string or another eos id ended the turn: no end-of-turn id with log-prob 0 is invented
+    (it would be trained as a policy token); the rollout closes such a turn with an untrained one."""
+    ids = chat.encode("Go. <tool_call>") + [chat.tokenizer.convert_tokens_to_ids("<|endoftext|>")]
+    data = {"meta_info": {"finish_reason": {"type": "stop", "matched": ids[-1]},
+                          "output_token_logprobs": [[-0.5, t, None] for t in ids]}}
+    out = engine._parse(data, GenRequest([1, 2], 64), "http://server")
+    assert out.token_ids == ids and out.logprobs == [-0.5] * len(ids) and out.finish_reason == "stop"
+
+
 def test_requests_are_concurrent_so_the_server_batches_them(engine, server, chat):
     prompt = chat.prompt_ids([{"role": "user", "content": "What is 7 * 8?"}])
     engine.generate([GenRequest(prompt, 8) for _ in range(12)], seed=1)
