@@ -5,7 +5,10 @@ registered through ``configs/verl/agent_loops.yaml``) runs a batch through
 ``generate_sequences``; its server manager and the pipeline's engine answer from the same
 per-prompt scripts (real tokenizer, real end-of-turn id), and code runs in the local sandbox on
 both sides. Prompt ids, response ids, response masks, rollout log-probs and the SAAR decisions
-must be identical, scenario by scenario.
+must be identical, scenario by scenario — with half the samples drawn raw, and with the servers'
+awkward stops: a turn ending on ``<|endoftext|>`` (SGLang ``stop``), a turn the server cut short
+(``length`` below ``max_new_tokens``) and vLLM's ``completed`` for both. No token the policy did
+not sample is ever trained (mask 1).
 """
 
 from __future__ import annotations
@@ -17,23 +20,52 @@ import re
 import pytest
 
 from models.chat import render_call
-from models.engine import GenOutput
+from models.engine import GenOutput, GenRequest
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
 from tasks.rollout.machine import PromptItem, Rollout
+from tasks.rollout.saar import is_raw
+from tests.scripted import Turn, scripted_turn
 from tests.test_saar_rollout import LONG_FIX
 
 verl = pytest.importorskip("verl", reason="verl is not installed: pip install -e '.[verl]' (CPU is fine)")
 pytestmark = [pytest.mark.verl, pytest.mark.slow]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIX = ["Go. " + render_call("pritn(6 * 7)"), "Go. " + render_call("print(6 * 7)"), "\\boxed{42}"]
 SCRIPTS = {
     "shallow": ["I multiply. " + render_call("pritn(6 * 7)"), "Fixing. " + render_call("print(6 * 7)"), "\\boxed{42}"],
     "deep": ["Go. " + render_call("print(6 * 7"), "A loop instead. " + render_call(LONG_FIX), "\\boxed{56088}"],
     "exhausted": [f"T{i}. " + render_call(f"print(1/0 + {i})") for i in range(4)] + ["I give up."],
     "no_call": ["Compute. " + render_call("print(undefined_name)"), "It is \\boxed{42}."],
     "clean": ["Easy. " + render_call("print(40 + 2)"), "\\boxed{42}"],
+    "endoftext": [Turn("Easy. " + render_call("print(40 + 2)"), "endoftext"), Turn("\\boxed{42}", "endoftext")],
+    "cut": [Turn("Let me think about it. " * 4, "length")],
+    "vllm": [Turn("Easy. " + render_call("print(6 * 7)"), "endoftext"), Turn("\\boxed{42} and then", "length")],
+    "fix_a": FIX, "fix_b": FIX, "fix_c": FIX, "fix_d": FIX,
 }
+SAAR_CASES = ("shallow", "deep", "exhausted", "no_call")
+FIX_CASES = ("fix_a", "fix_b", "fix_c", "fix_d")
+RAW_SHARE = 0.5
+
+
+def pick_step() -> int:
+    """A step whose draws leave the SAAR scenarios on and draw some, not all, fix cases raw."""
+    for step in range(1, 1000):
+        raw = {c: is_raw(0, step, c, 0, RAW_SHARE) for c in SCRIPTS}
+        if not any(raw[c] for c in SAAR_CASES) and 0 < sum(raw[c] for c in FIX_CASES) < len(FIX_CASES):
+            return step
+    raise AssertionError("no step fits")
+
+
+STEP = pick_step()
+
+
+def server_reason(case: str, finish: str, ids: list[int], max_new_tokens: int) -> str:
+    """The stop reason a server reports: vLLM says ``completed`` for stops and cuts alike, SGLang
+    ``stop`` / ``length``; a cut turn is shorter than its budget (the server clamped it)."""
+    assert finish == "stop" or len(ids) < max_new_tokens
+    return "completed" if case == "vllm" else finish
 
 
 class KeyedScript:
@@ -42,13 +74,11 @@ class KeyedScript:
     def __init__(self, chat):
         self.chat = chat
         self.left = {k: list(v) for k, v in SCRIPTS.items()}
-        self.calls = 0
 
-    def answer(self, input_ids: list[int]) -> tuple[list[int], list[float]]:
+    def answer(self, input_ids: list[int]) -> tuple[str, list[int], list[float], str]:
         case = re.search(r"case (\w+)", self.chat.decode(input_ids)).group(1)
-        self.calls += 1
-        ids = self.chat.encode(self.left[case].pop(0)) + [self.chat.eos_id]
-        return ids, [-0.001 * (len(self.left[case]) + 1)] * len(ids)
+        ids, lps, finish = scripted_turn(self.chat, self.left[case].pop(0), -0.001 * (len(self.left[case]) + 1))
+        return case, ids, lps, finish
 
 
 class ScriptEngine:
@@ -56,7 +86,7 @@ class ScriptEngine:
         self.script, self.eos_id = script, script.chat.eos_id
 
     def generate(self, requests, seed):
-        return [GenOutput(*self.script.answer(r.input_ids), "stop") for r in requests]
+        return [GenOutput(*self.script.answer(r.input_ids)[1:]) for r in requests]
 
     def load_weights(self, path):
         return None
@@ -67,13 +97,16 @@ class ScriptServerManager:
 
     def __init__(self, script: KeyedScript):
         self.script = script
+        self.params: list[dict] = []
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
         from verl.workers.rollout.replica import TokenOutput
 
         assert sampling_params["logprobs"] and sampling_params["max_new_tokens"] >= 1
-        ids, lps = self.script.answer(prompt_ids)
-        return TokenOutput(token_ids=ids, log_probs=lps, stop_reason="completed")
+        self.params.append(dict(sampling_params))
+        case, ids, lps, finish = self.script.answer(prompt_ids)
+        reason = server_reason(case, finish, ids, sampling_params["max_new_tokens"])
+        return TokenOutput(token_ids=ids, log_probs=lps, stop_reason=reason)
 
 
 def item(case: str) -> PromptItem:
@@ -81,49 +114,73 @@ def item(case: str) -> PromptItem:
                       {"index": case})
 
 
-@pytest.fixture(scope="module")
-def verl_config(warm_model_dir):
-    import verl.trainer.config as verl_configs
-    from hydra import compose, initialize_config_dir
-
-    overrides = [
-        f"actor_rollout_ref.model.path={warm_model_dir}", "actor_rollout_ref.rollout.name=sglang",
+def verl_overrides(model_dir, *extra: str) -> list[str]:
+    return [
+        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=sglang",
         "actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.multi_turn.enable=true",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=4",
         "actor_rollout_ref.rollout.prompt_length=1024", "actor_rollout_ref.rollout.response_length=512",
         "actor_rollout_ref.rollout.agent.default_agent_loop=cleaner_agent",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={ROOT}/configs/verl/agent_loops.yaml",
-        "+cleaner.saar.raw_share=0.0", "+cleaner.max_new_tokens=128",
-        "+cleaner.sandbox.backend=local", "+cleaner.sandbox.workers=1",
+        f"+cleaner.saar.raw_share={RAW_SHARE}", "+cleaner.max_new_tokens=128",
+        "+cleaner.sandbox.backend=local", "+cleaner.sandbox.workers=1", *extra,
     ]
+
+
+def compose_verl(model_dir, *extra: str):
+    import verl.trainer.config as verl_configs
+    from hydra import compose, initialize_config_dir
+
     with initialize_config_dir(config_dir=os.path.dirname(verl_configs.__file__), version_base=None):
-        return compose(config_name="ppo_trainer", overrides=overrides)
+        return compose(config_name="ppo_trainer", overrides=verl_overrides(model_dir, *extra))
+
+
+@pytest.fixture(scope="module")
+def verl_config(warm_model_dir):
+    return compose_verl(warm_model_dir)
+
+
+def verl_batch(cases: list[str], step: int, validate: bool = False):
+    import numpy as np
+    from verl.protocol import DataProto
+
+    from tasks.rollout.verl_loop import annotate_draws
+
+    rows = np.empty(len(cases), dtype=object)
+    rows[:] = [[{"role": "user", "content": f"case {c}: what is 6 * 7?"}] for c in cases]
+    extra = np.array([{"index": c} for c in cases], dtype=object)
+    batch = DataProto.from_dict(non_tensors={"raw_prompt": rows, "extra_info": extra},
+                                meta_info={"global_steps": step, "validate": validate})
+    annotate_draws(batch)  # what CleanerAgentLoopManager does before verl splits the batch over workers
+    return batch
+
+
+def run_verl(config, chat, cases: list[str], step: int, validate: bool = False):
+    import torch
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    from tasks.rollout.verl_loop import close_sandboxes
+
+    torch.set_num_threads(1)
+    manager = ScriptServerManager(KeyedScript(chat))
+    worker = AgentLoopWorker(config, manager)
+    try:
+        return asyncio.run(worker.generate_sequences(verl_batch(cases, step, validate))), manager
+    finally:
+        close_sandboxes()
 
 
 @pytest.fixture(scope="module")
 def both_paths(verl_config, chat):
-    import numpy as np
-    import torch
-    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
-    from verl.protocol import DataProto
+    from tasks.rollout.verl_loop import rollout_config
 
-    from tasks.rollout.verl_loop import close_sandboxes, rollout_config
-
-    torch.set_num_threads(1)
     cases = list(SCRIPTS)
     cfg = rollout_config(verl_config)
     with make_sandbox(SandboxConfig(backend="local", workers=1)) as box:
-        pipeline = Rollout(cfg, ScriptEngine(KeyedScript(chat)), chat, box).run([item(c) for c in cases], 0, 0, False)
-    rows = np.empty(len(cases), dtype=object)
-    rows[:] = [[{"role": "user", "content": f"case {c}: what is 6 * 7?"}] for c in cases]
-    extra = np.array([{"index": c} for c in cases], dtype=object)
-    batch = DataProto.from_dict(non_tensors={"raw_prompt": rows, "extra_info": extra}, meta_info={"global_steps": 1})
-    worker = AgentLoopWorker(verl_config, ScriptServerManager(KeyedScript(chat)))
-    try:
-        out = asyncio.run(worker.generate_sequences(batch))
-    finally:
-        close_sandboxes()
-    return cases, cfg, pipeline, out
+        pipeline = Rollout(cfg, ScriptEngine(KeyedScript(chat)), chat, box).run([item(c) for c in cases], 0, STEP,
+                                                                               False)
+    out, manager = run_verl(verl_config, chat, cases, STEP)
+    return cases, cfg, pipeline, out, manager
 
 
 def unpadded(out, row: int) -> tuple[list[int], list[int], list[int], list[float]]:
@@ -138,13 +195,13 @@ def unpadded(out, row: int) -> tuple[list[int], list[int], list[int], list[float
 
 
 def test_verl_keys_configure_our_rollout(both_paths):
-    _, cfg, _, _ = both_paths
+    _, cfg, _, _, _ = both_paths
     assert cfg.max_turns == 4 and cfg.max_response_tokens == 512 and cfg.max_new_tokens == 128
-    assert cfg.saar.raw_share == 0.0 and cfg.saar.similarity_threshold == 0.5
+    assert cfg.saar.raw_share == RAW_SHARE and cfg.saar.similarity_threshold == 0.5
 
 
 def test_same_tokens_masks_and_logprobs(both_paths):
-    cases, _, pipeline, out = both_paths
+    cases, _, pipeline, out, _ = both_paths
     for row, (case, traj) in enumerate(zip(cases, pipeline)):
         prompt, resp, mask, lps = unpadded(out, row)
         assert prompt == traj.prompt_ids, case
@@ -153,8 +210,15 @@ def test_same_tokens_masks_and_logprobs(both_paths):
         assert lps == pytest.approx(traj.logprobs, abs=1e-6), case
 
 
+def test_same_raw_draws_keyed_by_step_and_sample(both_paths):
+    cases, _, pipeline, out, _ = both_paths
+    raw = [bool(r) for r in out.non_tensor_batch["cleaner_raw"]]
+    assert raw == [t.raw for t in pipeline] == [is_raw(0, STEP, c, 0, RAW_SHARE) for c in cases]
+    assert 0 < sum(raw[cases.index(c)] for c in FIX_CASES) < len(FIX_CASES)
+
+
 def test_same_saar_decisions(both_paths):
-    cases, _, pipeline, out = both_paths
+    cases, _, pipeline, out, _ = both_paths
     seen = set()
     for row, (case, traj) in enumerate(zip(cases, pipeline)):
         events = out.non_tensor_batch["cleaner_events"][row]
@@ -165,12 +229,147 @@ def test_same_saar_decisions(both_paths):
     assert {"shallow", "deep", "recovered", "exhausted", "no_call"} <= seen
 
 
+def test_raw_fix_keeps_its_error_and_saar_fix_is_purified(both_paths, chat):
+    cases, _, _, out, _ = both_paths
+    for case in FIX_CASES:
+        row = cases.index(case)
+        text = chat.decode(unpadded(out, row)[1])
+        if out.non_tensor_batch["cleaner_raw"][row]:
+            assert "NameError" in text and text.count("<tool_call>") == 2, case
+        else:
+            assert "Error" not in text and "pritn" not in text and text.count("<tool_call>") == 1, case
+
+
 def test_purified_trajectories_carry_no_error_text(both_paths, chat):
-    cases, _, _, out = both_paths
+    cases, _, _, out, _ = both_paths
     for row, case in enumerate(cases):
         text = chat.decode(unpadded(out, row)[1])
         if case in ("shallow", "deep", "clean"):
             assert "Error" not in text and text.count("<tool_call>") == 1, case
+
+
+def test_no_token_the_policy_did_not_sample_is_trained(both_paths, chat):
+    """Every mask-1 token carries a sampled (non-zero) log-prob; a turn ended on <|endoftext|> is closed
+    by an <|im_end|> with mask 0; a cut turn is not closed at all."""
+    cases, _, _, out, _ = both_paths
+    eot = chat.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    for row, case in enumerate(cases):
+        _, resp, mask, lps = unpadded(out, row)
+        assert all(lp != 0.0 for m, lp in zip(mask, lps) if m == 1), case
+    for case in ("endoftext", "vllm"):
+        _, resp, mask, _ = unpadded(out, cases.index(case))
+        first = resp.index(eot)
+        assert mask[first] == 1 and resp[first + 1] == chat.eos_id and mask[first + 1] == 0, case
+    _, resp, mask, _ = unpadded(out, cases.index("cut"))
+    assert resp == chat.encode("Let me think about it. " * 4) and set(mask) == {1}
+    finish = dict(zip(cases, out.non_tensor_batch["cleaner_finish_reason"]))
+    assert (finish["cut"], finish["vllm"], finish["endoftext"]) == ("length", "length", "stop")
+
+
+def test_servers_are_asked_to_stop_on_every_end_id(both_paths, chat):
+    *_, manager = both_paths
+    eot = chat.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert all(set(p["stop_token_ids"]) == {chat.eos_id, eot} for p in manager.params)
+
+
+def test_validation_draws_nothing_raw_and_runs_saar_as_configured(warm_model_dir, chat):
+    cases = ["shallow", *FIX_CASES]
+    on, _ = run_verl(compose_verl(warm_model_dir), chat, cases, STEP, validate=True)
+    assert not any(on.non_tensor_batch["cleaner_raw"])
+    assert all(s["rollbacks_recovered"] == 1 for s in on.non_tensor_batch["cleaner_stats"])
+    off, _ = run_verl(compose_verl(warm_model_dir, "+cleaner.validation_saar=false"), chat, cases, STEP, validate=True)
+    assert not any(off.non_tensor_batch["cleaner_raw"])
+    assert all(s["rollbacks_triggered"] == 0 for s in off.non_tensor_batch["cleaner_stats"])
+    assert all(not events for events in off.non_tensor_batch["cleaner_events"])
+
+
+def test_draw_tags_follow_step_group_and_validation():
+    import numpy as np
+    from verl.protocol import DataProto
+
+    from tasks.rollout.verl_loop import DRAW_KEY, annotate_draws
+
+    uids = np.array(["u1", "u1", "u2", "u1", "u2"], dtype=object)
+    batch = DataProto.from_dict(non_tensors={"uid": uids}, meta_info={"global_steps": 7})
+    annotate_draws(batch)
+    tags = list(batch.non_tensor_batch[DRAW_KEY])
+    assert [t["sample"] for t in tags] == [0, 1, 0, 2, 1] and {t["step"] for t in tags} == {7}
+    assert not any(t["validate"] for t in tags)
+    val = DataProto.from_dict(non_tensors={"uid": uids[:2]}, meta_info={"global_steps": 7, "validate": True})
+    annotate_draws(val)
+    assert all(t["validate"] for t in val.non_tensor_batch[DRAW_KEY])
+
+
+def test_manager_tags_rows_before_verl_splits_them(monkeypatch):
+    import numpy as np
+    from verl.experimental.agent_loop.agent_loop import AgentLoopManager
+    from verl.protocol import DataProto
+
+    from tasks.rollout.verl_loop import DRAW_KEY, CleanerAgentLoopManager
+
+    seen = []
+
+    async def dispatch(self, prompts):
+        seen.append(list(prompts.non_tensor_batch[DRAW_KEY]))
+        return "dispatched"
+
+    monkeypatch.setattr(AgentLoopManager, "generate_sequences", dispatch)
+    manager = object.__new__(CleanerAgentLoopManager)
+    batch = DataProto.from_dict(non_tensors={"uid": np.array(["a", "a"], dtype=object)}, meta_info={"global_steps": 3})
+    assert manager.generate_sequences(batch) == "dispatched"
+    assert [t["sample"] for t in seen[0]] == [0, 1] and seen[0][0]["step"] == 3
+
+
+def test_a_row_without_draw_tags_is_an_error_naming_the_setting(verl_config, chat):
+    import numpy as np
+    import torch
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.protocol import DataProto
+
+    torch.set_num_threads(1)
+    rows = np.empty(1, dtype=object)
+    rows[:] = [[{"role": "user", "content": "case clean: what is 6 * 7?"}]]
+    batch = DataProto.from_dict(non_tensors={"raw_prompt": rows}, meta_info={"global_steps": 1})
+    worker = AgentLoopWorker(verl_config, ScriptServerManager(KeyedScript(chat)))
+    with pytest.raises(Exception, match="agent_loop_manager_class"):
+        asyncio.run(worker.generate_sequences(batch))
+
+
+@pytest.mark.parametrize("reason,ids_end,expect", [
+    ("stop", "eos", "stop"), ("stop", "endoftext", "stop"), ("length", "text", "length"),
+    ("completed", "eos", "stop"), ("completed", "endoftext", "stop"), ("completed", "text", "length"),
+    (None, "text", "length"),
+])
+def test_gen_output_maps_every_stop_reason(reason, ids_end, expect, chat, verl_config):
+    from verl.workers.rollout.replica import TokenOutput
+
+    from tasks.rollout.verl_loop import CleanerAgentLoop
+
+    loop = object.__new__(CleanerAgentLoop)
+    loop.chat = chat
+    from tasks.rollout.verl_loop import stop_ids
+
+    loop.stop_ids = stop_ids(chat)
+    end = {"eos": [chat.eos_id], "endoftext": [chat.tokenizer.convert_tokens_to_ids("<|endoftext|>")], "text": []}
+    ids = chat.encode("Some text") + end[ids_end]
+    out = loop.gen_output(TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason=reason),
+                          GenRequest([1, 2, 3], 64))
+    assert (out.token_ids, out.logprobs, out.finish_reason) == (ids, [-0.5] * len(ids), expect)
+
+
+@pytest.mark.parametrize("reason,ids,lps,match", [
+    ("aborted", [5], [-0.1], "aborted"), ("stop", [], [], "empty turn"), ("stop", [5, 6], None, "log-probs"),
+    ("stop", [5, 6], [-0.1], "log-probs"), ("preempted", [5], [-0.1], "unknown stop reason"),
+])
+def test_gen_output_refuses_what_it_cannot_trust(reason, ids, lps, match, chat):
+    from verl.workers.rollout.replica import TokenOutput
+
+    from tasks.rollout.verl_loop import CleanerAgentLoop, stop_ids
+
+    loop = object.__new__(CleanerAgentLoop)
+    loop.chat, loop.stop_ids = chat, stop_ids(chat)
+    with pytest.raises(RuntimeError, match=match):
+        loop.gen_output(TokenOutput(token_ids=ids, log_probs=lps, stop_reason=reason), GenRequest([1], 8))
 
 
 def test_paper_config_composes_with_verl_defaults():
@@ -182,18 +381,67 @@ def test_paper_config_composes_with_verl_defaults():
         cfg = compose(config_name="cleaner_grpo")
     actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.use_kl_loss, actor.optim.lr) == (0.2, 0.28, False, 2e-6)
+    assert (actor.loss_agg_mode, actor.grad_clip) == ("token-mean", 1.0)
     assert (cfg.data.train_batch_size, rollout.n, rollout.response_length) == (128, 16, 20480)
     assert (rollout.name, rollout.mode, rollout.agent.default_agent_loop) == ("sglang", "async", "cleaner_agent")
+    assert rollout.agent.agent_loop_manager_class == "tasks.rollout.verl_loop.CleanerAgentLoopManager"
     assert cfg.algorithm.adv_estimator == "grpo" and cfg.algorithm.rollout_correction.bypass_mode is False
+    # the paper's reward: reward_manager=dapo with the overlong buffer of 4096 tokens, factor 1.0
+    assert cfg.reward.reward_manager.name == "dapo"
+    buffer = cfg.reward.reward_kwargs.overlong_buffer_cfg
+    assert (buffer.enable, buffer.len, buffer.penalty_factor) == (True, 4096, 1.0)
+    assert cfg.reward.reward_kwargs.max_resp_len == cfg.data.max_response_length == 20480
+    assert dict(cfg.reward.custom_reward_function.reward_kwargs.sandbox) == dict(cfg.cleaner.sandbox)
     ours = rollout_config(cfg)
     assert (ours.max_turns, ours.max_response_tokens, ours.saar.raw_share) == (16, 20480, 0.3)
 
 
-def test_reward_adapter_uses_our_graders():
-    from tasks.rollout.verl_loop import close_sandboxes, compute_score
+def test_paper_reward_applies_the_overlong_penalty(chat):
+    """verl's DAPO reward manager with our config and our compute_score: a correct answer whose response
+    runs 2048 tokens into the 4096-token buffer scores 1 - 0.5."""
+    import numpy as np
+    import torch
+    from hydra import compose, initialize_config_dir
+    from verl.experimental.reward_loop.reward_manager.dapo import DAPORewardManager
+    from verl.protocol import DataProto
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    from tasks.rollout.verl_loop import close_sandboxes
+
+    with initialize_config_dir(config_dir=f"{ROOT}/configs/verl", version_base=None):
+        cfg = compose(config_name="cleaner_grpo", overrides=["cleaner.sandbox.backend=local",
+                                                             "cleaner.sandbox.workers=1"])
+    manager = DAPORewardManager(cfg, chat.tokenizer, get_custom_reward_fn(cfg))
+    answer = chat.encode("So \\boxed{42}.")
+    filler = chat.encode(" ")[0]
+
+    def score(n_tokens: int) -> float:
+        ids = answer + [filler] * (n_tokens - len(answer))
+        data = DataProto.from_dict(
+            tensors={"responses": torch.tensor([ids]), "attention_mask": torch.ones(1, n_tokens, dtype=torch.long)},
+            non_tensors={"data_source": np.array(["synthetic/arith"], dtype=object),
+                         "reward_model": np.array([{"ground_truth": "42"}], dtype=object),
+                         "extra_info": np.array([{}], dtype=object)})
+        return manager.loop.run_until_complete(manager.run_single(data))["reward_score"]
 
     try:
-        assert compute_score("synthetic/arith", "So \\boxed{42}.", "42")["score"] == 1.0
-        assert compute_score("synthetic/arith", "So \\boxed{41}.", "42")["acc"] == 0.0
+        assert score(100) == 1.0 and score(20480 - 4096) == 1.0
+        assert score(20480 - 2048) == pytest.approx(0.5) and score(20480) == pytest.approx(0.0)
+    finally:
+        close_sandboxes()
+
+
+def test_reward_adapter_uses_our_graders_and_the_configured_sandbox(monkeypatch):
+    from tasks.rollout import verl_loop
+    from tasks.rollout.verl_loop import close_sandboxes, compute_score
+
+    made = []
+    real = verl_loop.shared_sandbox
+    monkeypatch.setattr(verl_loop, "shared_sandbox", lambda cfg: made.append(cfg) or real(cfg))
+    try:
+        local = {"backend": "local", "workers": 1, "timeout_s": 3.0}
+        assert compute_score("synthetic/arith", "So \\boxed{42}.", "42", sandbox=local)["score"] == 1.0
+        assert compute_score("synthetic/arith", "So \\boxed{41}.", "42", sandbox=local)["acc"] == 0.0
+        assert made[0] == SandboxConfig(**local)
     finally:
         close_sandboxes()

@@ -22,6 +22,6 @@ exec python -m verl.trainer.main_ppo \
   actor_rollout_ref.model.path="$MODEL" \
   data.train_files="$TRAIN" data.val_files="$VAL" \
   actor_rollout_ref.rollout.agent.agent_loop_config_path="$PWD/configs/verl/agent_loops.yaml" \
-  reward.custom_reward_function.path="$PWD/models/verl_agent_loop.py" \
+  reward.custom_reward_function.path="$PWD/tasks/rollout/verl_loop.py" \
   trainer.n_gpus_per_node="$GPUS" trainer.nnodes="$NNODES" \
   "$@"

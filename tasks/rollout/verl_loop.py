@@ -12,13 +12,25 @@ Config: verl's own keys under ``actor_rollout_ref.rollout.multi_turn`` are honou
 (``max_assistant_turns`` → turns, ``max_tool_response_length`` → tool text chars) and
 ``rollout.response_length`` is the response budget; ours live in a top-level ``cleaner:`` section
 (``cleaner.saar`` = ``SAARConfig``, ``cleaner.sandbox`` = ``SandboxConfig``,
-``cleaner.max_new_tokens``, ``cleaner.system_prompt``, ``cleaner.seed``), see
-``configs/verl/cleaner_grpo.yaml``. verl imports this module through
-``configs/verl/agent_loops.yaml`` (``rollout.agent.agent_loop_config_path``).
+``cleaner.max_new_tokens``, ``cleaner.system_prompt``, ``cleaner.seed``, ``cleaner.validation_saar``),
+see ``configs/verl/cleaner_grpo.yaml``. verl imports this module through
+``configs/verl/agent_loops.yaml`` (``rollout.agent.agent_loop_config_path``); the reward function
+``compute_score`` gets ``cleaner.sandbox`` through ``reward.custom_reward_function.reward_kwargs``.
 
-Simplifies: verl does not hand an agent loop its sample index within the group, so the raw-share
-draw is keyed by (seed, prompt id = ``extra_info.index``, the n-th rollout of that prompt in this
-worker process) — reproducible for a rerun with the same worker layout, not across layouts.
+Raw draws: verl does not hand an agent loop its step or its sample index within the group, so
+``CleanerAgentLoopManager`` (``rollout.agent.agent_loop_manager_class``) tags every row of a batch
+before verl splits it over workers (``annotate_draws``: verl's global step, the row's index among the
+rows of its prompt, validation or not); the draw is then the pipeline's, ``is_raw(seed, step,
+prompt id = extra_info.index, sample index)``. A validation batch draws nothing raw and runs SAAR
+only when ``cleaner.validation_saar`` is on (default, as the reference's evaluation does); it
+touches no training state.
+
+Stops: the server's stop reason is mapped explicitly (``gen_output``): ``stop`` (SGLang) and
+``completed`` ending on a stop id (vLLM says ``completed`` for stops and cuts alike) are stops — the
+ids are exactly what was sampled, and the rollout closes a turn that ended on another eos id with an
+untrained end-of-turn id; ``length`` and ``completed`` without a stop id are cuts (a server may clamp
+a turn below ``max_new_tokens`` at its context limit); ``aborted``, an empty stop, missing log-probs
+or an unknown reason raise: never an invented token, never an empty turn.
 
 Run: ``bash infra/verl/run_cleaner_grpo.sh`` (GPU), or see ``docs/run_at_scale.md``.
 """
@@ -32,8 +44,16 @@ from dataclasses import asdict
 from typing import Any
 from uuid import uuid4
 
+import numpy as np
 from omegaconf import OmegaConf
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopBase,
+    AgentLoopManager,
+    AgentLoopMetrics,
+    AgentLoopOutput,
+    register,
+)
+from verl.utils.ray_utils import auto_await
 
 from models.chat import ChatFormat
 from models.engine import GenOutput, GenRequest
@@ -42,7 +62,8 @@ from tasks.rollout.config import RolloutConfig, SAARConfig
 from tasks.rollout.machine import PromptItem, Rollout, Trajectory
 
 _sandboxes: dict[str, Any] = {}
-_draws: Counter = Counter()
+DRAW_KEY = "cleaner_draw"
+"""Non-tensor column that ``annotate_draws`` adds: ``{"step", "sample", "validate"}`` per row."""
 
 
 def cleaner_settings(trainer_config) -> dict:
@@ -85,13 +106,51 @@ def close_sandboxes() -> None:
         _sandboxes.popitem()[1].close()
 
 
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
-    """verl custom reward function (``reward.custom_reward_function``): our graders (``tasks.rewards.registry``)."""
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, sandbox=None, **kwargs) -> dict:
+    """verl custom reward function (``reward.custom_reward_function``): our graders (``tasks.rewards.registry``).
+
+    ``sandbox`` is ``cleaner.sandbox`` (a ``SandboxConfig`` mapping) that verl passes from
+    ``reward.custom_reward_function.reward_kwargs.sandbox``; absent, the default ``SandboxConfig()``.
+    """
     from tasks.rewards.registry import compute_reward
 
+    if sandbox is not None and not isinstance(sandbox, dict):
+        sandbox = OmegaConf.to_container(sandbox, resolve=True)
     res = compute_reward(data_source, solution_str, ground_truth, dict(extra_info or {}),
-                         sandbox=shared_sandbox(SandboxConfig()))
+                         sandbox=shared_sandbox(SandboxConfig(**(sandbox or {}))))
     return {"score": float(res.reward), "acc": float(bool(res.correct))}
+
+
+def annotate_draws(batch) -> None:
+    """Tag each row of a verl batch with what its raw draw is keyed on (column ``DRAW_KEY``).
+
+    ``step`` = ``meta_info["global_steps"]``, ``validate`` = ``meta_info["validate"]``, ``sample`` = the
+    row's index among the rows of its prompt (same ``uid``, else same ``extra_info.index``) in batch
+    order. Done once per batch, before verl splits it over workers, so a group split across two
+    workers keeps distinct sample indices.
+    """
+    rows, n = batch.non_tensor_batch, len(batch)
+    step, validate = int(batch.meta_info.get("global_steps", -1)), bool(batch.meta_info.get("validate", False))
+    if "uid" in rows:
+        keys = [str(u) for u in rows["uid"]]
+    else:
+        extra = rows.get("extra_info", [None] * n)
+        keys = [str(dict(e or {}).get("index", i)) for i, e in enumerate(extra)]
+    seen: Counter = Counter()
+    tags = np.empty(n, dtype=object)
+    for i, key in enumerate(keys):
+        tags[i] = {"step": step, "sample": seen[key], "validate": validate}
+        seen[key] += 1
+    rows[DRAW_KEY] = tags
+
+
+class CleanerAgentLoopManager(AgentLoopManager):
+    """verl's agent-loop manager, plus ``annotate_draws`` before the batch is split over workers."""
+
+    @auto_await
+    async def generate_sequences(self, prompts):
+        annotate_draws(prompts)
+        return await AgentLoopManager.generate_sequences(self, prompts)
 
 
 def prompt_item(kwargs: dict) -> PromptItem:
@@ -131,20 +190,29 @@ class CleanerAgentLoop(AgentLoopBase):
         ours = cleaner_settings(self.config)
         self.cfg = rollout_config(self.config)
         self.seed = int(ours.get("seed", 0))
+        self.validation_saar = bool(ours.get("validation_saar", True))
         self.sandbox_cfg = SandboxConfig(**(ours.get("sandbox") or {}))
         self.chat = ChatFormat(self.tokenizer, ours.get("system_prompt"))
+        self.stop_ids = stop_ids(self.chat)
         self.rollout = Rollout(self.cfg, engine=None, chat=self.chat, sandbox=None)
 
+    def new_trajectory(self, item: PromptItem, draw: dict) -> Trajectory:
+        """One row's trajectory: the pipeline's raw draw in training; validation draws nothing raw."""
+        traj = self.rollout.new_trajectory(item, self.seed, draw["step"], draw["sample"])
+        if draw["validate"]:
+            traj.raw, traj.saar_on = False, self.cfg.saar.enabled and self.validation_saar
+        return traj
+
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
-        item = prompt_item(kwargs)
-        nth = _draws[item.prompt_id]
-        _draws[item.prompt_id] += 1
-        traj = self.rollout.new_trajectory(item, self.seed, 0, nth)
+        if DRAW_KEY not in kwargs:
+            raise RuntimeError("cleaner_agent: the rows carry no raw-draw key; set actor_rollout_ref.rollout.agent."
+                               "agent_loop_manager_class=tasks.rollout.verl_loop.CleanerAgentLoopManager")
+        traj = self.new_trajectory(prompt_item(kwargs), kwargs[DRAW_KEY])
         request_id = uuid4().hex
 
         async def agenerate(req: GenRequest) -> GenOutput:
             params = {**sampling_params, "max_new_tokens": req.max_new_tokens, "logprobs": True,
-                      "stop_token_ids": [self.chat.eos_id]}
+                      "stop_token_ids": sorted(self.stop_ids)}
             out = await self.server_manager.generate(request_id, prompt_ids=req.input_ids, sampling_params=params)
             return self.gen_output(out, req)
 
@@ -155,14 +223,33 @@ class CleanerAgentLoop(AgentLoopBase):
         return to_output(await self.rollout.drive(traj, agenerate, aexecute))
 
     def gen_output(self, out, req: GenRequest) -> GenOutput:
-        """verl ``TokenOutput`` → our ``GenOutput``; an aborted generation is an error, never an empty turn."""
-        if getattr(out, "stop_reason", None) == "aborted":
-            raise RuntimeError(f"verl server manager aborted a generation of {len(req.input_ids)} prompt tokens")
+        """verl ``TokenOutput`` → our ``GenOutput``, every stop reason explicit (see module docstring)."""
+        reason = getattr(out, "stop_reason", None)
         ids = list(out.token_ids)
-        lps = list(out.log_probs) if out.log_probs else [0.0] * len(ids)
-        if ids and ids[-1] == self.chat.eos_id:
+        where = f"verl server manager ({len(req.input_ids)} prompt tokens, stop_reason={reason!r})"
+        if reason in ("aborted", "abort"):
+            raise RuntimeError(f"{where}: the generation was aborted")
+        lps = list(out.log_probs or [])
+        if len(lps) != len(ids):
+            raise RuntimeError(f"{where}: {len(ids)} tokens but {len(lps)} log-probs")
+        stopped = reason == "stop" or (reason in ("completed", None) and bool(ids) and ids[-1] in self.stop_ids)
+        if stopped and not ids:
+            raise RuntimeError(f"{where}: an empty turn that claims to have stopped")
+        if stopped:
             return GenOutput(ids, lps, "stop")
-        if len(ids) >= req.max_new_tokens:
+        if reason in ("length", "completed", None):
             return GenOutput(ids, lps, "length")
-        return GenOutput(ids + [self.chat.eos_id], lps + [0.0], "stop")
+        raise RuntimeError(f"{where}: unknown stop reason; known: stop, length, completed, aborted")
 
+
+def stop_ids(chat: ChatFormat) -> frozenset[int]:
+    """Ids a turn may stop on: the end-of-turn id, the tokenizer's eos and its ``<|endoftext|>`` (Qwen ends
+    turns on either); all are sent as ``stop_token_ids``, so every server stops on the same set."""
+    tok = chat.tokenizer
+    ids = {chat.eos_id}
+    if tok.eos_token_id is not None:
+        ids.add(int(tok.eos_token_id))
+    eot = tok.get_vocab().get("<|endoftext|>")  # not convert_tokens_to_ids: Qwen's unk token is <|endoftext|>
+    if eot is not None and eot in tok.all_special_ids:
+        ids.add(eot)
+    return frozenset(ids)

@@ -1,0 +1,77 @@
+"""Update-side rules pinned with hand-computed values: GRPO normalisation, the DAPO token-mean and grad clipping.
+
+* GRPO: rewards [1, 0, 0, 0] → mean 0.25, unbiased std 0.5 → advantages [1.5, -0.5, -0.5, -0.5]
+  (ddof 0 would give 1.732…, no std 0.75); a pair [2, 0] → ±1/√2.
+* DAPO token-mean over the **mini-batch**: on the first optimizer step the ratio is 1, so the loss is
+  −Σᵢ Aᵢ·nᵢ / Σᵢ nᵢ over the mini-batch's mask-1 tokens nᵢ, however it is split into micro-batches.
+* Gradient clipping: Adam's first step moves a parameter by lr·g/(|g| + 1e-8); clipped to a total
+  norm of 1e-12 no parameter may move more than lr·1e-4, unclipped most move by ≈ lr.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from models.config import TrainerConfig
+from models.engine import load_causal_lm
+from models.trainer import Sample, update
+from tasks.training.config import MixConfig
+from tasks.training.mixing import grpo_advantages, mix_rows
+
+
+def scored(groups: dict[str, list[float]]) -> pl.DataFrame:
+    rows = [{"prompt_id": p, "traj_id": f"{p}{i}", "reward": float(r), "graded": True, "correct": r > 0, "raw": False,
+             "rollbacks_recovered": 0} for p, rs in groups.items() for i, r in enumerate(rs)]
+    return pl.DataFrame(rows)
+
+
+def test_grpo_advantages_hand_computed():
+    df, _ = mix_rows(scored({"a": [1, 0, 0, 0], "b": [2, 0], "c": [1, 1, 1, 1]}), MixConfig())
+    adv = grpo_advantages(df, 1e-6)
+    by = {p: adv.filter(pl.col("prompt_id") == p)["advantage"].to_list() for p in "abc"}
+    assert by["a"] == pytest.approx([1.5, -0.5, -0.5, -0.5], rel=1e-5)
+    assert by["b"] == pytest.approx([2 ** -0.5, -(2 ** -0.5)], rel=1e-5)
+    assert by["c"] == [0.0] * 4  # uniform group: dropped by dynamic sampling, no advantage
+
+
+def test_grpo_epsilon_only_guards_the_division():
+    df, _ = mix_rows(scored({"a": [1, 0, 0, 0]}), MixConfig())
+    assert grpo_advantages(df, 0.5)["advantage"].to_list() == pytest.approx([0.75, -0.25, -0.25, -0.25])
+
+
+@pytest.fixture(scope="module")
+def batch(chat):
+    prompt = chat.prompt_ids([{"role": "user", "content": "What is 2 + 2?"}])
+    short = chat.encode("It is 4")[:3]
+    long_ = (chat.encode("The answer is \\boxed{4}, I am sure of it.") + [chat.eos_id])[:12]
+    assert len(short) == 3 and len(long_) == 12
+    # the long response has 3 injected (mask-0) tokens: 9 tokens train
+    return [Sample(prompt, short, [1] * 3, 1.0), Sample(prompt, long_, [1] * 9 + [0] * 3, -1.0)]
+
+
+@pytest.mark.parametrize("micro_batch", [1, 2])
+def test_token_mean_over_the_mini_batch(batch, warm_model_dir, chat, tmp_path, micro_batch):
+    """−(1·3 − 1·9) / (3 + 9) = 0.5, for one micro-batch of two or two of one (a per-micro-batch mean
+    would give −3/3 + 9/9 = 0, a per-sequence mean (1·(−1) + (−1)·(−1))/2 … = 0 as well)."""
+    cfg = TrainerConfig(lr=1e-9, mini_batches=1, epochs=1, micro_batch=micro_batch)
+    m = update(warm_model_dir, batch, cfg, tmp_path / "next", chat.tokenizer.pad_token_id, seed=0)
+    assert m["train/loss"] == pytest.approx(0.5, abs=1e-4)
+    assert m["train/tokens"] == 12 and m["train/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert m["train/clip_frac"] == 0.0 and m["train/optimizer_steps"] == 1
+
+
+def max_change(before_dir, after_dir) -> float:
+    a, b = load_causal_lm(before_dir), load_causal_lm(after_dir)
+    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+
+
+def test_gradient_norm_is_clipped(batch, warm_model_dir, chat, tmp_path):
+    pad = chat.tokenizer.pad_token_id
+    clipped = update(warm_model_dir, batch, TrainerConfig(lr=1e-3, mini_batches=1, grad_clip=1e-12),
+                     tmp_path / "clipped", pad, seed=0)
+    assert clipped["train/grad_norm"] > 1e-6  # the norm before clipping is reported
+    assert max_change(warm_model_dir, tmp_path / "clipped") < 1e-3 * 1e-4 * 1.01
+    update(warm_model_dir, batch, TrainerConfig(lr=1e-3, mini_batches=1, grad_clip=1e6), tmp_path / "free", pad, seed=0)
+    assert max_change(warm_model_dir, tmp_path / "free") > 0.9e-3
+
