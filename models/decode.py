@@ -141,10 +141,12 @@ class DecodeStream:
         past = None
         if c_max:
             past_k, past_v = [], []
+            some = self.store[next(req.key for req, c in joiners if c)]  # shapes for joiners with nothing cached
             for layer in range(n_layers):
                 ks, vs = [], []
                 for req, c in joiners:
-                    k, v = self.store[req.key][1][layer][:, :c], self.store[req.key][2][layer][:, :c]
+                    cached = self.store[req.key] if c else some
+                    k, v = cached[1][layer][:, :c], cached[2][layer][:, :c]
                     ks.append(_left_pad(k, c_max))
                     vs.append(_left_pad(v, c_max))
                 past_k.append(torch.stack(ks))
@@ -159,7 +161,8 @@ class DecodeStream:
             self.stats["reused_tokens"] += c
             self.stats["prefill_tokens"] += len(suffix)
         keys, values, logits = self._forward(ids, pos, attn, past, c_max)
-        return keys, values, logits[:, -1]
+        spans = [(c, len(req.input_ids) - c) for req, c in joiners]
+        return _pack(keys, c_max, spans), _pack(values, c_max, spans), logits[:, -1]
 
     def _merge(self, keys: list[torch.Tensor], values: list[torch.Tensor], lengths: list[int]) -> None:
         """Append admitted rows (caches ``[n, h, w, d]``, left-padded) to the batch cache."""
@@ -248,6 +251,25 @@ class DecodeStream:
         self.keys = [k[sel, :, width - longest :] for k in self.keys]
         self.values = [v[sel, :, width - longest :] for v in self.values]
         return finished
+
+
+def _pack(layers: list[torch.Tensor], c_max: int, spans: list[tuple[int, int]]) -> list[torch.Tensor]:
+    """Make each row's cache contiguous and right-aligned after a prefill.
+
+    A prefilled row holds ``[pad | reused prefix (c)]`` in the first ``c_max`` slots and
+    ``[pad | new suffix (s)]`` in the rest; when its suffix is shorter than the longest, a gap of
+    padding sits between the two, but decoding attends to each row's last ``len(fed)`` slots.
+    """
+    width = layers[0].shape[2]
+    index = torch.zeros((len(spans), width), dtype=torch.long)
+    for row, (c, s) in enumerate(spans):
+        valid = list(range(c_max - c, c_max)) + list(range(width - s, width))
+        index[row, width - len(valid):] = torch.tensor(valid, dtype=torch.long)
+    keep = torch.zeros((len(spans), 1, width, 1), dtype=layers[0].dtype)
+    for row, (c, s) in enumerate(spans):
+        keep[row, 0, width - c - s:] = 1
+    gather = index.to(layers[0].device)[:, None, :, None]
+    return [t.gather(2, gather.expand(-1, t.shape[1], -1, t.shape[3])) * keep.to(t.device) for t in layers]
 
 
 def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:

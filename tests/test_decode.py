@@ -99,6 +99,21 @@ def test_prefix_of_a_key_is_reused_for_its_next_turn(model):
     assert 0 not in stream.store and 1 in stream.store
 
 
+def test_new_rows_join_beside_rows_that_reuse_a_prefix(model):
+    prompts = _prompts(3, seed=4)
+    stream = DecodeStream(model, EOS, PAD, max_batch=8, seed=0, keep_prefix=True)
+    stream.submit("a", prompts[0], 6)
+    first = _drain(stream)
+    context = prompts[0] + first["a"][0] + [7, 8]
+    stream.submit("a", context, 6)
+    stream.submit("b", prompts[1], 6)
+    stream.submit("c", prompts[2], 6)
+    done = _drain(stream)
+    assert sorted(done) == ["a", "b", "c"]
+    for key, ids in (("a", context), ("b", prompts[1]), ("c", prompts[2])):
+        assert max(abs(x - y) for x, y in zip(done[key][1], _teacher_forced(model, ids, done[key][0]))) < 1e-4
+
+
 def test_a_rows_draw_does_not_depend_on_its_batch(model):
     prompts = _prompts(6, seed=2)
     alone = DecodeStream(model, EOS, PAD, max_batch=8, seed=5)
