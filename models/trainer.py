@@ -9,7 +9,8 @@ One call of ``update`` is one RL step on the policy side:
    -min(ratio·A, clip(ratio, 1-ε_low, 1+ε_high)·A) with ratio = exp(new - old), ``opmd`` =
    -A·log π / (1 + τ)), token-mean over the mini-batch's mask-1 tokens; with ``kl_coef > 0``
    plus ``kl_coef`` × a KL estimate to the reference policy (log-probs computed once, like the
-   old ones); gradient-norm clip, AdamW step;
+   old ones); gradient-norm clip, AdamW step; reported besides: the policy entropy and the approx KL
+   mean(old − new) on the trained tokens;
 4. write the next checkpoint folder (weights, tokenizer, optimizer, trainer state) to a
    temporary folder and rename it, so a crash never leaves a half-written checkpoint.
 
@@ -58,14 +59,25 @@ def _pad_batch(samples: list[Sample], pad_id: int, device: str):
 
 def response_logprobs(model, samples: list[Sample], pad_id: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of each response token under ``model``: ``[B, R]`` tensor and its mask."""
+    lp, mask, _ = response_logprobs_entropy(model, samples, pad_id, device)
+    return lp, mask
+
+
+def response_logprobs_entropy(model, samples: list[Sample], pad_id: int, device: str = "cpu"):
+    """``response_logprobs`` plus the policy's entropy at each response position (``[B, R]``, no grad)."""
     ids, attn, resp_mask, starts, rlen = _pad_batch(samples, pad_id, device)
     logits = model(input_ids=ids, attention_mask=attn).logits.float()
-    lp_all = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    log_p = torch.log_softmax(logits[:, :-1], dim=-1)
+    lp_all = log_p.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        ent_all = -(log_p.exp() * log_p).sum(-1)
     out = torch.zeros((len(samples), rlen), device=lp_all.device)
+    ent = torch.zeros_like(out)
     for i, (s, st) in enumerate(zip(samples, starts)):
         n = len(s.response_ids)
         out[i, :n] = lp_all[i, st - 1 : st - 1 + n]
-    return out, resp_mask
+        ent[i, :n] = ent_all[i, st - 1 : st - 1 + n]
+    return out, resp_mask, ent
 
 
 def dapo_loss(new_lp, old_lp, adv, mask, clip_low: float, clip_high: float, n_tokens: float):
@@ -95,7 +107,8 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
     old = _old_logprobs(model, samples, pad_id, cfg)
     ref = _reference_logprobs(ref_dir, samples, pad_id, cfg) if cfg.kl_coef > 0 else None
     model.train()
-    totals = {"loss": 0.0, "grad_norm": 0.0, "clipped": 0.0, "ratio": 0.0, "tokens": 0.0, "kl": 0.0}
+    totals = {"loss": 0.0, "grad_norm": 0.0, "clipped": 0.0, "ratio": 0.0, "tokens": 0.0, "kl": 0.0, "entropy": 0.0,
+              "approx_kl": 0.0}
     order = list(range(len(samples)))
     rng = random.Random(seed)
     n_steps = 0
@@ -115,6 +128,8 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
         "train/grad_norm": totals["grad_norm"] / max(n_steps, 1),
         "train/clip_frac": totals["clipped"] / tokens,
         "train/ratio_mean": totals["ratio"] / tokens,
+        "train/entropy": totals["entropy"] / tokens,
+        "train/approx_kl": totals["approx_kl"] / tokens,
         "train/tokens": totals["tokens"] / cfg.epochs,
         **({"train/kl": totals["kl"] / max(n_steps, 1)} if ref is not None else {}),
         "train/sequences": len(samples),
@@ -161,7 +176,7 @@ def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: 
     loss_sum = 0.0
     for lo in range(0, len(mb), cfg.micro_batch):
         chunk = mb[lo : lo + cfg.micro_batch]
-        new_lp, mask = response_logprobs(model, chunk, pad_id, cfg.device)
+        new_lp, mask, entropy = response_logprobs_entropy(model, chunk, pad_id, cfg.device)
         batch = LossBatch(new_lp, _stack(old[lo : lo + cfg.micro_batch], new_lp),
                           torch.tensor([s.advantage for s in chunk], device=new_lp.device), mask, n_tokens,
                           _stack(ref[lo : lo + cfg.micro_batch], new_lp) if ref is not None else None)
@@ -174,6 +189,8 @@ def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: 
         loss_sum += loss.item()
         totals["clipped"] += stats["clipped"].item()
         totals["ratio"] += stats["ratio"].item()
+        totals["entropy"] += float((entropy * mask).sum())
+        totals["approx_kl"] += float(((batch.old_lp - new_lp.detach()) * mask).sum())
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     opt.step()
     totals["loss"] += loss_sum

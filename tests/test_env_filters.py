@@ -122,4 +122,72 @@ def test_mi_rejects_bad_shapes():
 
 def test_success_and_pass_at_group():
     df = pl.DataFrame({"group": ["a", "a", "b", "b", "c", "c"], "success": [True, False, False, False, True, True]})
-    assert success_metrics(df, "frozen_lake") == {"frozen_lake/success": 0.5, "frozen_lake/pass@2": pytest.approx(2 / 3)}
+    assert success_metrics(df, "frozen_lake") == {"frozen_lake/success": 0.5, "frozen_lake/pass_at_2": pytest.approx(2 / 3)}
+
+
+# -- the mix stage with a group filter ----------------------------------------------------------
+
+def _step(tmp_path, rewards: dict[str, list[float]], step: int = 3):
+    from tasks.stores.records import write_frames
+
+    rows = [{"run_id": "r", "step": step, "traj_id": f"{p}{i}", "prompt_id": p, "raw": False, "rollbacks_recovered": 0}
+            for p, rs in rewards.items() for i in range(len(rs))]
+    scores = [{"run_id": "r", "step": step, "traj_id": f"{p}{i}", "reward": float(r), "graded": True,
+               "correct": r > 0} for p, rs in rewards.items() for i, r in enumerate(rs)]
+    folder = tmp_path / f"{step:06d}"
+    write_frames({"trajectories": pl.DataFrame(rows), "scores": pl.DataFrame(scores)}, folder)
+    return folder
+
+
+def test_mix_step_counts_empty_steps_and_flags_the_early_stop(tmp_path):
+    from tasks.training.config import MixConfig
+    from tasks.training.mixing import mix_step
+
+    cfg = MixConfig(dynamic_sampling=False, group_filter={"kind": "top_p", "empty_stop_steps": 5})
+    flat = _step(tmp_path, {"a": [1, 1], "b": [0, 0]})
+    m = mix_step(flat, cfg, mini_batches=2, empty_before=3)
+    assert m["rollout/consecutive_empty_after_filter_steps"] == 4 and m["early_stopped/empty_filtered_steps"] == 0
+    m = mix_step(flat, cfg, mini_batches=2, empty_before=4)
+    assert m["early_stopped/empty_filtered_steps"] == 1.0 and m["mix/trajectories_kept"] == 0
+    live = _step(tmp_path, {"a": [1, 0], "b": [0, 0]}, step=4)
+    m = mix_step(live, cfg, mini_batches=4, empty_before=4)
+    assert m["rollout/consecutive_empty_after_filter_steps"] == 0 and m["mix/filter_shortfall"] == 1.0
+
+
+def test_loss_scaling_reaches_the_advantage(tmp_path):
+    from tasks.training.config import MixConfig
+    from tasks.training.mixing import advantage_step, mix_step
+
+    folder = _step(tmp_path, {"a": [1, 0], "b": [0.5, 0], "c": [0, 0], "d": [1, 1]})
+    cfg = MixConfig(dynamic_sampling=False, group_filter={"kind": "std", "ratio": 0.25, "loss_scaling": "linear"})
+    mix_step(folder, cfg)
+    advantage_step(folder, cfg)
+    adv = pl.read_parquet(folder / "advantages.parquet").sort("traj_id")
+    # only group a is kept (highest std); GRPO gives ±0.7071 (ddof=1), scaled by the kept share 1/4
+    assert adv["advantage"].to_list()[:2] == pytest.approx([0.25 * 0.70710, -0.25 * 0.70710], abs=1e-4)
+    assert adv["advantage"].to_list()[2:] == [0.0] * 6
+
+
+def test_collapse_panel_draws_every_signal_family(tmp_path):
+    from tasks.envs.plots import PANELS, _keys, plot_collapse
+
+    keys = ["rollout/in_group_std", "train/entropy", "train/grad_norm", "train/clip_frac", "train/approx_kl",
+            "response_length", "frozen_lake/success", "frozen_lake/pass_at_8", "eval/frozen_lake/success",
+            "collapse/mi_estimate", "collapse/retrieval_accuracy"]
+    rows = [{"step": s, "key": k, "value": float(s)} for s in range(3) for k in keys]
+    png = plot_collapse(pl.DataFrame(rows), tmp_path / "collapse.png", "run")
+    assert png.stat().st_size > 10_000
+    assert _keys(keys, PANELS["success"]) == ["frozen_lake/success", "frozen_lake/pass_at_8"]   # eval/ kept apart
+    assert all(_keys(keys, wanted) for wanted in PANELS.values())
+
+
+def test_mean_only_normalisation_keeps_the_reward_scale(tmp_path):
+    from tasks.training.config import MixConfig
+    from tasks.training.mixing import advantage_step, mix_step
+
+    folder = _step(tmp_path, {"hit": [1.0, 0.1], "miss": [0.0, 0.1]})
+    cfg = MixConfig(dynamic_sampling=False, advantage="mean")
+    mix_step(folder, cfg)
+    advantage_step(folder, cfg)
+    adv = pl.read_parquet(folder / "advantages.parquet").sort("traj_id")["advantage"].to_list()
+    assert adv == pytest.approx([0.45, -0.45, -0.05, 0.05])   # hit0, hit1, miss0, miss1: r - group mean

@@ -114,7 +114,7 @@ def test_env_frames_and_scores(env_chat):
     frames = env_frames(trajs, "r", 3, env_chat.decode, {"tool_calls": 0})
     t = frames["trajectories"]
     assert t["traj_id"].to_list() == ["3:bandit:5:0", "3:bandit:5:1"] and t["tool_calls"].to_list() == [0, 0]
-    assert t["group_id"].to_list() == ["bandit:5"] * 2 and t["data_source"].to_list() == ["bandit"] * 2
+    assert t["prompt_id"].to_list() == ["bandit:5"] * 2 and t["data_source"].to_list() == ["bandit"] * 2
     steps = frames["env_steps"]
     assert steps["executed"].to_list() == ['["Dragon"]', "[]"] and steps["penalty"].to_list() == [0.0, -0.1]
     roles = frames["turns"].filter(frames["turns"]["traj_id"] == "3:bandit:5:0")["role"].to_list()

@@ -281,3 +281,13 @@ def test_experts_act_validly_and_solve_sokoban():
     lake = [expert_episode(EnvConfig(name="frozen_lake"), s, rng) for s in range(300)]
     assert all(r["score"] >= 0 for r in lake)           # never format-penalised
     assert 0.15 < sum(r["success"] for r in lake) / 300 < 0.4   # slippery: shortest paths often fail
+
+
+def test_bandit_seed_fixes_the_draw_within_a_group():
+    # as in RAGEN (gym's np_random seeded by reset): every pull of an arm from one start state pays the same
+    env = make_env("bandit")
+    pays = set()
+    for _ in range(20):
+        env.reset(7)
+        pays.add(env.step(["Dragon"]).reward)
+    assert len(pays) == 1

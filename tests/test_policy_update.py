@@ -89,5 +89,5 @@ def test_dynamic_sampling_drops_uniform_groups_and_grpo_normalises():
 
 
 def test_starpo_keeps_highest_std_groups():
-    df, _ = mix_rows(_scored({"a": [1, 0, 1, 0], "c": [0, 0, 0, 1]}), MixConfig(starpo_keep=0.5))
+    df, _ = mix_rows(_scored({"a": [1, 0, 1, 0], "c": [0, 0, 0, 1]}), MixConfig(group_filter={"kind": "std", "ratio": 0.5}))
     assert set(df.filter(pl.col("kept"))["prompt_id"]) == {"a"}

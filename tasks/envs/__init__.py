@@ -1,6 +1,7 @@
 """Multi-turn text games for RL (RAGEN's Bandit, FrozenLake, Sokoban) and StarPO-S tooling.
 
-Importing the package registers the environments, so ``make_env(name)`` knows them all:
+``make_env(name)`` / ``env_names()`` import the built-in games on first use (so config modules that
+import ``tasks.envs.config`` stay free of gymnasium and numpy):
 
     base.py       Env interface (reset(seed) → text; step(actions) → StepResult) and registry
     bandit.py     two named arms (hi "Dragon" / lo "Phoenix"; eval variant "Librarian" / "Trader")
@@ -14,7 +15,6 @@ Importing the package registers the environments, so ``make_env(name)`` knows th
     solver.py     scripted players and the warm-up corpus
 """
 
-from tasks.envs import bandit, frozen_lake, sokoban  # noqa: F401  (registers the environments)
 from tasks.envs.base import Env, StepResult, UnknownActionError, UnknownEnvError, env_names, make_env, register_env
 
 __all__ = ["Env", "StepResult", "UnknownActionError", "UnknownEnvError", "env_names", "make_env", "register_env"]

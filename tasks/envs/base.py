@@ -114,6 +114,15 @@ class Env(ABC):
 
 
 _ENVS: dict[str, Callable[..., Env]] = {}
+_BUILTIN = ("tasks.envs.bandit", "tasks.envs.frozen_lake", "tasks.envs.sokoban")
+"""Modules that register the built-in games, imported on first use (config modules stay light)."""
+
+
+def _load_builtin() -> None:
+    import importlib
+
+    for module in _BUILTIN:
+        importlib.import_module(module)
 
 
 def register_env(name: str):
@@ -129,11 +138,13 @@ def register_env(name: str):
 
 
 def env_names() -> list[str]:
+    _load_builtin()
     return sorted(_ENVS)
 
 
 def make_env(name: str, **options) -> Env:
     """A fresh environment by registered name; ``options`` go to its constructor."""
+    _load_builtin()
     try:
         factory = _ENVS[name]
     except KeyError:

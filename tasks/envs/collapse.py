@@ -78,4 +78,4 @@ def success_metrics(df: pl.DataFrame, prefix: str) -> dict[str, float]:
     groups = df.group_by("group").agg(pl.col("success").any().alias("any"), pl.len().alias("n"))
     k = int(groups["n"].max())
     return {f"{prefix}/success": float(df["success"].cast(pl.Float64).mean()),
-            f"{prefix}/pass@{k}": float(groups["any"].cast(pl.Float64).mean())}
+            f"{prefix}/pass_at_{k}": float(groups["any"].cast(pl.Float64).mean())}

@@ -107,6 +107,15 @@ class GroupFilterConfig(BaseModel):
     """Stop training after this many consecutive steps in which the filter kept nothing (0 = never)."""
 
 
+def max_kept_trajectories(cfg: GroupFilterConfig, groups: int, group_size: int) -> int | None:
+    """Most trajectories the filter can keep per step (known up front for ``std`` and ``none``; None for ``top_p``)."""
+    if cfg.kind == "std":
+        return int(cfg.ratio * groups) * group_size
+    if cfg.kind == "none":
+        return groups * group_size
+    return None
+
+
 SINGLE_PULL = {"max_turns": 1, "max_actions_per_turn": 1, "max_actions_per_traj": 1}
 BUDGETS: dict[str, dict] = {"bandit": SINGLE_PULL, "bandit_test": SINGLE_PULL}
 """RAGEN's per-game budgets where they differ from ``EnvConfig``'s defaults (Bandit: one pull)."""

@@ -2,7 +2,7 @@
 
 ``evaluate_env`` plays ``samples`` episodes from each of ``n_states`` held-out start states
 (``tasks.envs.states.heldout_seeds``; the evaluation environment ``cfg.eval_name`` when set) with a
-transformers engine and returns ``<prefix>/success``, ``/pass@k``, ``/valid_action_rate`` (share of
+transformers engine and returns ``<prefix>/success``, ``/pass_at_k``, ``/valid_action_rate`` (share of
 turns without a format penalty), ``/score``, ``/turns`` and, for Bandit, ``/hi_arm_rate``.
 ``summarize`` computes the same figures from finished trajectories (the training rollout uses it).
 
@@ -30,7 +30,7 @@ def summarize(trajs, prefix: str) -> dict[str, float]:
     k = max(len(v) for v in groups.values())
     out = {
         f"{prefix}/success": statistics.fmean(tr.episode.success for tr in trajs),
-        f"{prefix}/pass@{k}": statistics.fmean(any(v) for v in groups.values()),
+        f"{prefix}/pass_at_{k}": statistics.fmean(any(v) for v in groups.values()),
         f"{prefix}/valid_action_rate": statistics.fmean(t.penalty == 0 for t in turns) if turns else 0.0,
         f"{prefix}/score": statistics.fmean(tr.episode.score for tr in trajs),
         f"{prefix}/turns": statistics.fmean(len(tr.episode.turns) for tr in trajs),

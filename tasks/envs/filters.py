@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
-from tasks.envs.config import GroupFilterConfig
+from tasks.envs.config import GroupFilterConfig, max_kept_trajectories  # noqa: F401  (re-exported)
 
 ZERO = 1e-10
 
@@ -143,12 +143,3 @@ def minibatch_shortfall(kept_trajectories: int, mini_batches: int) -> str | None
     return (f"group filter kept {kept_trajectories} trajectories, fewer than trainer.mini_batches={mini_batches}: "
             f"this step makes {kept_trajectories} optimizer step(s); raise the filter's ratio/top_p, the groups "
             f"per step or the samples per group, or lower trainer.mini_batches")
-
-
-def max_kept_trajectories(cfg: GroupFilterConfig, groups: int, group_size: int) -> int | None:
-    """Most trajectories the filter can keep per step (known up front for ``std`` and ``none``; None for ``top_p``)."""
-    if cfg.kind == "std":
-        return int(cfg.ratio * groups) * group_size
-    if cfg.kind == "none":
-        return groups * group_size
-    return None

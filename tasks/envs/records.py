@@ -39,7 +39,7 @@ def env_frames(trajs, run_id: str, step: int, decode, traj_row_extra: dict | Non
         ep = t.episode
         msgs = t.messages
         rows.append({
-            **key, "traj_id": t.traj_id, "prompt_id": t.group, "group_id": t.group, "sample_idx": t.sample_idx,
+            **key, "traj_id": t.traj_id, "prompt_id": t.group, "sample_idx": t.sample_idx,
             "raw": False, "data_source": ep.env.name, "ground_truth": str(ep.seed), "prompt_ids": t.prompt_ids,
             "response_ids": t.response_ids, "response_mask": t.response_mask, "rollout_logprobs": t.logprobs,
             "response_text": decode(t.response_ids), "messages": json.dumps(msgs, ensure_ascii=False),

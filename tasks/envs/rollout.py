@@ -12,7 +12,9 @@ injected ids (mask 0)::
 
 A turn cut by the token budget is closed with an injected end-of-turn token (mask 0) and parsed
 like any other (it usually has no ``</answer>``: a format-penalised no-op). When the response would
-outgrow ``max_response_tokens`` the episode stops with reason ``length`` (not a success).
+outgrow ``max_response_tokens`` the episode stops with reason ``length`` (not a success). With a
+continuous-batching engine (``engine.stream``) a turn is submitted as soon as its episode is ready
+and the episode's cached prefix is reused; otherwise all live episodes generate in rounds.
 ``turn_spans`` record where each assistant turn's generated ids lie, for the MI probe.
 """
 
@@ -84,6 +86,16 @@ class EnvRollout:
     def run(self, seeds: list[int], seed: int, step: int, progress: bool = True) -> list[EnvTrajectory]:
         trajs = self.new_trajectories(seeds, step)
         bar = tqdm(total=len(trajs), desc=f"{self.env_name} step {step}", disable=not progress, leave=False)
+        batching = getattr(getattr(self.engine, "cfg", None), "batching", "continuous")
+        if callable(getattr(self.engine, "stream", None)) and batching == "continuous":
+            self._run_stream(trajs, seed, step, bar)
+        else:
+            self._run_rounds(trajs, seed, step, bar)
+        bar.close()
+        return trajs
+
+    def _run_rounds(self, trajs: list[EnvTrajectory], seed: int, step: int, bar) -> None:
+        """Every live episode's next turn in one ``generate`` per round."""
         round_ = 0
         while live := [t for t in trajs if t.live]:
             outs = self.engine.generate([self.request(t) for t in live], seed=hash((seed, step, round_)) % 2**31)
@@ -91,8 +103,25 @@ class EnvRollout:
                 self.on_generated(t, out)
             bar.update(sum(not t.live for t in trajs) - bar.n)
             round_ += 1
-        bar.close()
-        return trajs
+
+    def _run_stream(self, trajs: list[EnvTrajectory], seed: int, step: int, bar) -> None:
+        """Continuous batching: a turn is submitted as soon as its episode is ready; each episode's
+        cached prefix is reused, so a new turn feeds only the observation."""
+        stream = self.engine.stream(hash((seed, step)) % 2**31, keep_prefix=True)
+        by_key = {t.traj_id: t for t in trajs}
+        for t in trajs:
+            req = self.request(t)
+            stream.submit(t.traj_id, req.input_ids, req.max_new_tokens)
+        while stream.busy:
+            for key, ids, lps, reason in stream.step():
+                t = by_key[key]
+                self.on_generated(t, GenOutput(ids, lps, reason))
+                if t.live:
+                    req = self.request(t)
+                    stream.submit(key, req.input_ids, req.max_new_tokens)
+                else:
+                    stream.release(key)
+                    bar.update(1)
 
     def on_generated(self, t: EnvTrajectory, out: GenOutput) -> None:
         """One assistant turn arrived: record its ids, play it, append the next observation or finish."""

@@ -5,7 +5,7 @@ engine and returns the step tables (``tasks.envs.records``), the per-step signal
 trajectories; every ``mi_every`` steps it adds RAGEN-2's MI probe (the engine's model when it has
 one in process, else the checkpoint loaded once). ``mi_due`` says when.
 
-Signals (RAGEN's names where they exist): ``<env>/success``, ``<env>/pass@k``,
+Signals (RAGEN's names where they exist): ``<env>/success``, ``<env>/pass_at_k``,
 ``<env>/valid_action_rate``, ``<env>/score``, ``<env>/hi_arm_rate`` (Bandit), ``response_length``;
 the group filter adds the reward-std ones in the mix stage, the trainer the entropy, grad norm,
 clip fraction and approx KL.

@@ -65,8 +65,10 @@ def by_kind(kinds: pl.DataFrame | None, runs: dict[str, list[str]]) -> dict[str,
 
 
 def summarize(evals: pl.DataFrame, runs: dict[str, list[str]], baseline: str, treatment: str,
-              kinds: pl.DataFrame | None = None) -> dict:
-    acc, tool = curves(evals, runs, ACC), curves(evals, runs, TOOL)
+              kinds: pl.DataFrame | None = None, acc_key: str = ACC, tool_key: str = TOOL) -> dict:
+    """``acc_key`` / ``tool_key``: the evaluation metrics compared (environment runs: ``eval/<env>/success`` and
+    ``eval/<env>/valid_action_rate``)."""
+    acc, tool = curves(evals, runs, acc_key), curves(evals, runs, tool_key)
     base = acc[baseline]
     if not base.height:
         raise ValueError(f"no evaluations of the baseline arm {baseline!r}: set train.eval_every")
@@ -83,7 +85,8 @@ def summarize(evals: pl.DataFrame, runs: dict[str, list[str]], baseline: str, tr
         "baseline": baseline, "treatment": treatment, "baseline_final_pass_at_1": target,
         "baseline_initial_pass_at_1": float(base["mean"][0]),
         "steps_to_baseline_final": steps, "final": final,
-        "gain_pass_at_1": gains(evals, runs, ACC), "gain_first_attempt_success": gains(evals, runs, TOOL),
+        "gain_pass_at_1": gains(evals, runs, acc_key), "gain_first_attempt_success": gains(evals, runs, tool_key),
+        "metrics": {"accuracy": acc_key, "tools": tool_key},
         "trained_by_kind": by_kind(kinds, runs),
         "claim_half_the_steps": faster, "claim_higher_first_attempt_success": bool(better_tools),
         "curves": {arm: {"accuracy": c.to_dicts(), "first_attempt_success": tool[arm].to_dicts()} for arm, c in acc.items()},

@@ -10,6 +10,7 @@ Schema (primary keys in brackets)::
     tool_executions [run_id, step, traj_id, exec_idx]         every execution, failed attempts included
     saar_events     [run_id, step, traj_id, event_idx]        triggered / shallow / deep / recovered / ...
     metrics         [run_id, step, key]                       every logged metric
+    env_steps       [run_id, step, traj_id, turn_idx]         environment mode: state, answer, actions, reward
     evaluations     [run_id, policy_version, key]             held-out evaluation of a policy version
 
 A step's rows are replaced in one transaction (a rerun of step N never duplicates rows);
@@ -43,8 +44,19 @@ CREATE TABLE IF NOT EXISTS trajectories (
     errors_kept BIGINT, retry_loops BIGINT,
     failure_reasons JSON, score DOUBLE, correct BOOLEAN, overlong_penalty DOUBLE, reward DOUBLE,
     graded BOOLEAN, reward_metrics JSON, kept BOOLEAN, advantage DOUBLE,
-    kind VARCHAR, group_id VARCHAR, fixed_reward DOUBLE, masked_turns BIGINT, parent VARCHAR,
+    kind VARCHAR, group_id VARCHAR, fixed_reward DOUBLE, masked_turns BIGINT, parent VARCHAR, adv_scale DOUBLE,
+    env_score DOUBLE, env_success BOOLEAN, env_penalty DOUBLE, env_actions BIGINT,
     PRIMARY KEY (run_id, step, traj_id));
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS adv_scale DOUBLE;
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS env_score DOUBLE;
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS env_success BOOLEAN;
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS env_penalty DOUBLE;
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS env_actions BIGINT;
+CREATE TABLE IF NOT EXISTS env_steps (
+    run_id VARCHAR, step BIGINT, traj_id VARCHAR, turn_idx BIGINT, env VARCHAR, seed BIGINT, state VARCHAR,
+    response VARCHAR, think VARCHAR, parsed BOOLEAN, actions JSON, executed JSON, invalid JSON, reward DOUBLE,
+    penalty DOUBLE, done BOOLEAN, effective BOOLEAN, actions_left BIGINT,
+    PRIMARY KEY (run_id, step, traj_id, turn_idx));
 CREATE TABLE IF NOT EXISTS turns (
     run_id VARCHAR, step BIGINT, traj_id VARCHAR, turn_idx BIGINT, role VARCHAR, content VARCHAR,
     PRIMARY KEY (run_id, step, traj_id, turn_idx));
@@ -75,7 +87,8 @@ CREATE TABLE IF NOT EXISTS evaluations (
     PRIMARY KEY (run_id, policy_version, key));
 """
 
-STEP_TABLES = ("trajectories", "turns", "tool_executions", "saar_events", "r3l_reflections", "metrics", "steps")
+STEP_TABLES = ("trajectories", "turns", "tool_executions", "saar_events", "r3l_reflections", "env_steps", "metrics",
+               "steps")
 
 
 class StoreLockedError(RuntimeError):

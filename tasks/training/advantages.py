@@ -8,6 +8,8 @@ them over the row's mask-1 tokens.
 Registered:
 
 * ``grpo``: (r − group mean) / (group std + ε), unbiased std; a group of one gets 0 (DESIGN §2);
+* ``mean``: r − group mean (RAGEN's ``reward_normalization.method: mean``): the reward scale is kept, so a
+  group whose rewards differ by 0.1 weighs less than one whose rewards differ by 1; a group of one gets 0;
 * ``opmd_reweight_adv``: R3L's positive amplification (``tasks.r3l.advantage``): baseline the
   group mean (0 for a group of one), successes get exactly 1, positive scores × ``reweight_alpha``;
 * ``grpo_reweight_adv``: the same amplification on GRPO-normalised scores.
@@ -66,6 +68,8 @@ def _grpo(rewards: list[float], cfg) -> list[float]:
 
 
 register_advantage("grpo")(per_group(_grpo))
+register_advantage("mean")(per_group(lambda rewards, cfg: [r - statistics.fmean(rewards) for r in rewards]
+                                     if len(rewards) > 1 else [0.0] * len(rewards)))
 register_advantage("opmd_reweight_adv")(per_group(
     lambda rewards, cfg: opmd_reweight_adv(rewards, cfg.reweight_alpha, cfg.reweight_success)))
 register_advantage("grpo_reweight_adv")(per_group(

@@ -9,6 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tasks.envs.config import GroupFilterConfig
+
 
 class MixConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -16,15 +18,16 @@ class MixConfig(BaseModel):
     dynamic_sampling: bool = True
     """Drop groups whose rewards are all equal (DAPO dynamic sampling)."""
 
-    starpo_keep: float = Field(1.0, gt=0, le=1)
-    """StarPO-S: keep this share of groups with the highest reward std (1.0 = off)."""
+    group_filter: GroupFilterConfig = GroupFilterConfig()
+    """Which prompt groups train, by reward std: StarPO-S (``kind: std``, ``ratio``), RAGEN-2 linear top-p
+    (``kind: top_p``) or none; plus loss scaling and the early stop after empty steps."""
 
     adv_eps: float = Field(1e-6, gt=0)
     """ε added to the group std in the GRPO advantage."""
 
     advantage: str = "grpo"
-    """Registered advantage estimator (``tasks.training.advantages``): ``grpo``, ``opmd_reweight_adv`` (R3L's
-    positive amplification) or ``grpo_reweight_adv``."""
+    """Registered advantage estimator (``tasks.training.advantages``): ``grpo``, ``mean`` (r − group mean, RAGEN's
+    ``reward_normalization: mean``), ``opmd_reweight_adv`` (R3L's positive amplification) or ``grpo_reweight_adv``."""
 
     reweight_alpha: float = Field(3.0, ge=0)
     """Reweighted estimators: factor on positive scores of partial-reward rows (R3L: 3)."""

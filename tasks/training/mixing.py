@@ -4,11 +4,15 @@
 * curriculum statistics: how many trajectories are raw vs SAAR-purified, and their accuracy;
 * DAPO dynamic sampling: drop groups (same prompt) whose rewards are all equal — their GRPO
   advantage is zero and they only dilute the token-mean;
-* optional StarPO-S: keep the top ``starpo_keep`` share of groups by reward std.
+* the group filter ``group_filter`` (``tasks.envs.filters``): StarPO-S (keep the top ``ratio`` of
+  groups by reward std), RAGEN-2's linear top-p, or none — applied to the graded groups before
+  dynamic sampling, with RAGEN's reward-std metrics every step. A step whose filter keeps nothing
+  trains nothing and counts towards ``empty_stop_steps``; one that keeps fewer trajectories than
+  the trainer's mini-batches says so (``mix/filter_shortfall``, and a warning).
 
 ``advantage_step`` applies the registered estimator ``mix.advantage`` (``tasks.training.advantages``:
-GRPO (reward − group mean) / (group std + ε) by default) per ``group_id``, broadcast later over the
-model's own tokens (mask 1) only.
+GRPO (reward − group mean) / (group std + ε) by default) per ``group_id``, times the group filter's
+loss scaling, broadcast later over the model's own tokens (mask 1) only.
 
 ``fill_batch`` is the other half of DAPO dynamic sampling, used by the rollout stage: roll out
 more prompts until ``want`` groups are informative (rewards not all equal), at most
@@ -24,6 +28,7 @@ from typing import Callable, Sequence, TypeVar
 
 import polars as pl
 
+from tasks.envs.filters import apply_filter, minibatch_shortfall
 from tasks.r3l.grouping import SINGLETON_KINDS
 from tasks.stores.records import read_table
 from tasks.training.advantages import compute_advantages
@@ -91,13 +96,15 @@ def mix_rows(df: pl.DataFrame, cfg: MixConfig) -> tuple[pl.DataFrame, dict[str, 
         pl.col("reward").std(ddof=0).fill_null(0.0).alias("group_std"), pl.len().alias("group_n"),
         pl.col("kind").is_in(list(SINGLETON_KINDS)).all().alias("singleton"))
     keep, exempt = groups.filter(~pl.col("singleton")), groups.filter(pl.col("singleton"))
+    filtered = graded.filter(~pl.col("group_id").is_in(exempt["group_id"].to_list()))
+    filt = apply_filter(filtered.select(pl.col("group_id").alias("group"), pl.col("reward").alias("score")),
+                        cfg.group_filter)
+    keep = keep.filter(pl.col("group_id").is_in(filt.kept))
     if cfg.dynamic_sampling:
         keep = keep.filter(pl.col("group_std") > 0)
-    if cfg.starpo_keep < 1.0 and keep.height:
-        n = max(1, round(keep.height * cfg.starpo_keep))
-        keep = keep.sort(["group_std", "group_id"], descending=[True, False]).head(n)
     kept_ids = set(keep["group_id"].to_list()) | set(exempt["group_id"].to_list())
-    out = df.with_columns((pl.col("graded") & pl.col("group_id").is_in(list(kept_ids))).alias("kept"))
+    out = df.with_columns((pl.col("graded") & pl.col("group_id").is_in(list(kept_ids))).alias("kept"),
+                          pl.lit(filt.advantage_scale).alias("adv_scale"))
     purified = graded.filter(pl.col("rollbacks_recovered") > 0)
     raw = graded.filter(pl.col("raw"))
     metrics = {
@@ -108,6 +115,7 @@ def mix_rows(df: pl.DataFrame, cfg: MixConfig) -> tuple[pl.DataFrame, dict[str, 
         "mix/purified": purified.height,
         "mix/purified_accuracy": float(purified["correct"].cast(pl.Float64).mean() or 0.0) if purified.height else 0.0,
         "mix/raw_accuracy": float(raw["correct"].cast(pl.Float64).mean() or 0.0) if raw.height else 0.0,
+        **filt.metrics,
     }
     if exempt.height:
         metrics["mix/singleton_groups"] = exempt.height
@@ -119,11 +127,23 @@ def grpo_advantages(df: pl.DataFrame, eps: float) -> pl.DataFrame:
     return compute_advantages(with_roles(df), MixConfig(adv_eps=eps))
 
 
-def mix_step(step_dir: Path, cfg: MixConfig) -> dict[str, float]:
+def mix_step(step_dir: Path, cfg: MixConfig, mini_batches: int | None = None, empty_before: int = 0) -> dict[str, float]:
+    """Mix one step; ``empty_before``: consecutive steps before this one whose filter kept nothing."""
     step_dir = Path(step_dir)
     df = read_table(step_dir, "trajectories").join(read_table(step_dir, "scores"), on=["run_id", "step", "traj_id"])
     mixed, metrics = mix_rows(df, cfg)
-    mixed.select(["run_id", "step", "traj_id", "kept"]).write_parquet(step_dir / "mix.parquet")
+    mixed.select(["run_id", "step", "traj_id", "kept", "adv_scale"]).write_parquet(step_dir / "mix.parquet")
+    empty = metrics["rollout/filter_kept_count"] == 0
+    metrics["rollout/consecutive_empty_after_filter_steps"] = empty_before + 1 if empty else 0
+    limit = cfg.group_filter.empty_stop_steps
+    metrics["early_stopped/empty_filtered_steps"] = float(bool(limit) and empty_before + 1 >= limit and empty)
+    short = minibatch_shortfall(metrics["mix/trajectories_kept"], mini_batches) if mini_batches and not empty else None
+    metrics["mix/filter_shortfall"] = float(short is not None)
+    if empty:
+        print(f"step {step_dir.name}: the group filter kept no group ({cfg.group_filter.kind}); this step does not "
+              f"train ({metrics['rollout/consecutive_empty_after_filter_steps']} in a row)")
+    elif short:
+        print(f"step {step_dir.name}: {short}")
     return metrics
 
 
@@ -133,6 +153,8 @@ def advantage_step(step_dir: Path, cfg: MixConfig) -> dict[str, float]:
     df = (read_table(step_dir, "trajectories").join(read_table(step_dir, "scores"), on=keys)
           .join(read_table(step_dir, "mix"), on=keys))
     adv = compute_advantages(with_roles(df), cfg)
+    if "adv_scale" in adv.columns:
+        adv = adv.with_columns(pl.col("advantage") * pl.col("adv_scale").fill_null(1.0))
     adv.select([*keys, "advantage"]).write_parquet(step_dir / "advantages.parquet")
     kept = adv.filter(pl.col("kept"))
     return {"train/advantage_abs_mean": float(kept["advantage"].abs().mean() or 0.0) if kept.height else 0.0}

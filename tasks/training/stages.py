@@ -114,10 +114,10 @@ def score_stage(step_dir: Path, reward: RewardConfig, score: ScoreConfig, max_re
     return Path(step_dir)
 
 
-def mix_stage(step_dir: Path, mix: MixConfig) -> Path:
+def mix_stage(step_dir: Path, mix: MixConfig, mini_batches: int | None = None, empty_before: int = 0) -> Path:
     metrics: dict = {}
     with _timed(step_dir, "mix", metrics):
-        metrics.update(mix_step(step_dir, mix))
+        metrics.update(mix_step(step_dir, mix, mini_batches, empty_before))
     return Path(step_dir)
 
 
@@ -201,6 +201,8 @@ def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, tra
         "trajectories": trajs, "turns": read_table(step_dir, "turns"),
         "tool_executions": read_table(step_dir, "executions"), "saar_events": read_table(step_dir, "saar_events"),
         "r3l_reflections": reflections, "metrics": metric_rows,
+        **({"env_steps": pl.read_parquet(Path(step_dir) / "env_steps.parquet")}
+           if (Path(step_dir) / "env_steps.parquet").exists() else {}),
         "steps": pl.DataFrame({"run_id": [run_id], "step": [step], "checkpoint": [ckpt], "policy_version": [Path(ckpt).name],
                                "seconds": [sum(v for k, v in metrics.items() if k.startswith("time/"))]}),
     }

@@ -1,0 +1,96 @@
+"""Rollout, score and evaluation stages of environment mode (``env`` set in the run config).
+
+They stand in for ``rollout_stage`` / ``score_stage`` / ``eval_stage`` and write the same step
+files, so mix, advantage, update and log run unchanged:
+
+    rollout   trajectories / turns / env_steps .parquet (executions and saar_events empty), the
+              per-step signals (success, pass@k, valid-action rate, response length) and, on
+              schedule, RAGEN-2's MI probe
+    score     scores.parquet from the episode scores (no grading from text)
+    evaluate  held-out start states (or the held-out variant, e.g. ``bandit_test``)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import polars as pl
+
+from models.config import ChatConfig, EngineConfig
+from tasks.envs.config import EnvConfig
+from tasks.rollout.config import RolloutConfig
+from tasks.rollout.saar import TrajStats
+from tasks.stores import db, tracking
+from tasks.stores.config import TrackingConfig
+from tasks.stores.records import read_table, trajectory_frames, write_frames
+from tasks.training.config import EvalConfig
+from tasks.training.live import get_chat, get_engine
+from tasks.training.stages import _timed
+
+_TOOL_COLUMNS = {**TrajStats().scalars(), "failure_reasons": "{}"}
+
+
+def env_rollout_stage(step_dir: Path, step: int, seed: int, ckpt: str, run_id: str, env: EnvConfig,
+                      rollout: RolloutConfig, engine: EngineConfig) -> Path:
+    """Play the step's groups of episodes with the live engine; write the step tables."""
+    from tasks.envs.stage import play_step
+
+    metrics: dict = {}
+    with _timed(step_dir, "rollout", metrics):
+        chat = get_chat(ckpt, ChatConfig())
+        live = get_engine(engine, ckpt, chat)
+        frames, signals, _ = play_step(live, chat.tokenizer, env, run_id, seed, step, rollout.n_samples,
+                                       rollout.max_new_tokens, rollout.max_response_tokens, ckpt, _TOOL_COLUMNS)
+        empty = trajectory_frames([], run_id, step, chat.decode)
+        write_frames({**frames, "executions": empty["executions"], "saar_events": empty["saar_events"]},
+                     Path(step_dir))
+        metrics.update(signals)
+    return Path(step_dir)
+
+
+def env_score_stage(step_dir: Path) -> Path:
+    """Scores of an environment step: the episode score is the reward, success is ``correct``."""
+    from tasks.envs.records import env_scores
+
+    metrics: dict = {}
+    with _timed(step_dir, "score", metrics):
+        df, m = env_scores(read_table(step_dir, "trajectories"))
+        df.write_parquet(Path(step_dir) / "scores.parquet")
+        metrics.update(m)
+    return Path(step_dir)
+
+
+def env_eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, seed: int, env: EnvConfig,
+                   rollout: RolloutConfig, cfg: EvalConfig, tracking_cfg: TrackingConfig) -> dict[str, float]:
+    """Held-out episodes of policy ``version``; rows to DuckDB ``evaluations``, metrics to MLflow."""
+    from tasks.envs.evaluate import evaluate_env
+
+    t0 = time.perf_counter()
+    metrics = evaluate_env(Path(ckpt), env, cfg.n_prompts, cfg.samples, cfg.temperature, rollout.max_new_tokens,
+                           rollout.max_response_tokens, seed)
+    metrics["time/eval_s"] = time.perf_counter() - t0
+    con = db.connect(tracking_cfg.duckdb_path)
+    try:
+        db.replace_eval(con, run_id, version, ckpt, metrics)
+    finally:
+        con.close()
+    if mlrun:
+        tracking.log_eval(tracking_cfg, mlrun, version, metrics)
+    return metrics
+
+
+def env_steps_frame(step_dir: Path) -> pl.DataFrame | None:
+    """The step's ``env_steps`` rows, or None for a tool-use step."""
+    path = Path(step_dir) / "env_steps.parquet"
+    return pl.read_parquet(path) if path.exists() else None
+
+
+def previous_empty_steps(step_dir: Path) -> int:
+    """Consecutive filter-emptied steps up to the previous step (from its mix metrics; 0 when none)."""
+    step = int(Path(step_dir).name)
+    prev = Path(step_dir).parent / f"{step - 1:06d}" / "mix.metrics.json"
+    if step == 0 or not prev.exists():
+        return 0
+    return int(json.loads(prev.read_text()).get("rollout/consecutive_empty_after_filter_steps", 0))

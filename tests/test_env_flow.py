@@ -1,0 +1,54 @@
+"""A 2-step environment-mode run of the Prefect ``train`` flow on the warmed-up text-game policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+from mlflow.tracking import MlflowClient
+
+from flows.train import train
+from tasks.stores.tracking import RUN_TAG
+
+ENV_MODEL = Path(__file__).resolve().parents[1] / "assets" / "tiny-env"
+EVERY_STEP = ["rollout/in_group_std", "rollout/in_group_std_max", "rollout/in_group_mean", "rollout/chosen_in_group_std",
+              "train/entropy", "train/grad_norm", "train/clip_frac", "train/approx_kl", "response_length",
+              "bandit/success", "bandit/pass_at_4", "bandit/hi_arm_rate", "bandit/valid_action_rate"]
+
+
+@pytest.fixture(scope="module")
+def env_run(prefect_harness, tmp_path_factory):
+    work = tmp_path_factory.mktemp("envflow")
+    overrides = [
+        f"model.path={ENV_MODEL}", "model.build=none", f"output_dir={work / 'runs'}", "train.steps=2",
+        "env.groups=4", "rollout.n_samples=4", "env.mi_every=1", "env.mi_samples=16", "train.eval_every=2",
+        "eval.n_prompts=4", "eval.samples=2", f"tracking.mlflow_uri=sqlite:///{work / 'mlflow.db'}",
+        f"tracking.artifact_root={work / 'mlartifacts'}", f"tracking.duckdb_path={work / 'cleaner.duckdb'}",
+    ]
+    return work, train("configs/bandit.yaml", overrides, "envflow")
+
+
+def test_env_steps_and_collapse_metrics_every_step(env_run):
+    work, _ = env_run
+    con = duckdb.connect(str(work / "cleaner.duckdb"), read_only=True)
+    for step in (0, 1):
+        assert con.execute(f"SELECT count(*) FROM env_steps WHERE run_id='envflow' AND step={step}").fetchone()[0] == 16
+        keys = {r[0] for r in con.execute(f"SELECT key FROM metrics WHERE run_id='envflow' AND step={step}").fetchall()}
+        assert set(EVERY_STEP) <= keys, set(EVERY_STEP) - keys
+    mi = con.execute("SELECT value FROM metrics WHERE run_id='envflow' AND key='collapse/valid_thinking_rate'").fetchall()
+    assert len(mi) == 2 and all(0 <= v <= 1 for (v,) in mi)
+    row = con.execute("SELECT data_source, env_score, reward, num_turns FROM trajectories WHERE run_id='envflow' "
+                      "AND step=0 LIMIT 1").fetchone()
+    assert row[0] == "bandit" and row[1] == row[2] and row[3] == 1
+    evals = {r[0] for r in con.execute("SELECT key FROM evaluations WHERE run_id='envflow'").fetchall()}
+    assert {"eval/bandit_test/success", "eval/bandit_test/hi_arm_rate"} <= evals
+
+
+def test_collapse_panel_is_an_mlflow_artifact(env_run):
+    work, result = env_run
+    client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+    run = client.search_runs(client.get_experiment_by_name("bandit").experiment_id,
+                             f"tags.`{RUN_TAG}` = 'envflow'")[0]
+    assert "plots/collapse.png" in [a.path for a in client.list_artifacts(run.info.run_id, "plots")]
+    assert len(client.get_metric_history(run.info.run_id, "rollout/in_group_std")) == 2
