@@ -180,7 +180,8 @@ def run_bench(backends=BACKENDS, snippets=tuple(SNIPPETS), concurrency=(1, 8, 32
     try:
         rows = _cells(runners, snippets, concurrency, n, reps)
         if long_factor > 0:
-            rows += _long_rows(runners, pools, cfg, max(concurrency), long_factor)
+            long_conc = 8 if 8 in concurrency else max(concurrency)  # the reference cell
+            rows += _long_rows(runners, pools, cfg, long_conc, long_factor)
     finally:
         for box in boxes:
             box.close()
