@@ -4,7 +4,7 @@ Schema (primary keys in brackets)::
 
     runs            [run_id]                                  name, config, MLflow run id, status
     steps           [run_id, step]                            checkpoint, policy version, seconds
-    trajectories    [run_id, step, traj_id]                   ids, mask, reward, advantage, SAAR stats, kind
+    trajectories    [run_id, step, traj_id]                   ids, mask, reward, advantage, dropped, SAAR stats, kind
     r3l_reflections [run_id, step, traj_id]                   R3L: report, validity, pivot, retry reward, replays
     turns           [run_id, step, traj_id, turn_idx]         final (purified) conversation
     tool_executions [run_id, step, traj_id, exec_idx]         every execution, failed attempts included
@@ -45,13 +45,14 @@ CREATE TABLE IF NOT EXISTS trajectories (
     failure_reasons JSON, score DOUBLE, correct BOOLEAN, overlong_penalty DOUBLE, reward DOUBLE,
     graded BOOLEAN, reward_metrics JSON, kept BOOLEAN, advantage DOUBLE,
     kind VARCHAR, group_id VARCHAR, fixed_reward DOUBLE, masked_turns BIGINT, parent VARCHAR, adv_scale DOUBLE,
-    env_score DOUBLE, env_success BOOLEAN, env_penalty DOUBLE, env_actions BIGINT,
+    env_score DOUBLE, env_success BOOLEAN, env_penalty DOUBLE, env_actions BIGINT, dropped BOOLEAN,
     PRIMARY KEY (run_id, step, traj_id));
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS adv_scale DOUBLE;
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS env_score DOUBLE;
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS env_success BOOLEAN;
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS env_penalty DOUBLE;
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS env_actions BIGINT;
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS dropped BOOLEAN;
 CREATE TABLE IF NOT EXISTS env_steps (
     run_id VARCHAR, step BIGINT, traj_id VARCHAR, turn_idx BIGINT, env VARCHAR, seed BIGINT, state VARCHAR,
     response VARCHAR, think VARCHAR, parsed BOOLEAN, actions JSON, executed JSON, invalid JSON, reward DOUBLE,

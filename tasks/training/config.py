@@ -27,13 +27,17 @@ class MixConfig(BaseModel):
 
     advantage: str = "grpo"
     """Registered advantage estimator (``tasks.training.advantages``): ``grpo``, ``mean`` (r − group mean, RAGEN's
-    ``reward_normalization: mean``), ``opmd_reweight_adv`` (R3L's positive amplification) or ``grpo_reweight_adv``."""
+    ``reward_normalization: mean``), ``opmd_reweight_adv`` (R3L's positive amplification), ``grpo_reweight_adv`` or
+    ``mc_grpo`` (MC-GRPO: median baseline, MAD scale, the pivot sample dropped; set ``rollout.n_samples`` to G+1)."""
 
     reweight_alpha: float = Field(3.0, ge=0)
     """Reweighted estimators: factor on positive scores of partial-reward rows (R3L: 3)."""
 
     reweight_success: float = 1.0
     """Reweighted estimators: a reward at or above this gets advantage exactly 1 (R3L: 1.0)."""
+
+    mc_eps: float = Field(1e-3, gt=0)
+    """``mc_grpo``: ε added to the group's median absolute deviation (MC-GRPO: 1e-3)."""
 
     @field_validator("advantage")
     @classmethod

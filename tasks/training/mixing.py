@@ -12,7 +12,8 @@
 
 ``advantage_step`` applies the registered estimator ``mix.advantage`` (``tasks.training.advantages``:
 GRPO (reward − group mean) / (group std + ε) by default) per ``group_id``, times the group filter's
-loss scaling, broadcast later over the model's own tokens (mask 1) only.
+loss scaling, broadcast later over the model's own tokens (mask 1) only; rows the estimator drops
+(MC-GRPO's pivot) are marked ``dropped`` and never reach the update (``train/dropped_rows``).
 
 ``fill_batch`` is the other half of DAPO dynamic sampling, used by the rollout stage: roll out
 more prompts until ``want`` groups are informative (rewards not all equal), at most
@@ -155,6 +156,7 @@ def advantage_step(step_dir: Path, cfg: MixConfig) -> dict[str, float]:
     adv = compute_advantages(with_roles(df), cfg)
     if "adv_scale" in adv.columns:
         adv = adv.with_columns(pl.col("advantage") * pl.col("adv_scale").fill_null(1.0))
-    adv.select([*keys, "advantage"]).write_parquet(step_dir / "advantages.parquet")
-    kept = adv.filter(pl.col("kept"))
-    return {"train/advantage_abs_mean": float(kept["advantage"].abs().mean() or 0.0) if kept.height else 0.0}
+    adv.select([*keys, "advantage", "dropped"]).write_parquet(step_dir / "advantages.parquet")
+    kept = adv.filter(pl.col("kept") & ~pl.col("dropped"))
+    return {"train/advantage_abs_mean": float(kept["advantage"].abs().mean() or 0.0) if kept.height else 0.0,
+            "train/dropped_rows": int(adv["dropped"].sum())}
