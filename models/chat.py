@@ -225,17 +225,29 @@ def _byte_decoder() -> dict[str, int]:
 
 
 def build_sft_example(chat: ChatFormat, messages: list[dict]) -> tuple[list[int], list[int]]:
-    """Ids and loss mask (1 on assistant tokens) of a full transcript, built turn by turn like a rollout."""
+    """Ids and loss mask (1 on assistant tokens) of a full transcript, built turn by turn like a rollout.
+
+    After the prompt, turns are assistant and tool messages; a system message may follow a tool
+    message (R3L's guidance at the pivot) and is injected with it in one frame, as the rollout does.
+    """
     first_assistant = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
     ids = chat.prompt_ids(messages[:first_assistant])
     mask = [0] * len(ids)
-    for msg in messages[first_assistant:]:
+    rest = messages[first_assistant:]
+    i = 0
+    while i < len(rest):
+        msg, nxt = rest[i], rest[i + 1] if i + 1 < len(rest) else None
         if msg["role"] == "assistant":
             part, bit = chat.assistant_ids(msg["content"]), 1
+        elif msg["role"] == "tool" and nxt is not None and nxt["role"] == "system":
+            part, bit = chat.tool_system_ids(msg["content"], nxt["content"]), 0
+            i += 1
         elif msg["role"] == "tool":
             part, bit = chat.tool_response_ids(msg["content"]), 0
         else:
-            raise ValueError(f"transcript turn with role {msg['role']!r}: only assistant/tool may follow the prompt")
+            raise ValueError(f"transcript turn {first_assistant + i} with role {msg['role']!r}: after the prompt only "
+                             "assistant and tool turns (and a system turn right after a tool turn) may follow")
         ids += part
         mask += [bit] * len(part)
+        i += 1
     return ids, mask

@@ -280,3 +280,25 @@ def test_rows_reflection_table_and_viewer(chat, box):
     assert html.count("masked (before pivot)") == 1 and html.count("copied from base, masked") == 1
     assert html.count("badge guidance") == 1 and "reflection + retry train" in html
     assert render_r3l_section(trajs, refl.clear(), 3) == ""
+
+
+def test_corpus_transcripts_build_the_same_ids_as_the_rollout(chat, box):
+    """What the warm-up corpus writes with tasks.r3l (reflection, guided retry) is token for token what RL sees."""
+    from models.chat import build_sft_example
+    from tasks.r3l import guided_retry_messages, outcome_feedback, reflection_messages
+    from tasks.r3l.driver import attempt_messages
+
+    engine = RuleEngine(chat, report())
+    engine.reply = lambda ctx, base=engine.reply: FIXED if base(ctx) == FAILED else base(ctx)
+    res = run_r3l(chat, box, engine, n=2)
+    rows, refl = by_kind(res), res.reflections[0]
+    attempt = attempt_messages(refl.base, chat)
+    retry_sft = guided_retry_messages(attempt, REPORT, 1, [{"role": "assistant", "content": "\\boxed{42}"}])
+    ids, mask = build_sft_example(chat, retry_sft)
+    retry = rows["retry"]
+    assert ids == retry.prompt_ids + retry.response_ids
+    assert mask[-len(retry.response_ids):][-4:] == retry.response_mask[-4:]
+    reflect_sft = reflection_messages(attempt, refl.messages[0]["content"], REPORT, outcome_feedback(0.0))
+    ids, mask = build_sft_example(chat, reflect_sft)
+    reflect = rows["reflect"]
+    assert ids == reflect.prompt_ids + reflect.response_ids and sum(mask) == len(reflect.response_ids)
