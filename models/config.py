@@ -204,6 +204,29 @@ class TrainerConfig(BaseModel):
             raise ValueError(f"unknown loss {name!r}; registered losses: {', '.join(sorted(LOSSES))}")
         return name
 
+    lr_scale: str = "none"
+    """Registered learning-rate rule per optimizer step (``models.vcpo``): ``none``, ``ess_sqrt`` (VCPO: lr·√min(1,
+    ρ/ρ_base), ρ = ESS/N of the mini-batch's sequence importance weights, restored after the step) or ``ess_linear``."""
+
+    ess_rho_base: float = Field(1.0, gt=0)
+    """VCPO ρ_base: the ESS ratio at or above which the learning rate is not reduced (VCPO: 1.0)."""
+
+    opob: bool = False
+    """VCPO's optimal off-policy baseline: per group, b = Σ‖g_i‖²w_i²r_i / Σ‖g_i‖²w_i² and the update follows
+    Σ(r_i − b)·g_i with g_i each row's own gradient (one backward per row; the advantage stage's values are unused)."""
+
+    opob_norm_by_std: bool = False
+    """OPOB: divide (r_i − b) by the group's reward std (VCPO's ``norm_by_std``)."""
+
+    @field_validator("lr_scale")
+    @classmethod
+    def _known_lr_scale(cls, name: str) -> str:
+        from models.vcpo import LR_SCALES  # torch-free at import
+
+        if name not in LR_SCALES:
+            raise ValueError(f"unknown rule {name!r}; registered: {', '.join(sorted(LR_SCALES))}")
+        return name
+
     grad_clip: float = Field(1.0, gt=0)
     """Max global gradient norm."""
 

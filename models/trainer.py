@@ -10,7 +10,11 @@ One call of ``update`` is one RL step on the policy side:
    -A·log π / (1 + τ)), token-mean over the mini-batch's mask-1 tokens; with ``kl_coef > 0``
    plus ``kl_coef`` × a KL estimate to the reference policy (log-probs computed once, like the
    old ones); gradient-norm clip, AdamW step; reported besides: the policy entropy and the approx KL
-   mean(old − new) on the trained tokens;
+   mean(old − new) on the trained tokens. VCPO (``models.vcpo``): the ESS ratio of the mini-batch's
+   sequence importance weights (old vs the engine's rollout log-probs) is reported (``train/ess_ratio``)
+   and, with ``lr_scale``, scales that step's learning rate (restored after); ``opob`` replaces the
+   advantages by reward minus the optimal off-policy baseline (per-row gradients, whole groups per
+   mini-batch);
 4. write the next checkpoint folder (weights, tokenizer, optimizer, trainer state) to a
    temporary folder and rename it, so a crash never leaves a half-written checkpoint.
 
@@ -30,6 +34,7 @@ import torch
 from models.config import TrainerConfig
 from models.engine import load_causal_lm
 from models.losses import LossBatch, get_loss, kl_penalty
+from models.vcpo import ess_ratio, get_lr_scale, opob_baseline, seq_log_weights
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,12 @@ class Sample:
     response_ids: list[int]
     response_mask: list[int]
     advantage: float
+    rollout_lp: list[float] | None = None
+    """The engine's log-probs of the response tokens (the behaviour policy), for VCPO's importance weights."""
+    reward: float = 0.0
+    """The row's reward (VCPO's OPOB baseline uses rewards, not advantages)."""
+    group: str = ""
+    """The row's advantage group (OPOB's baseline is per group; its mini-batches hold whole groups)."""
 
 
 def _pad_batch(samples: list[Sample], pad_id: int, device: str):
@@ -109,21 +120,29 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
     model.train()
     totals = {"loss": 0.0, "grad_norm": 0.0, "clipped": 0.0, "ratio": 0.0, "tokens": 0.0, "kl": 0.0, "entropy": 0.0,
               "approx_kl": 0.0}
-    order = list(range(len(samples)))
+    log_w = _log_weights(samples, old)
+    lr_rule, ess_seen = get_lr_scale(cfg.lr_scale), []
     rng = random.Random(seed)
     n_steps = 0
     for _ in range(cfg.epochs):
-        rng.shuffle(order)
-        for mb in _split(order, cfg.mini_batches):
-            _minibatch_step(model, opt, [samples[i] for i in mb], [old[i] for i in mb],
-                            [ref[i] for i in mb] if ref is not None else None, cfg, pad_id, totals)
+        for mb in _minibatches(samples, cfg, rng):
+            rho = ess_ratio(log_w[mb]) if log_w is not None else None
+            scale = lr_rule(rho, cfg.ess_rho_base) if rho is not None else 1.0
+            if rho is not None:
+                ess_seen.append((rho, scale))
+            step = _opob_step if cfg.opob else _minibatch_step
+            step(model, opt, [samples[i] for i in mb], [old[i] for i in mb],
+                 [ref[i] for i in mb] if ref is not None else None, cfg, pad_id, totals,
+                 log_w[mb] if log_w is not None else None, scale)
             n_steps += 1
             if on_step is not None:
                 on_step()
     model.eval()
     save_checkpoint(model, ckpt_dir, out_dir, opt, state)
     tokens = max(totals["tokens"], 1.0)
-    return {
+    ess = ({"train/ess_ratio": sum(r for r, _ in ess_seen) / len(ess_seen), "train/ess_ratio_min": min(r for r, _ in ess_seen),
+            "train/lr_scale": sum(f for _, f in ess_seen) / len(ess_seen)} if ess_seen else {})
+    return {**ess,
         "train/loss": totals["loss"] / max(n_steps, 1),
         "train/grad_norm": totals["grad_norm"] / max(n_steps, 1),
         "train/clip_frac": totals["clipped"] / tokens,
@@ -137,10 +156,44 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
     }
 
 
-def _split(order: list[int], parts: int) -> list[list[int]]:
+def _split(order: list, parts: int) -> list[list]:
     parts = min(parts, len(order))
     size = -(-len(order) // parts)
     return [order[i : i + size] for i in range(0, len(order), size)]
+
+
+def _minibatches(samples: list[Sample], cfg: TrainerConfig, rng: random.Random) -> list[list[int]]:
+    """One epoch's mini-batches of sample indices, shuffled; with OPOB whole groups (its baseline is per group)."""
+    if not cfg.opob:
+        order = list(range(len(samples)))
+        rng.shuffle(order)
+        return _split(order, cfg.mini_batches)
+    groups: dict[str, list[int]] = {}
+    for i, s in enumerate(samples):
+        groups.setdefault(s.group, []).append(i)
+    keys = sorted(groups)
+    rng.shuffle(keys)
+    return [[i for g in part for i in groups[g]] for part in _split(keys, cfg.mini_batches)]
+
+
+def _log_weights(samples: list[Sample], old: list[torch.Tensor]) -> torch.Tensor | None:
+    """VCPO's sequence log importance weights (recomputed old vs rollout log-probs); None without rollout log-probs."""
+    if any(s.rollout_lp is None or len(s.rollout_lp) != len(s.response_ids) for s in samples):
+        return None
+    return seq_log_weights(old, [torch.tensor(s.rollout_lp, dtype=o.dtype) for s, o in zip(samples, old)],
+                           [torch.tensor(s.response_mask, dtype=o.dtype) for s, o in zip(samples, old)])
+
+
+def _optimizer_step(model, opt, cfg: TrainerConfig, lr_scale: float) -> float:
+    """Clip the gradient and step with the learning rate times ``lr_scale``, restored afterwards (VCPO)."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    base = [group["lr"] for group in opt.param_groups]
+    for group in opt.param_groups:
+        group["lr"] *= lr_scale
+    opt.step()
+    for group, lr in zip(opt.param_groups, base):
+        group["lr"] = lr
+    return float(grad_norm)
 
 
 @torch.no_grad()
@@ -169,7 +222,8 @@ def _stack(rows: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
 
 
 def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: list[torch.Tensor] | None,
-                    cfg: TrainerConfig, pad_id: int, totals: dict):
+                    cfg: TrainerConfig, pad_id: int, totals: dict, log_w: torch.Tensor | None = None,
+                    lr_scale: float = 1.0):
     n_tokens = float(sum(sum(s.response_mask) for s in mb)) or 1.0
     loss_fn = get_loss(cfg.loss)
     opt.zero_grad(set_to_none=True)
@@ -191,11 +245,67 @@ def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: 
         totals["ratio"] += stats["ratio"].item()
         totals["entropy"] += float((entropy * mask).sum())
         totals["approx_kl"] += float(((batch.old_lp - new_lp.detach()) * mask).sum())
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    opt.step()
+    totals["grad_norm"] += _optimizer_step(model, opt, cfg, lr_scale)
     totals["loss"] += loss_sum
-    totals["grad_norm"] += float(grad_norm)
     totals["tokens"] += n_tokens
+
+
+def _opob_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: list[torch.Tensor] | None,
+               cfg: TrainerConfig, pad_id: int, totals: dict, log_w: torch.Tensor | None, lr_scale: float):
+    """One optimizer step on Σ_i (r_i − b_group)·g_i (VCPO's OPOB): one backward per row with advantage 1 gives
+    g_i; Σ r_i g_i and Σ g_i are accumulated per group and combined once the group's baseline is known."""
+    n_tokens = float(sum(sum(s.response_mask) for s in mb)) or 1.0
+    loss_fn = get_loss(cfg.loss)
+    params = [p for p in model.parameters() if p.requires_grad]
+    total = [torch.zeros_like(p) for p in params]
+    groups: dict[str, list[int]] = {}
+    for i, s in enumerate(mb):
+        groups.setdefault(s.group, []).append(i)
+    for rows in groups.values():
+        rewards = [mb[i].reward for i in rows]
+        std = torch.tensor(rewards).std(unbiased=False).item() if len(rows) > 1 else 0.0
+        unit = 1.0 / std if cfg.opob_norm_by_std and std > 1e-8 else 1.0
+        with_r, plain, sq_norms, losses = [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params], [], []
+        for i in rows:
+            opt.zero_grad(set_to_none=True)
+            new_lp, mask, entropy = response_logprobs_entropy(model, [mb[i]], pad_id, cfg.device)
+            batch = LossBatch(new_lp, _stack([old[i]], new_lp), torch.ones(1, device=new_lp.device), mask, n_tokens)
+            loss, stats = loss_fn(batch, cfg)
+            loss.backward()
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            sq_norms.append(float(sum((g * g).sum() for g in grads)))
+            losses.append(loss.item())
+            for acc, acc1, g in zip(with_r, plain, grads):
+                acc.add_(g, alpha=mb[i].reward * unit)
+                acc1.add_(g, alpha=unit)
+            totals["clipped"] += stats["clipped"].item()
+            totals["ratio"] += stats["ratio"].item()
+            totals["entropy"] += float((entropy * mask).sum())
+            totals["approx_kl"] += float(((batch.old_lp - new_lp.detach()) * mask).sum())
+        lw = [float(log_w[i]) for i in rows] if log_w is not None else [0.0] * len(rows)
+        b = opob_baseline(sq_norms, lw, rewards)
+        for acc, a, a1 in zip(total, with_r, plain):
+            acc.add_(a - b * a1)
+        totals["loss"] += sum((r - b) * unit * x for r, x in zip(rewards, losses))
+    opt.zero_grad(set_to_none=True)
+    if ref is not None:
+        _kl_backward(model, mb, old, ref, cfg, pad_id, n_tokens, totals)
+    for p, g in zip(params, total):
+        p.grad = g if p.grad is None else p.grad + g
+    totals["grad_norm"] += _optimizer_step(model, opt, cfg, lr_scale)
+    totals["tokens"] += n_tokens
+
+
+def _kl_backward(model, mb: list[Sample], old, ref, cfg: TrainerConfig, pad_id: int, n_tokens: float, totals: dict):
+    """Backward of ``kl_coef`` × the KL penalty over a mini-batch (used where the policy loss is built per row)."""
+    for lo in range(0, len(mb), cfg.micro_batch):
+        chunk = mb[lo : lo + cfg.micro_batch]
+        new_lp, mask, _ = response_logprobs_entropy(model, chunk, pad_id, cfg.device)
+        batch = LossBatch(new_lp, _stack(old[lo : lo + cfg.micro_batch], new_lp), torch.zeros(len(chunk)), mask,
+                          n_tokens, _stack(ref[lo : lo + cfg.micro_batch], new_lp))
+        kl = kl_penalty(batch, cfg.kl_estimator)
+        (cfg.kl_coef * kl).backward()
+        totals["kl"] += kl.item()
 
 
 def save_checkpoint(model, src_dir: Path, out_dir: Path, opt=None, extra: dict | None = None) -> Path:

@@ -140,7 +140,8 @@ def update_stage(step_dir: Path, ckpt: str, out_ckpt: Path, trainer: TrainerConf
     """
     metrics: dict = {}
     with _timed(step_dir, "update", metrics):
-        samples = [Sample(r["prompt_ids"], r["response_ids"], r["response_mask"], r["advantage"])
+        samples = [Sample(r["prompt_ids"], r["response_ids"], r["response_mask"], r["advantage"],
+                          r.get("rollout_logprobs"), r.get("reward") or 0.0, r.get("group_id") or r["prompt_id"])
                    for r in training_rows(step_dir).iter_rows(named=True) if sum(r["response_mask"])]
         pad = get_chat(ckpt, ChatConfig()).tokenizer.pad_token_id or 0
         step = _step_of(step_dir)
@@ -165,6 +166,7 @@ def training_rows(step_dir: Path) -> pl.DataFrame:
     """The rows the update trains on: kept by the mix stage, not dropped by the advantage estimator."""
     keys = ["run_id", "step", "traj_id"]
     df = read_table(step_dir, "trajectories").join(read_table(step_dir, "advantages"), on=keys)
+    df = df.join(read_table(step_dir, "scores").select([*keys, "reward"]), on=keys)
     df = df.join(read_table(step_dir, "mix"), on=keys).filter(pl.col("kept"))
     if "dropped" in df.columns:  # absent in step folders written before estimators could drop rows
         df = df.filter(~pl.col("dropped"))

@@ -1,0 +1,164 @@
+"""VCPO: ESS of sequence importance weights, the ESS-scaled learning rate, and the OPOB baseline, by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from models.config import TrainerConfig
+from models.vcpo import LR_SCALES, ess_ratio, get_lr_scale, opob_baseline, seq_log_weights
+
+
+def test_ess_ratio_by_hand():
+    # w = [1, 1, 2]: (Σw)² / Σw² = 16 / 6, over N = 3
+    assert ess_ratio(torch.log(torch.tensor([1.0, 1.0, 2.0]))) == pytest.approx(16 / 6 / 3)
+    # equal weights: ρ = 1 whatever their size; one dominant weight: ρ → 1/N (and no overflow at e^800)
+    assert ess_ratio(torch.tensor([5.0, 5.0, 5.0, 5.0])) == pytest.approx(1.0)
+    assert ess_ratio(torch.tensor([800.0, 0.0, 0.0, 0.0])) == pytest.approx(0.25)
+
+
+def test_sequence_log_weight_counts_policy_tokens_only():
+    old = [torch.tensor([-1.0, -2.0, -3.0])]
+    rollout = [torch.tensor([-1.5, -2.0, -2.0])]
+    mask = [torch.tensor([1.0, 1.0, 0.0])]
+    assert seq_log_weights(old, rollout, mask).tolist() == pytest.approx([0.5])
+
+
+def test_lr_rules():
+    assert sorted(LR_SCALES) == ["ess_linear", "ess_sqrt", "none"]
+    assert get_lr_scale("ess_sqrt")(0.25, 1.0) == pytest.approx(0.5)
+    assert get_lr_scale("ess_linear")(0.25, 1.0) == pytest.approx(0.25)
+    assert get_lr_scale("ess_sqrt")(0.25, 0.5) == pytest.approx(math.sqrt(0.5))
+    assert get_lr_scale("ess_sqrt")(0.9, 0.5) == 1.0  # never above the base learning rate
+    assert get_lr_scale("none")(0.01, 1.0) == 1.0
+    with pytest.raises(ValueError, match="trainer.lr_scale: unknown rule 'cosine'; registered: ess_linear, ess_sqrt"):
+        get_lr_scale("cosine")
+    with pytest.raises(ValueError, match="unknown rule 'cosine'"):
+        TrainerConfig(lr_scale="cosine")
+
+
+def test_opob_baseline_weights_rewards_by_gradient_norm_and_squared_weight():
+    # W = ‖g‖²·w² = [1·1, 4·2²] = [1, 16] → b = (1·1 + 16·0) / 17
+    assert opob_baseline([1.0, 4.0], [0.0, math.log(2.0)], [1.0, 0.0]) == pytest.approx(1 / 17, rel=1e-6)
+    assert opob_baseline([2.0, 2.0], [0.0, 0.0], [1.0, 0.0]) == pytest.approx(0.5, rel=1e-6)
+
+
+# -- in the trainer, on the tiny model ---------------------------------------------------------------
+
+
+def _samples(model_dir, pad, log_w: list[float], rewards=(1.0, 0.0), group="g"):
+    """Two rows whose rollout log-probs make their sequence log-weights exactly ``log_w`` (on the first token)."""
+    from models.engine import load_causal_lm
+    from models.trainer import Sample, response_logprobs
+
+    base = [Sample([5, 6, 7], [8, 9, 10, 11], [1, 1, 0, 1], 0.0), Sample([5, 6], [12, 13, 14], [1, 1, 1], 0.0)]
+    with torch.no_grad():
+        lp, _ = response_logprobs(load_causal_lm(model_dir), base, pad)
+    out = []
+    for i, (s, lw) in enumerate(zip(base, log_w)):
+        rollout = lp[i, : len(s.response_ids)].tolist()
+        rollout[0] -= lw
+        out.append(Sample(s.prompt_ids, s.response_ids, s.response_mask, 1.0 if i == 0 else -1.0, rollout,
+                          rewards[i], group))
+    return out
+
+
+def _update(model_dir, tmp_path, name, samples, **cfg):
+    from models.trainer import update
+
+    out = tmp_path / name
+    metrics = update(model_dir, samples, TrainerConfig(mini_batches=1, **cfg), out, 0, seed=0)
+    return metrics, out
+
+
+def test_ess_scaled_step_equals_a_step_at_the_scaled_lr_and_the_lr_is_restored(warm_model_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    samples = _samples(warm_model_dir, 0, [0.0, math.log(3.0)])  # w = [1, 3] → ESS 16/10, ρ = 0.8
+    m, a = _update(warm_model_dir, tmp_path, "a", samples, lr=1e-3, lr_scale="ess_sqrt")
+    assert m["train/ess_ratio"] == pytest.approx(0.8, rel=1e-4)
+    assert m["train/lr_scale"] == pytest.approx(math.sqrt(0.8), rel=1e-4)
+    _, b = _update(warm_model_dir, tmp_path, "b", samples, lr=1e-3 * math.sqrt(0.8))
+    wa, wb, w0 = (load_file(p / "model.safetensors") for p in (a, b, warm_model_dir))
+    assert any(not torch.equal(wa[k], w0[k]) for k in wa)
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-7) for k in wa)  # AdamW's first step is linear in lr
+    assert torch.load(a / "optimizer.pt", weights_only=True)["param_groups"][0]["lr"] == 1e-3
+
+
+def test_ess_is_reported_without_scaling_and_absent_without_rollout_logprobs(warm_model_dir, tmp_path):
+    from models.trainer import Sample
+
+    samples = _samples(warm_model_dir, 0, [0.0, math.log(3.0)])
+    m, _ = _update(warm_model_dir, tmp_path, "c", samples, lr=1e-3)
+    assert m["train/ess_ratio"] == pytest.approx(0.8, rel=1e-4) and m["train/lr_scale"] == 1.0
+    bare = [Sample(s.prompt_ids, s.response_ids, s.response_mask, s.advantage) for s in samples]
+    m, _ = _update(warm_model_dir, tmp_path, "d", bare, lr=1e-3, lr_scale="ess_sqrt")
+    assert "train/ess_ratio" not in m
+
+
+class _Recorder:
+    """An optimizer stand-in that records the gradients it is asked to apply."""
+
+    def __init__(self, params):
+        self.params = list(params)
+        self.param_groups = [{"lr": 1.0}]
+        self.grads = None
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+    def step(self):
+        self.grads = [p.grad.clone() for p in self.params]
+
+
+def _row_grads(model, samples, old, n_tokens, pad):
+    from models.losses import LossBatch, get_loss
+    from models.trainer import response_logprobs
+
+    grads = []
+    for s, o in zip(samples, old):
+        model.zero_grad(set_to_none=True)
+        lp, mask = response_logprobs(model, [s], pad)
+        loss, _ = get_loss("dapo")(LossBatch(lp, o[None, : lp.shape[1]], torch.ones(1), mask, n_tokens),
+                                   TrainerConfig())
+        loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    return grads
+
+
+def test_opob_step_follows_reward_minus_baseline_times_row_gradients(warm_model_dir):
+    from models.engine import load_causal_lm
+    from models.trainer import _log_weights, _old_logprobs, _opob_step
+
+    cfg = TrainerConfig(opob=True, grad_clip=1e9)
+    model = load_causal_lm(warm_model_dir)
+    samples = _samples(warm_model_dir, 0, [0.0, math.log(2.0)], rewards=(1.0, 0.0))
+    old = _old_logprobs(model, samples, 0, cfg)
+    log_w = _log_weights(samples, old)
+    n_tokens = float(sum(sum(s.response_mask) for s in samples))
+    g = _row_grads(model, samples, old, n_tokens, 0)
+    sq = [float(sum((x * x).sum() for x in gi)) for gi in g]
+    b = (sq[0] * 1.0 + sq[1] * 4.0 * 0.0) / (sq[0] + sq[1] * 4.0)  # W = ‖g‖²·w², w = [1, 2]
+    opt = _Recorder(model.parameters())
+    totals = dict.fromkeys(("loss", "grad_norm", "clipped", "ratio", "tokens", "kl", "entropy", "approx_kl"), 0.0)
+    _opob_step(model, opt, samples, old, None, cfg, 0, totals, log_w, 1.0)
+    expected = [(1.0 - b) * a + (0.0 - b) * c for a, c in zip(g[0], g[1])]
+    assert 0 < b < 1
+    assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(opt.grads, expected))
+
+
+def test_opob_gives_a_group_of_equal_rewards_no_gradient(warm_model_dir):
+    from models.engine import load_causal_lm
+    from models.trainer import _log_weights, _old_logprobs, _opob_step
+
+    cfg = TrainerConfig(opob=True)
+    model = load_causal_lm(warm_model_dir)
+    samples = _samples(warm_model_dir, 0, [0.0, 1.5], rewards=(1.0, 1.0))
+    old = _old_logprobs(model, samples, 0, cfg)
+    opt = _Recorder(model.parameters())
+    totals = dict.fromkeys(("loss", "grad_norm", "clipped", "ratio", "tokens", "kl", "entropy", "approx_kl"), 0.0)
+    _opob_step(model, opt, samples, old, None, cfg, 0, totals, _log_weights(samples, old), 1.0)
+    assert max(float(x.abs().max()) for x in opt.grads) < 1e-6
