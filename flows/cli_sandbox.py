@@ -39,7 +39,8 @@ def bench(
     reps: int = typer.Option(2, min=1, help="Interleaved repetitions of every cell (runners in rotated order)."),
     workers: int = typer.Option(0, min=0, help="Executors / containers in each pool (0: one per CPU core)."),
     preimport: str = typer.Option("math", help="Modules the pools pre-import (the plain runners import them too)."),
-    runs_per_container: int = typer.Option(0, min=0, help="Snippets a worker serves before it is replaced (0: the config default)."),
+    runs_per_container: int = typer.Option(
+        0, min=0, help="Snippets a worker serves before it is replaced (0: the config default)."),
     long_factor: float = typer.Option(2.0, min=0, help="Long run: this many times runs_per_container x workers."),
     out: Path = typer.Option(Path("runs/sandbox_bench.json"), help="Where the JSON report goes."),
 ) -> None:

@@ -87,9 +87,20 @@ def bwrap_works() -> bool:
         return False
 
 
-def _launcher_tools() -> bool:
-    """True when the tools of the capped-scratch launcher exist (util-linux, a POSIX shell)."""
-    return all(shutil.which(tool) for tool in ("unshare", "mount", "mkdir", "setpriv")) and os.path.exists("/bin/sh")
+@lru_cache(maxsize=1)
+def launcher_works() -> bool:
+    """True when the capped-scratch launcher can run here: util-linux and a shell exist and this
+    process may mount a tmpfs in a private mount namespace (root with CAP_SYS_ADMIN)."""
+    tools = all(shutil.which(tool) for tool in ("unshare", "mount", "mkdir", "setpriv"))
+    if not tools or not os.path.exists("/bin/sh"):
+        return False
+    with tempfile.TemporaryDirectory() as probe:
+        cmd = [shutil.which("unshare"), "--mount", "--", "/bin/sh", "-c",
+               'mount -t tmpfs -o size=1m,nr_inodes=16 cleaner-probe "$0"', probe]
+        try:
+            return subprocess.run(cmd, capture_output=True, timeout=10, check=False).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            return False
 
 
 def _readable_by_others(path: str) -> bool:
@@ -199,10 +210,12 @@ class LocalSandbox(WorkerPool):
         self._remove_tmp = weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
         os.chmod(self._tmp, 0o711)
         self._executor_path = install(os.path.join(self._tmp, "executor"))
-        self.isolation = "bwrap" if bwrap_works() else "rlimits"
         root = os.geteuid() == 0
+        # as root, workers start through the launcher (the Python dirs under /root are not
+        # readable by the workers' uids otherwise): without it there is no isolation to offer
+        self.isolation = "bwrap" if bwrap_works() and (not root or launcher_works()) else "rlimits"
         self._drop_uid = root and (self.isolation == "bwrap" or all(map(_readable_by_others, _python_dirs())))
-        self._capped = self.isolation == "bwrap" and root and _launcher_tools()
+        self._capped = self.isolation == "bwrap" and root
         if self._capped:
             os.makedirs(os.path.join(self._tmp, "scratch"), mode=0o755)
             for i in range(len(_python_binds()[0])):
@@ -223,7 +236,8 @@ class LocalSandbox(WorkerPool):
         log.warning(
             "local sandbox: NO ISOLATION — only rlimits (time, memory, processes, output); "
             "snippets run as %s, can read what it can read and reach the network. Install "
-            "bubblewrap or use sandbox.backend=docker for untrusted code.", who)
+            "bubblewrap (as root: with the right to mount, for `unshare --mount`) or use "
+            "sandbox.backend=docker for untrusted code.", who)
 
     def _argv(self, slot: int) -> list[str]:
         opts = ["--preimport", ",".join(self.cfg.preimport), *(["--spawn"] if self.spawn else [])]

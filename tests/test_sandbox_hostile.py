@@ -213,18 +213,18 @@ CASES = {
                        "assert libc.unshare(0x10000000) == 0, ctypes.get_errno()", not_ok("AssertionError")),
     # filling and persisting
     "inode_fill": ("import os\nfor d in ('/tmp', '/dev/shm', '.'):\n    try:\n        for i in range(10**6):\n"
-                   "            open(f'{{d}}/f{{i}}', 'w').close()\n    except OSError as e:\n        print(d, e.errno)",
-                   is_ok()),
+                   "            open(f'{{d}}/f{{i}}', 'w').close()\n    except OSError as e:\n"
+                   "        print(d, e.errno)", is_ok()),
     "socket_dir_fill": ("import os\nfor d in ('/run/cleaner', '/run', '/opt/cleaner'):\n    try:\n"
                         "        open(f'{{d}}/fill', 'wb').write(b'0' * 2**20)\n        print('wrote', d)\n"
                         "    except OSError:\n        pass", is_ok("")),
-    "multiprocessing_pool": ("import multiprocessing as mp\nwith mp.Pool(4) as p:\n    print(sum(p.map(abs, range(-50, 50))))",
-                             is_ok("2500")),
+    "multiprocessing_pool": ("import multiprocessing as mp\nwith mp.Pool(4) as p:\n"
+                             "    print(sum(p.map(abs, range(-50, 50))))", is_ok("2500")),
     "close_all_stdio": ("import os\nfor fd in range(5):\n    os.close(fd)\nimport time\ntime.sleep(0.1)\nos._exit(0)",
                         lambda r, ctx: None),
     "double_fork_writer": ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-                           "        while True:\n            open('/tmp/ghost', 'a').write('x')\n            time.sleep(0.01)\n"
-                           "    os._exit(0)\ntime.sleep(0.05)", is_ok()),
+                           "        while True:\n            open('/tmp/ghost', 'a').write('x')\n"
+                           "            time.sleep(0.01)\n    os._exit(0)\ntime.sleep(0.05)", is_ok()),
 }
 
 

@@ -34,7 +34,8 @@ def sb(request):
 
 
 def test_setup_shares_globals_and_its_stdout_is_hidden(sb):
-    r = sb.run("print(helper(20))\nprint(LIMIT)", setup="LIMIT = 7\ndef helper(x):\n    return x + 1\nprint('setup noise')")
+    setup = "LIMIT = 7\ndef helper(x):\n    return x + 1\nprint('setup noise')"
+    r = sb.run("print(helper(20))\nprint(LIMIT)", setup=setup)
     assert r.ok and r.stdout == "21\n7\n"
 
 

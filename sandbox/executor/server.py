@@ -223,7 +223,10 @@ def serve_stream(executor: Executor, rfd: int, wfd: int, hello: dict) -> None:
     while True:
         try:
             payload = read_payload(rfile.read)
-            reply = executor.run(payload) if payload[:1] == RUN else encode_frame(executor.handle(decode_payload(payload)))
+            if payload[:1] == RUN:
+                reply = executor.run(payload)
+            else:
+                reply = encode_frame(executor.handle(decode_payload(payload)))
         except ProtocolError:
             return
         wfile.write(reply)
