@@ -22,7 +22,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup setup-verl lock lock-upgrade lock-check demo test test-fast sandbox-image serve serve-stop clean
+.PHONY: setup setup-verl lock lock-upgrade lock-check demo test test-fast mutation sandbox-image serve serve-stop clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -71,6 +71,13 @@ test: setup setup-verl
 
 test-fast: setup
 	$(VENV)/bin/pytest -q -m "not slow and not docker"
+
+# Mutation testing of the RL rules (pyproject [tool.mutmut]: SAAR rules, rollout handlers, mixing/advantages, trainer,
+# losses): CPU-bound for a long time, so not part of `make test`. Results are kept in ./mutants between runs;
+# `mutmut results` lists the survivors, `mutmut show NAME` one mutant. Accepted survivors: docs/rl_rules.md.
+mutation: setup
+	nice -n 10 $(VENV)/bin/mutmut run --max-children 2
+	$(VENV)/bin/mutmut results
 
 sandbox-image:
 	bash infra/sandbox/build_image.sh
