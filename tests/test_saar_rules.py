@@ -214,6 +214,20 @@ def test_malformed_regenerated_call_under_the_reference_switch_is_dropped(chat, 
     assert traj.stats.rollbacks_recovered == 1 and "d0" not in chat.decode(traj.response_ids)
 
 
+def test_an_unparseable_call_fails_on_its_own_with_its_parse_error(chat, box, scheduling):
+    """The result of a call that could not run: nothing ran, no time passed, the parse error is the
+    text the model sees on its retry."""
+    from sandbox.result import ExecutionResult
+
+    broken = "Go. <tool_call>{not json}</tool_call>"
+    traj, engine = roll(chat, box, [broken, "Go. " + render_call("print(42)"), "\\boxed{42}"], scheduling)
+    err = "Error: tool call is not valid JSON (Expecting property name enclosed in double quotes)"
+    assert traj.executions[0].result == ExecutionResult(
+        ok=False, exit_code=None, stdout="", stderr=err, error_kind="malformed_call", timed_out=False,
+        memory_exceeded=False, duration_s=0.0)
+    assert err in chat.decode(engine.requests[1].input_ids)
+
+
 # -- DAPO refill -----------------------------------------------------------------------------------------
 
 class SeedRecorder(ScriptedEngine):
@@ -264,6 +278,20 @@ def test_refill_batch_is_trimmed_to_its_size():
     assert rounds_run == [0, 1]
     assert sorted({p for p, _ in batch}) == ["a0", "a1", "b0", "b2"] and len(batch) == 8
     assert m == {"mix/refill_rounds": 1, "mix/informative_groups": 3, "mix/refill_dropped_groups": 3}
+
+
+def test_batch_without_refill_is_kept_whole():
+    """Enough informative groups in round 0: no refill, nothing dropped, uninformative groups included."""
+    def draw(round_, n):
+        return [f"p{i}" for i in range(n)]
+
+    def group_rewards(trajs):
+        return {p: ([1, 0] if p != "p2" else [0, 0]) for p in trajs}
+
+    batch, m = fill_batch(draw, lambda prompts, round_: list(prompts), group_rewards, want=3, max_rounds=0,
+                          group_of=str)
+    assert batch == ["p0", "p1", "p2"]
+    assert m == {"mix/refill_rounds": 0, "mix/informative_groups": 2, "mix/refill_dropped_groups": 0}
 
 
 # -- the reference's metric keys -------------------------------------------------------------------------

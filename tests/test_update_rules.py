@@ -40,6 +40,26 @@ def test_grpo_epsilon_only_guards_the_division():
     assert grpo_advantages(df, 0.5)["advantage"].to_list() == pytest.approx([0.75, -0.25, -0.25, -0.25])
 
 
+def test_mix_and_advantage_stages_on_files(tmp_path):
+    """The stage functions: rows joined on (run, step, traj), kept flags and advantages written per row."""
+    from tasks.training.mixing import advantage_step, mix_step
+
+    keys = {"run_id": ["r"] * 6, "step": [3] * 6, "traj_id": [f"t{i}" for i in range(6)]}
+    pl.DataFrame({**keys, "prompt_id": ["a"] * 4 + ["b"] * 2, "raw": [True, False, False, False, True, False],
+                  "rollbacks_recovered": [0, 1, 0, 0, 0, 0]}).write_parquet(tmp_path / "trajectories.parquet")
+    pl.DataFrame({**keys, "reward": [1.0, 0.0, 0.0, 0.0, 1.0, 1.0], "graded": [True] * 6,
+                  "correct": [True, False, False, False, True, True]}).write_parquet(tmp_path / "scores.parquet")
+    m = mix_step(tmp_path, MixConfig())
+    assert (m["mix/groups"], m["mix/groups_kept"], m["mix/trajectories_kept"]) == (2, 1, 4)
+    assert (m["mix/raw"], m["mix/purified"], m["mix/raw_accuracy"], m["mix/purified_accuracy"]) == (2, 1, 1.0, 0.0)
+    mix = pl.read_parquet(tmp_path / "mix.parquet").sort("traj_id")
+    assert mix["kept"].to_list() == [True] * 4 + [False] * 2 and mix.columns == ["run_id", "step", "traj_id", "kept"]
+    m = advantage_step(tmp_path, MixConfig())
+    adv = pl.read_parquet(tmp_path / "advantages.parquet").sort("traj_id")["advantage"].to_list()
+    assert adv == pytest.approx([1.5, -0.5, -0.5, -0.5, 0.0, 0.0], rel=1e-5)
+    assert m["train/advantage_abs_mean"] == pytest.approx(0.75, rel=1e-5)
+
+
 @pytest.fixture(scope="module")
 def batch(chat):
     prompt = chat.prompt_ids([{"role": "user", "content": "What is 2 + 2?"}])
