@@ -53,7 +53,7 @@ def test_mix_and_advantage_stages_on_files(tmp_path):
     assert (m["mix/groups"], m["mix/groups_kept"], m["mix/trajectories_kept"]) == (2, 1, 4)
     assert (m["mix/raw"], m["mix/purified"], m["mix/raw_accuracy"], m["mix/purified_accuracy"]) == (2, 1, 1.0, 0.0)
     mix = pl.read_parquet(tmp_path / "mix.parquet").sort("traj_id")
-    assert mix["kept"].to_list() == [True] * 4 + [False] * 2 and mix.columns == ["run_id", "step", "traj_id", "kept"]
+    assert mix["kept"].to_list() == [True] * 4 + [False] * 2 and mix.columns[:4] == ["run_id", "step", "traj_id", "kept"]
     m = advantage_step(tmp_path, MixConfig())
     adv = pl.read_parquet(tmp_path / "advantages.parquet").sort("traj_id")["advantage"].to_list()
     assert adv == pytest.approx([1.5, -0.5, -0.5, -0.5, 0.0, 0.0], rel=1e-5)
