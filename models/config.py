@@ -3,6 +3,7 @@
 ``ChatConfig`` frames prompts (``models.chat``); ``EngineConfig`` picks and tunes the inference
 engine (``models.engine``, ``models.sglang_engine``); ``TrainerConfig`` is the DAPO update
 (``models.trainer``). ``TinyModelConfig`` is what ``models.tiny.build_tiny`` needs;
+``LoraSpec`` shapes a LoRA adapter (``models.lora``);
 ``WarmupConfig`` is what ``tasks.synthetic.write_sft_corpus`` + ``models.sft.warmup`` need. The
 tiny defaults are the measured recipe of DESIGN §6 (≈1.1M parameters, lr 2e-3 kept high until
 late, batch 16). Pydantic only, so flow modules and the CLI read them without loading torch.
@@ -62,6 +63,22 @@ class TinyModelConfig(BaseModel):
         return self
 
 
+class LoraSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    r: int = Field(8, ge=1)
+    """Rank of each adapter (A: r × in, B: out × r)."""
+
+    alpha: float = Field(16.0, gt=0)
+    """LoRA scaling numerator: the update is ``alpha / r · B A``."""
+
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter's input during training (0: the RL's recomputed log-probs equal the rollout's)."""
+
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    """Names of the linear layers that get an adapter (Llama/Qwen naming)."""
+
+
 class WarmupConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -110,6 +127,17 @@ class WarmupConfig(BaseModel):
 
     threads: int = Field(1, ge=1)
     """``torch.set_num_threads``; one thread is ~10× faster than two under contention."""
+
+    lora: LoraSpec | None = None
+    """None: full fine-tune (the tiny model). Set: the base stays frozen and only a LoRA adapter trains;
+    the result at ``model.path`` is an adapter folder (SmolLM2's cold start)."""
+
+    checkpoint_every: int = Field(0, ge=0)
+    """Save a resumable checkpoint (weights or adapter, optimizer, step, loss curve, elapsed time) every this
+    many steps; a rerun of the warm-up continues from it (0 = never)."""
+
+    log_every: int = Field(50, ge=1)
+    """Report the mean loss of the last this many steps (progress bar, MLflow) every this many steps."""
 
 
 class ChatConfig(BaseModel):

@@ -5,7 +5,8 @@ per request, the new token ids, their log-probs under the sampling distribution 
 generation stopped (``stop`` = end-of-turn token, ``length`` = budget used up). Stopping
 is on the end-of-turn id only: a hermes turn ends ``...</tool_call><|im_end|>``.
 
-``TransformersEngine`` runs a ``from_pretrained`` checkpoint in-process (CPU or one GPU). By
+``TransformersEngine`` runs a ``from_pretrained`` checkpoint in-process (CPU or one GPU) — a full
+folder, or a frozen base + LoRA adapter whose weight sync loads only the adapter. By
 default (``batching: continuous``) it decodes with ``models.decode.DecodeStream``: rows join and
 leave one batch, so a finished row stops costing compute, and only sampled tokens' log-probs
 are kept; ``stream(seed)`` hands that batch to a caller (the rollout) that submits each turn as
@@ -80,11 +81,11 @@ def make_engine(cfg: EngineConfig, model_path: str | Path, eos_id: int, pad_id: 
 
 
 def load_causal_lm(path: str | Path, device: str = "cpu"):
-    """``from_pretrained`` in float32 on ``device``, eval mode."""
-    from transformers import AutoModelForCausalLM
+    """A checkpoint in float32 on ``device``, eval mode: ``from_pretrained`` for a full folder, base +
+    ``PeftModel`` for a LoRA adapter folder (``models.lora``)."""
+    from models.lora import load_policy
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-    return model.to(device).eval()
+    return load_policy(path, device)
 
 
 @register_engine("transformers")
@@ -103,11 +104,19 @@ class TransformersEngine:
         """Tokens returned to callers, and row-tokens decoded for them (padding after a row finished included)."""
 
     def load_weights(self, path: str | Path) -> None:
-        """Weight sync: load the new checkpoint's parameters into the live model."""
+        """Weight sync: load the new checkpoint's parameters into the live model (only the adapter's, when
+        the policy is a LoRA adapter on a frozen base)."""
+        from models.lora import is_adapter, load_adapter_weights
+
         if str(path) == self.model_path:
             return
-        fresh = load_causal_lm(path, "cpu")
-        self.model.load_state_dict(fresh.state_dict())
+        if is_adapter(path) != is_adapter(self.model_path):
+            raise ValueError(f"engine: cannot sync {path} into a model loaded from {self.model_path} "
+                             "(one is a LoRA adapter, the other a full model)")
+        if is_adapter(path):
+            load_adapter_weights(self.model, path)
+        else:
+            self.model.load_state_dict(load_causal_lm(path, "cpu").state_dict())
         self.model_path = str(path)
 
     def stream(self, seed: int, keep_prefix: bool = True):

@@ -18,6 +18,10 @@ One call of ``update`` is one RL step on the policy side:
 4. write the next checkpoint folder (weights, tokenizer, optimizer, trainer state) to a
    temporary folder and rename it, so a crash never leaves a half-written checkpoint.
 
+A checkpoint may be a LoRA adapter on a frozen base (``models.lora``): then only the adapter trains
+(the optimizer sees its parameters only), the base is loaded once per process and shared by every
+update, and the checkpoint written is an adapter folder pointing at the same base.
+
 Simplifications: one process, float32, gradient accumulation over micro-batches.
 """
 
@@ -33,6 +37,7 @@ import torch
 
 from models.config import TrainerConfig
 from models.engine import load_causal_lm
+from models.lora import copy_tokenizer, is_adapter, trainable_parameters, trainable_policy
 from models.losses import LossBatch, get_loss, kl_penalty
 from models.vcpo import ess_ratio, get_lr_scale, opob_baseline, seq_log_weights
 
@@ -109,8 +114,8 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
     torch.manual_seed(seed)
     if cfg.device == "cpu":
         torch.set_num_threads(cfg.threads)
-    model = load_causal_lm(ckpt_dir, cfg.device)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    model = trainable_policy(ckpt_dir, cfg.device) if is_adapter(ckpt_dir) else load_causal_lm(ckpt_dir, cfg.device)
+    opt = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, weight_decay=cfg.weight_decay)
     opt_path = Path(ckpt_dir) / "optimizer.pt"
     if opt_path.exists():
         opt.load_state_dict(torch.load(opt_path, weights_only=True))
@@ -186,7 +191,7 @@ def _log_weights(samples: list[Sample], old: list[torch.Tensor]) -> torch.Tensor
 
 def _optimizer_step(model, opt, cfg: TrainerConfig, lr_scale: float) -> float:
     """Clip the gradient and step with the learning rate times ``lr_scale``, restored afterwards (VCPO)."""
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    grad_norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(model), cfg.grad_clip)
     base = [group["lr"] for group in opt.param_groups]
     for group in opt.param_groups:
         group["lr"] *= lr_scale
@@ -309,7 +314,8 @@ def _kl_backward(model, mb: list[Sample], old, ref, cfg: TrainerConfig, pad_id: 
 
 
 def save_checkpoint(model, src_dir: Path, out_dir: Path, opt=None, extra: dict | None = None) -> Path:
-    """Write ``out_dir`` atomically: weights, tokenizer files of ``src_dir``, optimizer state.
+    """Write ``out_dir`` atomically: weights (only the adapter's for a peft model: the base is shared),
+    tokenizer files of ``src_dir``, optimizer state.
 
     A folder being replaced is moved aside first and deleted only after the new one is in place,
     so a crash at any point leaves a complete checkpoint at ``out_dir`` or at ``.<name>.old``.
@@ -318,12 +324,24 @@ def save_checkpoint(model, src_dir: Path, out_dir: Path, opt=None, extra: dict |
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
-    for f in Path(src_dir).iterdir():
-        if f.is_file() and (f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges"))):
-            shutil.copy2(f, tmp / f.name)
+    copy_tokenizer(src_dir, tmp)
     if opt is not None:
         torch.save(opt.state_dict(), tmp / "optimizer.pt")
     (tmp / "trainer_state.json").write_text(json.dumps({"source": str(src_dir), **(extra or {})}, indent=1))
+    return _swap_in(tmp, out_dir)
+
+
+def copy_checkpoint(src_dir: Path, out_dir: Path, extra: dict | None = None) -> Path:
+    """``out_dir`` = the checkpoint ``src_dir`` unchanged (a step that trained nothing), with a new trainer state."""
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src_dir, tmp)
+    (tmp / "trainer_state.json").write_text(json.dumps({"source": str(src_dir), **(extra or {})}, indent=1))
+    return _swap_in(tmp, out_dir)
+
+
+def _swap_in(tmp: Path, out_dir: Path) -> Path:
     old = out_dir.with_name(f".{out_dir.name}.old")
     shutil.rmtree(old, ignore_errors=True)
     if out_dir.exists():

@@ -24,7 +24,7 @@ from pathlib import Path
 import polars as pl
 
 from models.config import ChatConfig, EngineConfig, TrainerConfig
-from models.trainer import Sample, save_checkpoint, update
+from models.trainer import Sample, copy_checkpoint, update
 from sandbox.config import SandboxConfig
 from tasks.data.config import DataConfig
 from tasks.data.loader import load_prompts, refill_batch
@@ -130,7 +130,8 @@ def advantage_stage(step_dir: Path, mix: MixConfig) -> Path:
 
 def update_stage(step_dir: Path, ckpt: str, out_ckpt: Path, trainer: TrainerConfig, seed: int,
                  ref_ckpt: str | None = None) -> Path:
-    """Train on the kept rows; with none kept the policy is unchanged (copied) and ``train/skipped`` = 1.
+    """Train on the kept rows; with none kept the policy is unchanged (copied), ``train/skipped`` = 1 and
+    ``train/no_informative_groups`` = the step's group count (no loss is logged: there was none).
 
     ``ref_ckpt`` is the KL reference (the run's starting policy), read only when ``trainer.kl_coef > 0``.
 
@@ -150,15 +151,13 @@ def update_stage(step_dir: Path, ckpt: str, out_ckpt: Path, trainer: TrainerConf
             metrics.update(update(Path(ckpt), samples, trainer, Path(out_ckpt), pad, seed, state,
                                   on_step=lambda: maybe_crash("in_update", step),
                                   ref_dir=Path(ref_ckpt) if ref_ckpt else None))
-            metrics["train/skipped"] = 0
+            metrics.update({"train/skipped": 0, "train/no_informative_groups": 0})
         else:
-            from models.engine import load_causal_lm
-
-            save_checkpoint(load_causal_lm(ckpt), Path(ckpt), Path(out_ckpt), None, state)
-            optim = Path(ckpt) / "optimizer.pt"
-            if optim.exists():
-                (Path(out_ckpt) / "optimizer.pt").write_bytes(optim.read_bytes())
-            metrics["train/skipped"] = 1
+            copy_checkpoint(Path(ckpt), Path(out_ckpt), state)
+            groups = int(json.loads(done_marker(step_dir, "mix").read_text()).get("mix/groups", 0))
+            print(f"step {step}: no informative groups ({groups} groups, all dropped: equal rewards in each); "
+                  "the policy is unchanged")
+            metrics.update({"train/skipped": 1, "train/no_informative_groups": groups})
     return Path(out_ckpt)
 
 
