@@ -4,6 +4,9 @@ Each call is one MLflow run in the ``<name>-eval`` experiment (tagged with the c
 and rows in DuckDB's ``evaluations`` table. Training runs evaluate themselves every
 ``train.eval_every`` steps with the same stage.
 
+A LoRA adapter (``model.base`` set) is evaluated on that base: a copy pointing at it is made under
+``<output_dir>/eval-policies/``, and the base is converted first when missing.
+
 Run: ``cleaner eval --config configs/tiny.yaml [--checkpoint DIR]``.
 """
 
@@ -16,6 +19,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.config import RunConfig, load_config
+from flows.train import start_policy
 from tasks.data.loader import ensure_files
 from tasks.stores import tracking
 from tasks.training import live, stages
@@ -37,6 +41,7 @@ def evaluate_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] |
         raise FileNotFoundError(f"checkpoint {ckpt} does not exist")
     ensure_files(cfg.data, cfg.seed)
     run_id = run_id or f"eval-{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    ckpt = start_policy(cfg, str(ckpt), Path(cfg.output_dir) / "eval-policies" / run_id)
     experiment = (cfg.tracking.experiment or cfg.name) + "-eval"
     mlrun = tracking.open_run(cfg.tracking, experiment, run_id, cfg.model_dump(mode="json"),
                               {"cleaner.kind": "evaluate", "cleaner.checkpoint": str(ckpt)})

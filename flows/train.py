@@ -75,11 +75,40 @@ def prepare_run(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run
         db.upsert_run(con, run_id, cfg.name, config, mlrun, "running")
     finally:
         con.close()
-    return RunInfo(run_id, str(run_dir), mlrun, cfg.model.path)
+    return RunInfo(run_id, str(run_dir), mlrun, start_policy(cfg, cfg.model.path, run_dir / "start-policy"))
+
+
+def ensure_base(cfg: RunConfig) -> None:
+    """Create the frozen base ``model.base`` of a LoRA policy when missing, as ``model.build`` says."""
+    base = Path(cfg.model.base or "")
+    if (base / "config.json").exists():
+        return
+    if cfg.model.build != "smollm2":
+        raise FileNotFoundError(f"model.base: {base} does not exist (and model.build is {cfg.model.build!r})")
+    from models.smollm2 import convert
+
+    convert(base)
+
+
+def start_policy(cfg: RunConfig, ckpt: str, folder: Path) -> str:
+    """The checkpoint to start from: ``ckpt`` itself, or for a LoRA adapter (``model.base`` set) a copy in
+    ``folder`` that points at ``model.base`` (so a committed adapter works with a base converted anywhere)."""
+    if not cfg.model.base:
+        return ckpt
+    from models.lora import is_adapter, link_adapter
+
+    ensure_base(cfg)
+    return str(link_adapter(ckpt, cfg.model.base, folder)) if is_adapter(ckpt) else ckpt
 
 
 def ensure_policy(cfg: RunConfig) -> None:
-    """Create ``model.path`` when missing, as ``model.build`` says."""
+    """Create ``model.path`` (and ``model.base``) when missing, as ``model.build`` says."""
+    if cfg.model.base:
+        ensure_base(cfg)
+        if not Path(cfg.model.path).exists():
+            raise FileNotFoundError(f"model.path: the adapter {cfg.model.path} does not exist; make it with "
+                                    "`cleaner warmup --config <this config>`")
+        return
     if Path(cfg.model.path).exists():
         return
     if cfg.model.build == "tiny":

