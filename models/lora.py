@@ -12,7 +12,8 @@ points at the same base folder; the trainer keeps one trainable copy per process
 checkpoint's adapter weights into it (``trainable_policy``), and the in-process engine syncs
 only the adapter weights (``load_adapter_weights``). ``link_adapter`` copies an adapter so it
 points at a given base (a run's start checkpoint, a committed adapter used with a base converted
-elsewhere); ``merge_adapter`` writes base + adapter as one plain folder, for servers that load
+elsewhere); ``compact_adapter`` stores one in float16 without tokenizer files (a committed
+asset); ``merge_adapter`` writes base + adapter as one plain folder, for servers that load
 full weights (SGLang's ``update_weights_from_disk``).
 
 Run: ``load_policy("assets/smollm2-135m-tool-lora")`` (its base: ``runs/models/smollm2-135m``,
@@ -120,13 +121,16 @@ def copy_tokenizer(src: str | Path, dst: str | Path) -> None:
 
 
 def link_adapter(adapter: str | Path, base: str | Path, out_dir: str | Path) -> Path:
-    """Copy adapter folder ``adapter`` to ``out_dir`` pointing at ``base`` (absolute path); atomic."""
+    """Copy adapter folder ``adapter`` to ``out_dir`` pointing at ``base`` (absolute path); atomic. An adapter
+    without tokenizer files (a compacted one) gets the base's."""
     base, out_dir = Path(base).resolve(), Path(out_dir)
     if not (base / "config.json").is_file():
         raise FileNotFoundError(f"model.base: {base} is not a model folder")
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(adapter, tmp)
+    if not any(f.name.startswith("tokenizer") for f in tmp.iterdir()):
+        copy_tokenizer(base, tmp)
     conf = json.loads((tmp / ADAPTER_CONFIG).read_text())
     conf["base_model_name_or_path"] = str(base)
     (tmp / ADAPTER_CONFIG).write_text(json.dumps(conf, indent=2, sort_keys=True))
@@ -146,3 +150,19 @@ def merge_adapter(adapter: str | Path, out_dir: str | Path) -> Path:
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
     return out_dir
+
+
+def compact_adapter(path: str | Path) -> Path:
+    """Shrink an adapter folder for committing: weights stored as float16 (half the bytes; loading casts them
+    back to the model's float32) and no tokenizer files (``link_adapter`` copies the base's)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = Path(path)
+    weights = load_file(str(path / ADAPTER_WEIGHTS))
+    save_file({k: v.to(torch.float16) for k, v in weights.items()}, str(path / ADAPTER_WEIGHTS),
+              metadata={"format": "pt"})
+    for f in path.iterdir():
+        if f.name.startswith(TOKENIZER_PREFIXES):
+            f.unlink()
+    return path

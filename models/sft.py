@@ -272,7 +272,8 @@ the assistant turns only) so that the base calls the Python tool with hermes
 
 Load: `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), "{Path(out_dir).name}")`, or
 `AutoModelForCausalLM.from_pretrained("{Path(out_dir).name}")` when the base path above exists, or
-`models.lora.load_policy`. Prompts must be framed as in training: the system prompt below, then the task.
+`models.lora.load_policy`; the tokenizer is the base's. Weights are stored in float16 (`models.lora.compact_adapter`)
+and load into the float32 base. Prompts must be framed as in training: the system prompt below, then the task.
 
 ## Training
 

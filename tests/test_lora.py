@@ -161,3 +161,57 @@ def test_a_step_with_no_informative_group_logs_a_count_not_a_loss(adapters, tmp_
     assert "step 4: no informative groups (2 groups" in capsys.readouterr().out
     line = _summary(4, metrics)
     assert "no informative groups (2 dropped)" in line and "loss" not in line
+
+
+def _transcripts(n: int) -> list[list[dict]]:
+    out = []
+    for i in range(n):
+        a, b = 10 + i, 3 + i % 5
+        call = f'I multiply them.\n<tool_call>{{"name": "code_interpreter", "arguments": {{"code": "print({a} * {b})"}}}}</tool_call>'
+        out.append([{"role": "user", "content": f"What is {a} * {b}?"}, {"role": "assistant", "content": call},
+                    {"role": "tool", "content": str(a * b)},
+                    {"role": "assistant", "content": f"The answer is \\boxed{{{a * b}}}."}])
+    return out
+
+
+def test_sft_loss_is_the_models_own_loss(warm_model_dir, chat):
+    from models.chat import build_sft_example
+    from models.sft import collate, sft_loss
+
+    model = load_policy(warm_model_dir)
+    ids, attn, labels = collate([build_sft_example(chat, t) for t in _transcripts(3)], chat.tokenizer.pad_token_id)
+    with torch.no_grad():
+        ours = sft_loss(model, ids, attn, labels)
+        theirs = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-5)
+
+
+def test_lora_warmup_writes_an_adapter_and_resumes_from_its_state(warm_model_dir, tmp_path):
+    from models.config import ChatConfig, WarmupConfig
+    from models.lora import compact_adapter
+    from models.sft import warmup, write_adapter_card
+
+    cfg = WarmupConfig(lora=LoraSpec(r=2, target_modules=["q_proj", "v_proj"]), lr=5e-3, warmup_steps=0,
+                       batch_size=2, max_steps=2, checkpoint_every=1, log_every=1, time_budget_s=None)
+    state, logged = tmp_path / "state", []
+    first = warmup(warm_model_dir, _transcripts(8), cfg, tmp_path / "a2", state_dir=state,
+                   on_log=lambda step, m: logged.append(step))
+    assert first["steps"] == 2 and json.loads((state / "state.json").read_text())["step"] == 2
+    straight = warmup(warm_model_dir, _transcripts(8), cfg.model_copy(update={"max_steps": 4}), tmp_path / "s4")
+    resumed = warmup(warm_model_dir, _transcripts(8), cfg.model_copy(update={"max_steps": 4}), tmp_path / "r4",
+                     state_dir=state, on_log=lambda step, m: logged.append(step))
+    assert logged == [1, 2, 3, 4] and resumed["steps"] == 4
+    assert [c[0] for c in resumed["loss_curve"]] == [1, 2, 3, 4]
+    assert [c[1] for c in resumed["loss_curve"]] == pytest.approx([c[1] for c in straight["loss_curve"]], abs=1e-4)
+    out = tmp_path / "r4"
+    assert is_adapter(out) and not (out / "model.safetensors").exists()
+    ids = torch.tensor([[1, 2, 3, 4]])
+    before = _logits(load_policy(out), ids[0].tolist())
+    compact_adapter(out)
+    card = write_adapter_card(out, cfg, ChatConfig(system_prompt="Use the tool."), {**resumed, "transcripts": 8})
+    assert "| 4 |" in card.read_text() and "Use the tool." in card.read_text() and "<!-- gate -->" in card.read_text()
+    assert not (out / "tokenizer.json").exists()
+    assert load_file(str(out / ADAPTER_WEIGHTS))[next(iter(load_file(str(out / ADAPTER_WEIGHTS))))].dtype == torch.float16
+    linked = link_adapter(out, warm_model_dir, tmp_path / "linked")
+    assert (linked / "tokenizer.json").exists()
+    assert torch.allclose(_logits(load_policy(linked), ids[0].tolist()), before, atol=1e-3)
