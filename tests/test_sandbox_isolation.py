@@ -23,8 +23,8 @@ from sandbox.docker_backend import (
 from sandbox.local import LocalSandbox, LocalWorker
 from sandbox.result import SandboxInfraError
 
-CFG = dict(workers=1, spare_workers=1, timeout_s=5.0, memory_mb=256, max_processes=32, file_mb=8,
-           scratch_mb=4, scratch_inodes=256, preimport=["math"], infra_retries=2)
+CFG = {"workers": 1, "spare_workers": 1, "timeout_s": 5.0, "memory_mb": 256, "max_processes": 32, "file_mb": 8,
+       "scratch_mb": 4, "scratch_inodes": 256, "preimport": ["math"], "infra_retries": 2}
 ALLOWED = {"/tmp", "/dev/shm", "/work"}
 
 
@@ -96,6 +96,62 @@ def test_writable_dirs_are_the_scratch_dirs_and_start_empty(box):
     assert made <= ALLOWED and {"/tmp", "/dev/shm"} <= made, probe
     after = box.run(LEFT)
     assert after.ok and json.loads(after.stdout) == {d: [] for d in json.loads(after.stdout)}, after.stdout
+    assert box.stats()["worker_restarts"] == 0
+
+
+LEAVE = r"""
+import ctypes, os, socket, time
+for d in ('/tmp', '/dev/shm', '.'):
+    os.makedirs(os.path.join(d, 'left', 'deep'))
+    for path in (os.path.join(d, 'left', 'deep', 'file'), os.path.join(d, '.hidden')):
+        with open(path, 'w') as fh:
+            fh.write('x')
+    os.mkfifo(os.path.join(d, 'fifo'))
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        ctypes.CDLL(None).prctl(15, b'cleaner-ghost', 0, 0, 0)
+        srv = socket.socket(socket.AF_UNIX)
+        srv.bind('\0cleaner-ghost')
+        srv.listen(1)
+        while True:
+            open('/tmp/ghost', 'a').write('x')
+            time.sleep(0.01)
+    os._exit(0)
+time.sleep(0.1)
+print('left')
+"""
+
+FIND = r"""
+import json, os, socket, time
+time.sleep(0.1)
+def comm(pid):
+    try:
+        with open(f'/proc/{pid}/comm') as fh:
+            return fh.read().strip()
+    except OSError:
+        return ''
+ghosts = [p for p in os.listdir('/proc') if p.isdigit() and comm(p) == 'cleaner-ghost']
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect('\0cleaner-ghost')
+    sock = 'connected'
+except OSError:
+    sock = 'refused'
+print(json.dumps({'files': {d: sorted(os.listdir(d)) for d in ('/tmp', '/dev/shm', '.')},
+                  'ghosts': len(ghosts), 'socket': sock}))
+"""
+
+
+def test_nothing_a_snippet_leaves_reaches_the_next_one(box):
+    # files, dirs, hidden files and fifos in every writable dir, a setsid double-forked process
+    # that keeps writing, an abstract unix socket it listens on: the next snippet on the same
+    # worker finds none of them (one worker: it is the same executor and the same tmpfs)
+    assert box.run(LEAVE).stdout == "left\n"
+    r = box.run(FIND)
+    assert r.ok, r
+    assert json.loads(r.stdout) == {"files": {"/tmp": [], "/dev/shm": [], ".": []}, "ghosts": 0,
+                                    "socket": "refused"}, r.stdout
     assert box.stats()["worker_restarts"] == 0
 
 
@@ -214,9 +270,9 @@ def test_a_forker_lost_anyway_is_replaced_without_a_failure(backend):
             assert len(forkers) == 1
             os.kill(forkers[0], signal.SIGKILL)
         else:
-            worker.container.exec_run(["python3", "-c", "import os, signal\nfor p in os.listdir('/proc'):\n"
+            worker.container.exec_run(["python3", "-c", ("import os, signal\nfor p in os.listdir('/proc'):\n"
                                        "    if p.isdigit() and open(f'/proc/{p}/comm').read().strip() == "
-                                       "'cleaner-forker':\n        os.kill(int(p), signal.SIGKILL)"])
+                                       "'cleaner-forker':\n        os.kill(int(p), signal.SIGKILL)")])
         results = [pool.run(f"print({i})") for i in range(3)]
         stats = pool.stats()
     assert [r.stdout for r in results] == ["0\n", "1\n", "2\n"]
@@ -323,6 +379,29 @@ def test_a_worker_killing_snippet_fails_alone_and_every_other_answer_is_graded(b
     assert [r.stdout for r in others] == [f"{i * 2}\n" for i in range(20)]
     assert all(r.ok for r in others)
     assert stats["worker_kills"] == 1 and stats["infra_errors"] == 0 and stats["executions"] == 21
+
+
+def test_a_graded_batch_with_one_worker_killing_answer_grades_every_other_answer(backend, monkeypatch):
+    # issue 13's check through the code reward: 20 right answers and one that takes its worker
+    # down, graded in one batch; the 20 get reward 1, the culprit 0 counted as killed
+    from tasks.rewards.code import grade_code_batch
+    from tasks.rewards.config import RewardConfig
+    from tasks.rewards.harness import PREFIX_MODULES
+
+    monkeypatch.setattr("sandbox.pool.REQUEST_GRACE_S", 0.5)
+    _sabotage(LocalWorker if backend == "local" else ContainerWorker, monkeypatch)
+    spec = {"fn_name": "square", "inputs": ["3", "-4"], "outputs": ["9", "16"]}
+    right = "```python\ndef square(x):\n    return x * x\n```"
+    culprit = "```python\n# KILL_MY_WORKER\nimport time\ntime.sleep(10)\n\ndef square(x):\n    return x * x\n```"
+    items = [("code", right, spec, {"id": i}) for i in range(20)]
+    items.insert(7, ("code", culprit, spec, {"id": "culprit"}))
+    with make_pool(backend, workers=2, timeout_s=5.0, preimport=PREFIX_MODULES) as pool:
+        graded = grade_code_batch(items, sandbox=pool, cfg=RewardConfig(code_timeout_s=5.0))
+        stats = pool.stats()
+    bad = graded.pop(7)
+    assert [(r.reward, r.metrics["tests_passed"]) for r in graded] == [(1.0, 2.0)] * 20
+    assert bad.reward == 0.0 and bad.metrics["suspected_hacks/killed"] == 2.0, bad.metrics
+    assert stats["worker_kills"] == 2 and stats["infra_errors"] == 0 and stats["executions"] == 42
 
 
 def test_a_worker_lost_once_under_an_innocent_snippet_is_retried_not_blamed(backend, monkeypatch):
