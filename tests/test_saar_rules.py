@@ -110,6 +110,19 @@ def test_exhausted_position_keeps_the_last_error_and_call(chat, box, scheduling)
         assert f"name 'a{k - 1}' is not defined" in ctx and f"name 'a{k - 2}'" not in ctx
 
 
+def test_a_position_given_up_on_keeps_the_last_error_not_the_first(chat, box, scheduling):
+    """Two failed calls, then a regeneration without a call: SAAR gives up and the error left before
+    the new turn — in the tokens, the messages and the event — is the second call's, the one the
+    spliced call just before it raised."""
+    bad = [f"Try {i}. " + render_call(f"print(c{i})") for i in range(2)]
+    traj, _ = roll(chat, box, [*bad, "I give up."], scheduling)
+    assert [e.kind for e in traj.events][0::2] == ["triggered", "no_call"] and len(traj.events) == 3
+    tools = [m["content"] for m in traj.messages if m["role"] == "tool"]
+    assert len(tools) == 1 and "name 'c1' is not defined" in tools[0] and "c0" not in tools[0]
+    assert "name 'c1' is not defined" in traj.events[-1].error_text and traj.events[-1].error_kind == "NameError"
+    text = chat.decode(traj.response_ids)
+    assert "name 'c1' is not defined" in text and "c0" not in text
+
 def test_one_retry_exhausted_gets_no_note(chat, box):
     bad = [f"Try {i}. " + render_call(f"print(b{i})") for i in range(2)]
     traj, _ = roll(chat, box, [*bad, "I cannot."], max_tool_retries=1)
