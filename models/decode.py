@@ -13,6 +13,9 @@ batch (``[rows, kv_heads, width, head_dim]`` per layer). Every ``step()``:
    once (their cache is kept under their key when ``keep_prefix``); the batch is trimmed to the
    longest remaining row.
 
+``abort(keys)`` stops rows (and queued requests) between steps and hands back what each sampled
+so far: partial rollouts (``tasks.rollout.partial``) and the test server's ``/abort_request``.
+
 So no row ever decodes padding after it finished, a long turn does not hold back the others,
 and only the sampled tokens' log-probs are kept (never full logits). Positions are explicit
 (``position_ids`` = each row's own token count), so padding anywhere in the cache is masked
@@ -231,7 +234,6 @@ class DecodeStream:
                 done.append((i, "length"))
         if not done:
             return []
-        gone = {i for i, _ in done}
         finished = []
         width = self.keys[0].shape[2]
         for i, reason in done:
@@ -241,16 +243,34 @@ class DecodeStream:
                 self.store[row.key] = (list(row.fed), [k[i, :, width - n :].clone() for k in self.keys],
                                        [v[i, :, width - n :].clone() for v in self.values])
             finished.append((row.key, row.out, row.lps, reason))
+        self._drop({i for i, _ in done})
+        return finished
+
+    def _drop(self, gone: set[int]) -> None:
+        """Remove rows ``gone`` from the batch and trim the cache to the longest remaining row."""
         keep = [i for i in range(len(self.rows)) if i not in gone]
         self.rows = [self.rows[i] for i in keep]
         if not keep:
             self.keys, self.values = [], []
-            return finished
+            return
+        width = self.keys[0].shape[2]
         sel = torch.tensor(keep)
         longest = max(len(r.fed) for r in self.rows)
         self.keys = [k[sel, :, width - longest :] for k in self.keys]
         self.values = [v[sel, :, width - longest :] for v in self.values]
-        return finished
+
+    def abort(self, keys: set | None = None) -> list[tuple[object, list[int], list[float], str]]:
+        """Stop the rows and queued requests of ``keys`` (all when None) at once; returns (key, ids sampled so
+        far, their log-probs, ``"abort"``) for each — a queued request has sampled nothing. Partial rollouts
+        store these and continue them later; a stopped row's cached prefix is not kept."""
+        hit = (lambda k: True) if keys is None else (lambda k: k in keys)
+        out = [(req.key, [], [], "abort") for req in self.queue if hit(req.key)]
+        self.queue = deque(req for req in self.queue if not hit(req.key))
+        gone = {i for i, row in enumerate(self.rows) if hit(row.key)}
+        out = [(self.rows[i].key, list(self.rows[i].out), list(self.rows[i].lps), "abort") for i in sorted(gone)] + out
+        if gone:
+            self._drop(gone)
+        return out
 
 
 def _pack(layers: list[torch.Tensor], c_max: int, spans: list[tuple[int, int]]) -> list[torch.Tensor]:

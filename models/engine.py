@@ -41,10 +41,11 @@ class GenRequest:
 class GenOutput:
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "abort"]
     """``stop``: the engine ended the turn (on the end-of-turn id, or on another eos id or a stop string,
     which then is the last id: ids are only what was sampled, never a token added for form);
-    ``length``: the budget was used up."""
+    ``length``: the budget was used up; ``abort``: a stream's ``abort()`` stopped the turn (ids = what was
+    sampled so far; only partial rollouts ask for it)."""
 
 
 class Engine(Protocol):

@@ -9,7 +9,10 @@ construction waits for ``GET /health`` with a timeout and names the URL that nev
 
 Simplifies: no ``sglang`` import and no batching of our own — requests of a step are sent
 concurrently (a bounded thread pool over one keep-alive ``httpx.Client``) and the server's
-continuous batching does the rest. Several URLs are used round-robin per request; an SGLang
+continuous batching does the rest. ``stream()`` gives the rollout's continuous scheduler the same
+interface as the in-process engine (each turn is sent as soon as its trajectory is ready);
+its ``abort()`` is ``POST /abort_request {"rid": "", "abort_all": true}`` on every server and
+returns each request's partial turn (partial rollouts). Several URLs are used round-robin per request; an SGLang
 router URL works as a single server. Infrastructure failures (connection errors, 5xx, an
 ``abort`` finish) are retried ``max_retries`` times on the next server, then raise
 ``EngineError`` naming the URL: they never become an empty generation.
@@ -24,7 +27,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import httpx
@@ -119,6 +122,20 @@ class SGLangEngine:
         """All requests concurrently (bounded by ``max_concurrency``); results in request order."""
         return list(self.pool.map(self._generate_one, requests))
 
+    def stream(self, seed: int = 0, keep_prefix: bool = True) -> SGLangStream:
+        """Continuous scheduling over HTTP (``SGLangStream``); the servers sample and cache prefixes themselves."""
+        return SGLangStream(self)
+
+    def abort_all(self) -> None:
+        """``POST /abort_request {"rid": "", "abort_all": true}`` on every server (what APRIL's ``abort`` sends)."""
+        for url in self.urls:
+            try:
+                r = self.client.post(f"{url}/abort_request", json={"rid": "", "abort_all": True})
+            except httpx.HTTPError as err:
+                raise EngineError(f"SGLang server {url}/abort_request: {type(err).__name__}: {err}") from err
+            if r.status_code != 200:
+                raise EngineError(f"SGLang server {url}/abort_request rejected: HTTP {r.status_code} {r.text[:300]}")
+
     def payload(self, req: GenRequest) -> dict:
         params = {
             "temperature": self.cfg.temperature, "top_p": self.cfg.top_p, "max_new_tokens": req.max_new_tokens,
@@ -132,13 +149,16 @@ class SGLangEngine:
         with self._lock:
             return next(self._next)
 
-    def _generate_one(self, req: GenRequest) -> GenOutput:
-        """One request; an infrastructure failure is retried on the next server (round-robin)."""
+    def _generate_one(self, req: GenRequest, aborting: threading.Event | None = None) -> GenOutput:
+        """One request; an infrastructure failure is retried on the next server (round-robin). Once ``aborting``
+        is set (a stream's ``abort``), an aborted answer is the partial turn and nothing is sent again."""
         body, errors, first = self.payload(req), [], self._first_url()
         for attempt in range(self.cfg.max_retries + 1):
+            if aborting is not None and aborting.is_set():
+                return GenOutput([], [], "abort")
             url = self.urls[(first + attempt) % len(self.urls)]
             try:
-                return self._parse(self._post_generate(url, body), req, url)
+                return self._parse(self._post_generate(url, body), req, url, aborting)
             except _Retryable as err:
                 errors.append(str(err))
                 time.sleep(min(0.25 * 2**attempt, 4.0))
@@ -156,10 +176,13 @@ class SGLangEngine:
         data = _json(r)
         return data[0] if isinstance(data, list) else data
 
-    def _parse(self, data: dict, req: GenRequest, url: str) -> GenOutput:
+    def _parse(self, data: dict, req: GenRequest, url: str, aborting: threading.Event | None = None) -> GenOutput:
         meta = data.get("meta_info") or {}
         finish = meta.get("finish_reason") or {}
         kind = finish.get("type") if isinstance(finish, dict) else finish
+        if kind == "abort" and aborting is not None and aborting.is_set():
+            triples = (meta.get("output_token_logprobs") or [])[: req.max_new_tokens]
+            return GenOutput([int(t[1]) for t in triples], [float(t[0] or 0.0) for t in triples], "abort")
         if kind == "abort" or "output_token_logprobs" not in meta:
             raise _Retryable(url, f"generation aborted or without log-probs (finish_reason={finish!r})")
         triples = meta["output_token_logprobs"][: req.max_new_tokens]
@@ -168,6 +191,45 @@ class SGLangEngine:
         if kind == "stop":  # ids as sampled: a stop on another eos id or a stop string gets no invented end id
             return GenOutput(ids, lps, "stop")
         return GenOutput(ids, lps, "length")
+
+
+class SGLangStream:
+    """The rollout's continuous scheduling over HTTP: each submitted turn is one ``/generate`` in flight; ``step``
+    returns those that finished (waiting at most ``poll_s`` for one, so tool results are not held up); ``abort``
+    asks every server to abort everything and returns what each request had sampled (``finish_reason`` abort;
+    a request the servers finished first comes back finished)."""
+
+    def __init__(self, engine: SGLangEngine, poll_s: float = 0.05):
+        self.engine, self.poll_s = engine, poll_s
+        self.futures: dict[Future, object] = {}
+        self.aborting = threading.Event()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.futures)
+
+    def submit(self, key: object, input_ids: list[int], max_new_tokens: int) -> None:
+        req = GenRequest(list(input_ids), max(1, max_new_tokens))
+        self.futures[self.engine.pool.submit(self.engine._generate_one, req, self.aborting)] = key
+
+    def release(self, key: object) -> None:
+        """Nothing to forget: the servers manage their prefix caches."""
+
+    def step(self) -> list[tuple[object, list[int], list[float], str]]:
+        done, _ = wait(self.futures, timeout=self.poll_s, return_when=FIRST_COMPLETED)
+        return [self._result(f) for f in done]
+
+    def abort(self, keys: set | None = None) -> list[tuple[object, list[int], list[float], str]]:
+        if keys is not None and set(keys) != set(self.futures.values()):
+            raise ValueError("SGLangStream.abort: only all requests at once (the servers' abort_all)")
+        self.aborting.set()
+        self.engine.abort_all()
+        return [self._result(f) for f in list(wait(self.futures).done)]
+
+    def _result(self, fut: Future) -> tuple[object, list[int], list[float], str]:
+        key = self.futures.pop(fut)
+        out = fut.result()
+        return key, out.token_ids, out.logprobs, out.finish_reason
 
 
 def _json(r: httpx.Response):

@@ -6,14 +6,19 @@ What: ``POST /generate`` (``input_ids`` — one list or a batch — ``sampling_p
 {"type": "length", "length": n}, "prompt_tokens", "completion_tokens", "output_token_logprobs":
 [[logprob, token_id, null], ...]}}`` like ``sglang.launch_server``; ``POST
 /update_weights_from_disk`` (``{"model_path"}`` → ``{"success", "message",
-"num_paused_requests"}``, 400 on failure), ``GET /health``, ``GET /health_generate``, ``GET
-/get_model_info`` and ``GET /get_server_info`` (here: batch sizes formed, ``max_batch_seen`` and ``recent_batches``).
+"num_paused_requests"}``, 400 on failure), ``POST /abort_request`` (``{"rid": "", "abort_all": true}`` aborts
+every request that arrived before it, ``{"rid": id}`` the request sent with that ``rid``: a running request
+stops at its next token and answers ``finish_reason {"type": "abort"}`` with the ids and log-probs sampled
+so far, a queued one answers the same with none), ``GET /health``, ``GET /health_generate``, ``GET
+/get_model_info`` and ``GET /get_server_info`` (here: batch sizes formed, ``max_batch_seen``, ``recent_batches``
+and ``aborted_requests``).
 It exists so the ``sglang`` engine and a full RL step through HTTP are tested on machines where
 SGLang cannot be installed. It is not SGLang. ``start_test_server`` / ``stop_server`` run it as
 a subprocess on a free loopback port (tests, ``tasks.training.bench_engines``).
 
 Simplifies: continuous batching is imitated by collecting the requests that arrive until the queue has
-been quiet for 20 ms into one ``TransformersEngine.generate`` call (grouped by sampling parameters);
+been quiet for 20 ms into one decoding batch (grouped by sampling parameters; each request is answered
+as soon as it ends, later arrivals wait for the batch to drain);
 only the first stop token id is honoured (the end-of-turn id); stop strings are ignored.
 
 Run: ``python -m models.sglang_test_server --model-path assets/tiny-warm --port 30000 [--pid-file F]``
@@ -36,7 +41,7 @@ import sys
 from pathlib import Path
 
 from models.config import EngineConfig
-from models.engine import GenRequest, TransformersEngine
+from models.engine import GenOutput, GenRequest, TransformersEngine
 
 BATCH_QUIET_S = 0.02
 """A batch closes once no request arrived for this long (SGLang batches continuously instead)."""
@@ -58,11 +63,26 @@ class Backend:
         self.lock = asyncio.Lock()
         self.max_batch_seen = 0
         self.recent_batches: collections.deque = collections.deque(maxlen=64)
+        self.abort_epoch = 0
+        """``abort_all`` aborts every request that arrived before it: those tagged with an older epoch."""
+        self.aborted_rids: set[str] = set()
+        self.aborted_count = 0
 
-    async def generate(self, ids: list[int], params: dict) -> dict:
+    async def generate(self, ids: list[int], params: dict, rid: str | None = None) -> dict:
         fut = asyncio.get_running_loop().create_future()
-        await self.queue.put((ids, params, fut))
+        await self.queue.put((ids, params, fut, (self.abort_epoch, rid)))
         return await fut
+
+    def abort(self, rid: str | None, abort_all: bool) -> None:
+        """SGLang's ``/abort_request``: running requests stop at the next token, queued ones before they start."""
+        if abort_all:
+            self.abort_epoch += 1
+        elif rid:
+            self.aborted_rids.add(rid)
+
+    def _aborted(self, tag: tuple[int, str | None]) -> bool:
+        epoch, rid = tag
+        return epoch < self.abort_epoch or (rid is not None and rid in self.aborted_rids)
 
     async def worker(self) -> None:
         while True:
@@ -87,24 +107,43 @@ class Backend:
 
     async def _run_group(self, key: tuple, items: list) -> None:
         temperature, top_p, (stop,) = key
-        reqs = [GenRequest(ids, int(p.get("max_new_tokens", 128))) for ids, p, _ in items]
-        try:
-            outs = await asyncio.to_thread(self._generate, reqs, max(temperature, 1e-5), top_p, stop)
-        except Exception as err:  # noqa: BLE001 — reported to every waiting request as a 500
-            for _, _, fut in items:
-                fut.set_exception(err)
-            return
-        for (ids, _, fut), out in zip(items, outs):
-            fut.set_result(self._response(len(ids), out, stop))
+        loop = asyncio.get_running_loop()
 
-    def _generate(self, reqs, temperature: float, top_p: float, stop: int):
+        def answer(i: int, out: GenOutput) -> None:  # called from the decoding thread as each request ends
+            ids, _, fut, _ = items[i]
+            loop.call_soon_threadsafe(fut.set_result, self._response(len(ids), out, stop))
+
+        reqs = [GenRequest(ids, int(p.get("max_new_tokens", 128))) for ids, p, _, _ in items]
+        tags = [tag for *_, tag in items]
+        try:
+            await asyncio.to_thread(self._generate, reqs, tags, max(temperature, 1e-5), top_p, stop, answer)
+        except Exception as err:  # noqa: BLE001 — reported to every request still waiting as a 500
+            for _, _, fut, _ in items:
+                if not fut.done():
+                    fut.set_exception(err)
+
+    def _generate(self, reqs: list[GenRequest], tags: list, temperature: float, top_p: float, stop: int,
+                  answer) -> None:
+        """Decode the batch continuously, answering each request when it ends; between tokens, requests aborted
+        since they arrived stop where they are."""
         eng = self.engine
         eng.cfg = eng.cfg.model_copy(update={"temperature": temperature, "top_p": top_p})
         eng.eos_id = stop
-        return eng.generate(reqs, seed=next(self.ids))
+        stream = eng.stream(seed=next(self.ids), keep_prefix=False)
+        for i, r in enumerate(reqs):
+            stream.submit(i, r.input_ids, r.max_new_tokens)
+        open_ = set(range(len(reqs)))
+        while stream.busy:
+            gone = {i for i in open_ if self._aborted(tags[i])}
+            done = stream.abort(gone) if gone else []
+            self.aborted_count += len(done)
+            for i, ids, lps, reason in done + (stream.step() if stream.busy else []):
+                open_.discard(i)
+                answer(i, GenOutput(ids, lps, reason))
 
     def _response(self, n_prompt: int, out, stop: int) -> dict:
         finish = ({"type": "stop", "matched": stop} if out.finish_reason == "stop"
+                  else {"type": "abort", "message": "Abort the request by abort_request"} if out.finish_reason == "abort"
                   else {"type": "length", "length": len(out.token_ids)})
         return {
             "text": "", "output_ids": out.token_ids,
@@ -135,8 +174,15 @@ def build_app(backend: Backend):
         if not isinstance(ids, list) or not ids:
             return JSONResponse({"error": {"message": "input_ids: a list of token ids is required"}}, 400)
         batch = isinstance(ids[0], list)
-        outs = await asyncio.gather(*[backend.generate(x, params) for x in (ids if batch else [ids])])
+        rid = body.get("rid")
+        rids = rid if batch and isinstance(rid, list) else [rid] * (len(ids) if batch else 1)
+        outs = await asyncio.gather(*[backend.generate(x, params, r) for x, r in zip(ids if batch else [ids], rids)])
         return JSONResponse(list(outs) if batch else outs[0])
+
+    async def abort_request(request: Request):
+        body = await request.json()
+        backend.abort(body.get("rid") or None, bool(body.get("abort_all")))
+        return Response(status_code=200)
 
     async def update(request: Request):
         path = (await request.json()).get("model_path")
@@ -158,11 +204,12 @@ def build_app(backend: Backend):
 
     async def server_info(request: Request):
         return JSONResponse({"model_path": backend.model_path, "max_batch_seen": backend.max_batch_seen,
-                             "recent_batches": list(backend.recent_batches),
+                             "recent_batches": list(backend.recent_batches), "aborted_requests": backend.aborted_count,
                              "test_double": True})
 
     routes = [Route("/get_server_info", server_info), Route("/generate", generate, methods=["POST"]),
               Route("/update_weights_from_disk", update, methods=["POST"]),
+              Route("/abort_request", abort_request, methods=["POST"]),
               Route("/health", health), Route("/health_generate", health), Route("/get_model_info", info)]
     return Starlette(routes=routes, lifespan=lifespan)
 

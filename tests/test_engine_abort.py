@@ -1,0 +1,124 @@
+"""Aborting generation in flight (partial rollouts): the in-process stream stops rows and hands back what they
+sampled; the SGLang client calls the server's ``/abort_request``, and the CPU test server honours it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from models.config import EngineConfig
+from models.engine import GenRequest, load_causal_lm, make_engine
+from models.sglang_test_server import start_test_server, stop_server
+
+
+NEVER = 10**6
+"""An end-of-turn id outside the vocabulary: no row stops before its budget, so aborts always find it running."""
+
+
+@pytest.fixture(scope="module")
+def model(warm_model_dir):
+    return load_causal_lm(warm_model_dir)
+
+
+def _stream(model, chat, seed=0):
+    from models.decode import DecodeStream
+
+    return DecodeStream(model, NEVER, chat.eos_id, temperature=3.0, max_batch=2, seed=seed)
+
+
+def test_abort_returns_each_rows_partial_turn_and_leaves_the_rest_decoding(model, chat):
+    prompt = chat.prompt_ids([{"role": "user", "content": "What is 12 * 7?"}])
+    s = _stream(model, chat)
+    for key in ("a", "b", "queued"):
+        s.submit(key, prompt, 24)
+    for _ in range(6):
+        assert s.step() == []
+    partial = s.abort({"a", "queued"})
+    assert [(k, len(ids), reason) for k, ids, _, reason in partial] == [("a", 6, "abort"), ("queued", 0, "abort")]
+    _, ids, lps, _ = partial[0]
+    assert len(lps) == 6 and all(lp <= 0 for lp in lps)
+    assert [r.key for r in s.rows] == ["b"] and not s.queue
+    while s.busy:
+        s.step()
+    # the same row alone, same seed: the aborted row's tokens are the start of what it would have sampled
+    alone = _stream(model, chat)
+    alone.submit("a", prompt, 24)
+    out = []
+    while alone.busy:
+        out += alone.step()
+    assert out[0][1][:6] == ids
+    assert s.abort() == []
+
+
+@pytest.fixture(scope="module")
+def server(warm_model_dir, tmp_path_factory):
+    proc, url = start_test_server(warm_model_dir, log_path=tmp_path_factory.mktemp("sglang") / "server.log")
+    yield url
+    stop_server(proc)
+
+
+def _long_body(chat, n=600):
+    prompt = chat.prompt_ids([{"role": "user", "content": "Count."}])
+    return {"input_ids": prompt, "return_logprob": True,
+            "sampling_params": {"temperature": 3.0, "max_new_tokens": n, "stop_token_ids": [NEVER]}}
+
+
+def test_test_server_honours_abort_all_with_the_partial_output(server, chat):
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.update(httpx.post(f"{server}/generate", json=_long_body(chat),
+                                                              timeout=120).json()))
+    t.start()
+    time.sleep(1.0)
+    r = httpx.post(f"{server}/abort_request", json={"rid": "", "abort_all": True})
+    assert r.status_code == 200
+    t.join(60)
+    meta = got["meta_info"]
+    assert meta["finish_reason"]["type"] == "abort"
+    assert 0 < meta["completion_tokens"] < 600
+    assert len(meta["output_token_logprobs"]) == meta["completion_tokens"] == len(got["output_ids"])
+    # an abort applies to requests that arrived before it: the next one runs to its end
+    after = httpx.post(f"{server}/generate", json=_long_body(chat, 5), timeout=120).json()
+    assert after["meta_info"]["finish_reason"]["type"] in ("stop", "length")
+    assert httpx.get(f"{server}/get_server_info").json()["aborted_requests"] >= 1
+
+
+def test_test_server_aborts_one_request_by_rid(server, chat):
+    got: dict = {}
+    bodies = {"x": {**_long_body(chat), "rid": "x"}, "y": {**_long_body(chat, 40), "rid": "y"}}
+    threads = [threading.Thread(target=lambda k=k: got.update({k: httpx.post(f"{server}/generate", json=bodies[k],
+                                                                             timeout=120).json()}))
+               for k in bodies]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    httpx.post(f"{server}/abort_request", json={"rid": "x"})
+    for t in threads:
+        t.join(60)
+    assert got["x"]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert got["y"]["meta_info"]["finish_reason"]["type"] in ("stop", "length")
+
+
+def test_sglang_stream_abort_calls_the_server_and_returns_partial_turns(server, warm_model_dir, chat):
+    eng = make_engine(EngineConfig(kind="sglang", server_urls=[server], temperature=3.0, max_retries=0),
+                      warm_model_dir, NEVER, 0)
+    try:
+        prompt = chat.prompt_ids([{"role": "user", "content": "Count."}])
+        s = eng.stream(seed=0)
+        s.submit("short", prompt, 3)
+        for k in range(3):
+            s.submit(f"long{k}", prompt, 600)
+        finished = []
+        while not finished:
+            finished = s.step()
+        assert [(k, len(ids), reason) for k, ids, _, reason in finished] == [("short", 3, "length")]
+        time.sleep(0.5)
+        aborted = sorted(s.abort())
+        assert [k for k, *_ in aborted] == ["long0", "long1", "long2"] and not s.busy
+        for _, ids, lps, reason in aborted:
+            assert reason == "abort" and len(ids) == len(lps) < 600 and all(lp <= 0 for lp in lps)
+        assert eng.generate([GenRequest(prompt, 2)], seed=0)[0].finish_reason == "length"  # the server still serves
+    finally:
+        eng.close()
