@@ -183,6 +183,22 @@ class RunConfig(BaseModel):
     """Scripted warm-up corpus of the ``tiny-env`` policy (used when ``model.build`` is ``tiny-env``)."""
 
     @model_validator(mode="after")
+    def _partial_over_samples(self) -> "RunConfig":
+        part, want = self.rollout.partial, self.data.prompts_per_step
+        if part.enabled and part.over_sampling is not None and part.over_sampling < want:
+            raise ValueError(f"rollout.partial.over_sampling={part.over_sampling} is below the rollout batch size "
+                             f"data.prompts_per_step={want}: APRIL over-samples (over_sampling >= prompts_per_step)")
+        if part.enabled and self.env is not None:
+            raise ValueError("rollout.partial.enabled: partial rollouts are for tool-use prompts, not env mode")
+        if part.enabled and self.rollout.mode != "standard":
+            raise ValueError(f"rollout.partial.enabled: partial rollouts need rollout.mode=standard "
+                             f"(got {self.rollout.mode!r})")
+        if part.enabled and self.rollout.scheduling != "continuous":
+            raise ValueError("rollout.partial.enabled: partial rollouts need rollout.scheduling=continuous "
+                             "(generation in flight is aborted)")
+        return self
+
+    @model_validator(mode="after")
     def _filter_fills_minibatches(self) -> "RunConfig":
         if self.env is None:
             return self

@@ -153,7 +153,7 @@ def rollout_task(cfg: RunConfig, info: RunInfo, step: int, policy: str) -> str:
         return str(env_rollout_stage(step_dir(info, step), step, cfg.seed, policy, info.run_id, cfg.env, cfg.rollout,
                                      cfg.engine))
     return str(stages.rollout_stage(step_dir(info, step), step, cfg.seed, policy, info.run_id, cfg.model.chat,
-                                    cfg.data, cfg.rollout, cfg.engine, cfg.sandbox, cfg.reward))
+                                    cfg.data, cfg.rollout, cfg.engine, cfg.sandbox, cfg.reward, cfg.mix.dynamic_sampling))
 
 
 @task(name="score", **STAGE)

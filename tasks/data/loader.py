@@ -6,6 +6,10 @@ function of (seed, step): every epoch is a seeded permutation cut into ``len // 
 batches (the last ``len % n`` prompts of each epoch's order are left out, as a data loader with
 ``drop_last`` does), so a step's prompts are always distinct — a batch never straddles two
 epochs — and a rerun of step N sees exactly the prompts it saw before.
+
+``PromptCursor`` serves partial rollouts, which take a varying number of fresh prompts per step: it walks
+the same seeded epoch permutations from a position the run keeps (``partial_state.json``), skipping prompts
+still being rolled out.
 """
 
 from __future__ import annotations
@@ -74,3 +78,25 @@ def _permutation(size: int, seed: int, epoch: int) -> tuple[int, ...]:
     order = list(range(size))
     random.Random(f"{seed}:{epoch}").shuffle(order)
     return tuple(order)
+
+
+class PromptCursor:
+    """Fresh prompts in the seeded epoch permutations, from ``position`` on (partial rollouts persist it)."""
+
+    def __init__(self, items: tuple[PromptItem, ...], seed: int, position: int = 0):
+        self.items, self.seed, self.position = items, seed, position
+
+    def take(self, n: int, exclude: set[str]) -> list[PromptItem]:
+        """Up to ``n`` prompts whose ids are not in ``exclude`` (those positions are passed over), looking at
+        most one epoch ahead."""
+        out: list[PromptItem] = []
+        for _ in range(len(self.items)):
+            if len(out) >= n:
+                break
+            epoch, slot = divmod(self.position, len(self.items))
+            item = self.items[_permutation(len(self.items), self.seed, epoch)[slot]]
+            self.position += 1
+            if item.prompt_id not in exclude:
+                out.append(item)
+                exclude = exclude | {item.prompt_id}
+        return out

@@ -1,4 +1,5 @@
-"""Config slices of the rollout: the agent loop's budgets (``RolloutConfig``) and SAAR (``SAARConfig``).
+"""Config slices of the rollout: the agent loop's budgets (``RolloutConfig``), SAAR (``SAARConfig``) and APRIL
+partial rollouts (``PartialConfig``).
 
 Pydantic only, so flow modules and the CLI read them without loading torch.
 """
@@ -33,6 +34,25 @@ class SAARConfig(BaseModel):
     malformed_call_is_failure: bool = True
     """Treat an unparseable call as a failure SAAR handles (here); False = reference: the call is
     dropped and the trajectory ends."""
+
+
+class PartialConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    enabled: bool = False
+    """APRIL partial rollouts (``tasks.rollout.partial``): over-sample prompts, stop the rollout once
+    ``data.prompts_per_step`` complete groups passed the dynamic-sampling filter, abort the generation in
+    flight and carry every unfinished group (finished samples, partial turns with log-probs and the policy
+    version of each token) to the next step, which drains them first."""
+
+    over_sampling: int | None = Field(None, ge=1)
+    """Groups submitted at a time (APRIL's ``over_sampling_batch_size``), at least ``data.prompts_per_step``;
+    another batch is submitted while fewer than ``data.prompts_per_step`` groups are in flight. None: twice
+    ``data.prompts_per_step`` (APRIL's scripts: 64 over 32)."""
+
+    max_submissions: int = Field(4, ge=1)
+    """Over-sampling batches submitted in one step at most (the first included): bounds a step's cost when few
+    groups pass the filter; the step then trains what passed."""
 
 
 class RolloutConfig(BaseModel):
@@ -70,3 +90,7 @@ class RolloutConfig(BaseModel):
 
     r3l: R3LConfig = R3LConfig()
     """R3L settings (used when ``mode`` is ``r3l``)."""
+
+    partial: PartialConfig = PartialConfig()
+    """APRIL partial rollouts (off by default; ``mode: standard``, ``scheduling: continuous``, tool-use prompts)."""
+

@@ -95,6 +95,16 @@ class Snapshot:
 
 
 @dataclass
+class Carry:
+    """A turn an abort cut short (partial rollouts): what was sampled so far, continued by the next request."""
+
+    ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    """The policy version that sampled each id."""
+
+
+@dataclass
 class Trajectory:
     traj_id: str
     item: PromptItem
@@ -127,14 +137,24 @@ class Trajectory:
     """The trajectory this row was derived from (R3L: the base attempt)."""
     budget_extra: int = 0
     """Injected tokens (R3L guidance) that do not count against ``max_response_tokens``."""
+    versions: list[int] = field(default_factory=list)
+    """The policy version behind each response token (an injected token: the version of its turn)."""
+    version: int = 0
+    """The policy version generating now (the step; a partial rollout resumed later gets the newer one)."""
+    start_step: int = 0
+    """The step this trajectory was started in (later than it only for partial rollouts carried over)."""
+    carry: Carry | None = None
+    """The turn an abort cut short (partial rollouts); the next request continues it."""
 
-    def append(self, ids: list[int], mask: int, lps: list[float] | None = None) -> None:
+    def append(self, ids: list[int], mask: int, lps: list[float] | None = None,
+               versions: list[int] | None = None) -> None:
         self.response_ids += ids
         self.response_mask += [mask] * len(ids)
         self.logprobs += lps if lps is not None else [0.0] * len(ids)
+        self.versions += versions if versions is not None else [self.version] * len(ids)
 
     def truncate(self, n: int) -> None:
-        del self.response_ids[n:], self.response_mask[n:], self.logprobs[n:]
+        del self.response_ids[n:], self.response_mask[n:], self.logprobs[n:], self.versions[n:]
 
 
 class Rollout:
@@ -164,7 +184,7 @@ class Rollout:
         saar = self.cfg.saar
         raw = saar.enabled and is_raw(seed, step, item.prompt_id, sample_idx, saar.raw_share)
         return Trajectory(f"{step}:{item.prompt_id}:{sample_idx}", item, sample_idx, raw, self.chat.prompt_ids(messages),
-                          list(messages), saar_on=saar.enabled and not raw)
+                          list(messages), saar_on=saar.enabled and not raw, version=step, start_step=step)
 
     async def drive(self, t: Trajectory, agenerate, aexecute) -> Trajectory:
         """Run one trajectory to its end with async callables, through the same handlers as ``run``.
@@ -178,8 +198,7 @@ class Rollout:
                 res = await aexecute(call.code, setup_of(t)) if call.code is not None else _call_failure(call)
                 self.on_executed(t, res)
             else:
-                out = await agenerate(self.request(t))
-                (self.on_retry_generated if t.state is State.RETRYING else self.on_generated)(t, out)
+                self.deliver(t, await agenerate(self.request(t)))
         t.truncate(self.budget(t))
         return t
 
@@ -214,7 +233,7 @@ class Rollout:
             if gen:
                 outs = self.engine.generate([self.request(t) for t in gen], seed=hash((*salt, round_)) % 2**31)
                 for t, out in zip(gen, outs):
-                    (self.on_retry_generated if t.state is State.RETRYING else self.on_generated)(t, out)
+                    self.deliver(t, out)
             exe = [t for t in trajs if t.state is State.EXECUTING]
             if exe:
                 for t, res in zip(exe, self._execute(exe)):
@@ -249,8 +268,7 @@ class Rollout:
                 if stream.busy:
                     for key, ids, lps, reason in stream.step():
                         t = by_id[key]
-                        (self.on_retry_generated if t.state is State.RETRYING else self.on_generated)(
-                            t, GenOutput(ids, lps, reason))
+                        self.deliver(t, GenOutput(ids, lps, reason))
                         route(t)
                     done = [f for f in running if f.done()]
                 else:
@@ -261,13 +279,26 @@ class Rollout:
                     route(t)
 
     def request(self, t: Trajectory) -> GenRequest:
-        """The engine request of a trajectory waiting in GENERATING or RETRYING."""
+        """The engine request of a trajectory waiting in GENERATING or RETRYING (continuing a carried turn)."""
         if t.state is State.RETRYING:
             ctx = t.prompt_ids + t.response_ids + t.snapshot.retry_suffix
             start = t.snapshot.turn_start
         else:
             ctx, start = t.prompt_ids + t.response_ids, len(t.response_ids)
-        return GenRequest(ctx, max(1, min(self.cfg.max_new_tokens, self.budget(t) - start)))
+        carried = t.carry.ids if t.carry else []
+        return GenRequest(ctx + carried, max(1, min(self.cfg.max_new_tokens, self.budget(t) - start) - len(carried)))
+
+    def deliver(self, t: Trajectory, out: GenOutput) -> None:
+        """Hand a finished generation to the handler of ``t``'s state."""
+        (self.on_retry_generated if t.state is State.RETRYING else self.on_generated)(t, out)
+
+    def whole_turn(self, t: Trajectory, out: GenOutput) -> tuple[GenOutput, list[int]]:
+        """The turn the handlers see — a carried prefix (partial rollouts) plus the new ids — and each id's version."""
+        c, t.carry = t.carry, None
+        if c is None:
+            return out, [t.version] * len(out.token_ids)
+        return (GenOutput(c.ids + out.token_ids, c.logprobs + out.logprobs, out.finish_reason),
+                c.versions + [t.version] * len(out.token_ids))
 
     def _execute(self, trajs: list[Trajectory]) -> list[ExecutionResult]:
         return self.execute([t.pending for t in trajs], [setup_of(t) for t in trajs])
@@ -288,9 +319,10 @@ class Rollout:
 
     def on_generated(self, t: Trajectory, out: GenOutput) -> None:
         """GENERATING: a new assistant turn arrived (a turn cut by length never runs its call)."""
+        out, versions = self.whole_turn(t, out)
         turn_start = len(t.response_ids)
         text = self.chat.decode(out.token_ids)
-        t.append(out.token_ids, 1, out.logprobs)
+        t.append(out.token_ids, 1, out.logprobs, versions)
         t.append(self.closer(out), 0)
         t.messages.append({"role": "assistant", "content": text})
         t.assistant_turns += 1
@@ -355,6 +387,7 @@ class Rollout:
 
     def on_retry_generated(self, t: Trajectory, out: GenOutput) -> None:
         """RETRYING: the model regenerated the failed turn after seeing the error."""
+        out, versions = self.whole_turn(t, out)
         snap, s = t.snapshot, t.stats
         snap.retries += 1
         position = t.assistant_turns - 1
@@ -365,11 +398,13 @@ class Rollout:
         old_ids, old_lps = t.response_ids[snap.turn_start : end], t.logprobs[snap.turn_start : end]
         call = parse_tool_call(new_text)
         if out.finish_reason == "length" or call is None or self._dropped(call):
-            return self._retry_failed(t, out, new_text, call)
+            return self._retry_failed(t, out, new_text, call, versions)
+        new_call = self.chat.call_start(out.token_ids)
         sp = splice(old_ids, old_lps, out.token_ids, out.logprobs, self.chat.call_start(old_ids),
-                    self.chat.call_start(out.token_ids), self.chat.decode, self.cfg.saar.similarity_threshold)
+                    new_call, self.chat.decode, self.cfg.saar.similarity_threshold)
+        kept = t.versions[snap.turn_start : snap.turn_start + sp.kept_old_prefix]
         t.truncate(snap.turn_start)
-        t.append(sp.ids, 1, sp.logprobs)
+        t.append(sp.ids, 1, sp.logprobs, kept + (versions[new_call:] if sp.decision == "shallow" else versions))
         t.append(self.closer(out), 0)
         spliced_text = self.chat.decode(sp.ids)
         t.messages[-1] = {"role": "assistant", "content": spliced_text}
@@ -379,7 +414,8 @@ class Rollout:
                                   snap.error_text, self.chat.decode(old_ids), new_text))
         t.pending, t.pending_start, t.state = parse_tool_call(spliced_text), snap.turn_start, State.EXECUTING
 
-    def _retry_failed(self, t: Trajectory, out: GenOutput, new_text: str, call: ParsedCall | None) -> None:
+    def _retry_failed(self, t: Trajectory, out: GenOutput, new_text: str, call: ParsedCall | None,
+                      versions: list[int]) -> None:
         """A regeneration SAAR cannot use — no call, a call the reference parser drops, or cut by length
         (even around a complete call: a turn the model did not finish is never spliced in nor run). The
         failed call, its error and the new turn all stay; SAAR is off; the trajectory ends."""
@@ -388,7 +424,7 @@ class Rollout:
         t.append(snap.retry_suffix, 0)
         t.messages.append({"role": "tool", "content": snap.error_text})
         s.errors_kept += 1
-        t.append(out.token_ids, 1, out.logprobs)
+        t.append(out.token_ids, 1, out.logprobs, versions)
         t.append(self.closer(out), 0)
         t.messages.append({"role": "assistant", "content": new_text})
         t.assistant_turns += 1

@@ -11,6 +11,7 @@ Schema (primary keys in brackets)::
     saar_events     [run_id, step, traj_id, event_idx]        triggered / shallow / deep / recovered / ...
     metrics         [run_id, step, key]                       every logged metric
     env_steps       [run_id, step, traj_id, turn_idx]         environment mode: state, answer, actions, reward
+    partial_buffer  [run_id, step, traj_id]                   partial rollouts: what step carried to the next
     evaluations     [run_id, policy_version, key]             held-out evaluation of a policy version
 
 A step's rows are replaced in one transaction (a rerun of step N never duplicates rows);
@@ -46,13 +47,15 @@ CREATE TABLE IF NOT EXISTS trajectories (
     graded BOOLEAN, reward_metrics JSON, kept BOOLEAN, advantage DOUBLE,
     kind VARCHAR, group_id VARCHAR, fixed_reward DOUBLE, masked_turns BIGINT, parent VARCHAR, adv_scale DOUBLE,
     env_score DOUBLE, env_success BOOLEAN, env_penalty DOUBLE, env_actions BIGINT, dropped BOOLEAN,
-    PRIMARY KEY (run_id, step, traj_id));
+    start_step BIGINT, token_versions INTEGER[], PRIMARY KEY (run_id, step, traj_id));
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS adv_scale DOUBLE;
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS env_score DOUBLE;
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS env_success BOOLEAN;
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS env_penalty DOUBLE;
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS env_actions BIGINT;
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS dropped BOOLEAN;
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS start_step BIGINT;
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS token_versions INTEGER[];
 CREATE TABLE IF NOT EXISTS env_steps (
     run_id VARCHAR, step BIGINT, traj_id VARCHAR, turn_idx BIGINT, env VARCHAR, seed BIGINT, state VARCHAR,
     response VARCHAR, think VARCHAR, parsed BOOLEAN, actions JSON, executed JSON, invalid JSON, reward DOUBLE,
@@ -76,6 +79,11 @@ CREATE TABLE IF NOT EXISTS r3l_reflections (
     valid BOOLEAN, perfect BOOLEAN, reason VARCHAR, retry_from_step BIGINT, retry_traj_id VARCHAR,
     distill_traj_id VARCHAR, retry_reward DOUBLE, retry_steps BIGINT, retry_succeeded BOOLEAN, replays JSON,
     replay_changed BIGINT, note VARCHAR, retry_messages JSON, PRIMARY KEY (run_id, step, traj_id));
+CREATE TABLE IF NOT EXISTS partial_buffer (
+    run_id VARCHAR, step BIGINT, position BIGINT, prompt_id VARCHAR, sample_idx BIGINT, traj_id VARCHAR,
+    start_step BIGINT, state VARCHAR, finish_reason VARCHAR, prompt_ids INTEGER[], response_ids INTEGER[],
+    response_mask TINYINT[], logprobs DOUBLE[], token_versions INTEGER[], carry_ids INTEGER[], carry_logprobs DOUBLE[],
+    carry_versions INTEGER[], max_version BIGINT, record JSON, PRIMARY KEY (run_id, step, traj_id));
 CREATE TABLE IF NOT EXISTS metrics (
     run_id VARCHAR, step BIGINT, key VARCHAR, value DOUBLE, PRIMARY KEY (run_id, step, key));
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS kind VARCHAR;
@@ -89,7 +97,7 @@ CREATE TABLE IF NOT EXISTS evaluations (
 """
 
 STEP_TABLES = ("trajectories", "turns", "tool_executions", "saar_events", "r3l_reflections", "env_steps", "metrics",
-               "steps")
+               "steps", "partial_buffer")
 
 
 class StoreLockedError(RuntimeError):

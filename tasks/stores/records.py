@@ -3,8 +3,10 @@
 A rollout writes four Parquet files into the step folder; every later stage reads them and
 writes its own file, and the tracking stage loads them into DuckDB as they are::
 
-    trajectories.parquet   one row per trajectory: ids, mask, log-probs, SAAR statistics, and its training
-                           role (``kind``, advantage ``group_id``, ``fixed_reward``, R3L ``masked_turns``, ``parent``)
+    trajectories.parquet   one row per trajectory: ids, mask, log-probs, the policy version of each token
+                           (``token_versions``; ``start_step`` < step for a partial rollout carried over), SAAR
+                           statistics, and its training role (``kind``, advantage ``group_id``, ``fixed_reward``,
+                           R3L ``masked_turns``, ``parent``)
     turns.parquet          one row per message of the final (purified) conversation
     executions.parquet     one row per sandbox execution, failed attempts included
     saar_events.parquet    one row per SAAR decision (triggered, shallow, deep, recovered, ...)
@@ -36,7 +38,8 @@ def trajectory_frames(trajs: list[Trajectory], run_id: str, step: int, decode) -
             "rollout_logprobs": t.logprobs, "response_text": decode(t.response_ids),
             "messages": json.dumps(t.messages, ensure_ascii=False), "finish_reason": t.finish_reason,
             "num_turns": t.assistant_turns, "kind": t.kind, "group_id": t.group_id or t.item.prompt_id,
-            "fixed_reward": t.fixed_reward, "masked_turns": t.pivot, "parent": t.parent, **t.stats.scalars(),
+            "fixed_reward": t.fixed_reward, "masked_turns": t.pivot, "parent": t.parent, "start_step": t.start_step,
+            "token_versions": t.versions, **t.stats.scalars(),
             "failure_reasons": json.dumps(dict(t.stats.failure_reasons)),
         })
         for i, m in enumerate(t.messages):
@@ -61,10 +64,10 @@ def trajectory_frames(trajs: list[Trajectory], run_id: str, step: int, decode) -
 
 _ID_LISTS = {
     "prompt_ids": pl.List(pl.Int32), "response_ids": pl.List(pl.Int32),
-    "response_mask": pl.List(pl.Int8), "rollout_logprobs": pl.List(pl.Float32),
+    "response_mask": pl.List(pl.Int8), "rollout_logprobs": pl.List(pl.Float32), "token_versions": pl.List(pl.Int32),
 }
 _ROW_META = {"kind": pl.String, "group_id": pl.String, "fixed_reward": pl.Float64, "masked_turns": pl.Int64,
-             "parent": pl.String}
+             "parent": pl.String, "start_step": pl.Int64}
 _KEY = {"run_id": pl.String, "step": pl.Int64, "traj_id": pl.String}
 _TURNS = {**_KEY, "turn_idx": pl.Int64, "role": pl.String, "content": pl.String}
 _EXECS = {

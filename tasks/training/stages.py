@@ -4,6 +4,7 @@ Every stage reads the step folder, writes its own files there, and records its m
 wall time in ``<stage>.metrics.json``; it returns only paths or small dicts, never tensors.
 
     rollout   → trajectories / turns / executions / saar_events / r3l_reflections .parquet
+                (+ partial_buffer.parquet, partial_state.json with rollout.partial)
     score     → scores.parquet
     mix       → mix.parquet
     advantage → advantages.parquet
@@ -36,6 +37,7 @@ from tasks.rewards.config import RewardConfig, ScoreConfig
 from tasks.rewards.registry import GraderError, compute_reward
 from tasks.rewards.scoring import score_step
 from tasks.rollout.config import RolloutConfig
+from tasks.rollout.buffer import BUFFER_FILE
 from tasks.rollout.machine import Rollout
 from tasks.rollout.saar import aggregate_stats
 from tasks.stores import db, tracking
@@ -46,6 +48,7 @@ from tasks.training.evaluation import evaluate
 from tasks.training.faults import maybe_crash
 from tasks.training.live import get_chat, get_engine, get_sandbox
 from tasks.training.mixing import advantage_step, fill_batch, mix_step
+from tasks.training.partial_stage import partial_rollout
 from tasks.training.rollout_modes import make_mode
 
 
@@ -71,8 +74,9 @@ def _step_of(step_dir: Path) -> int:
 
 def rollout_stage(step_dir: Path, step: int, seed: int, ckpt: str, run_id: str, chat_cfg: ChatConfig,
                   data: DataConfig, rollout: RolloutConfig, engine: EngineConfig, sandbox: SandboxConfig,
-                  reward: RewardConfig) -> Path:
-    """Roll out the step's prompts in ``rollout.mode`` (plus DAPO refill rounds while too few groups are informative)."""
+                  reward: RewardConfig, dynamic_sampling: bool = True) -> Path:
+    """Roll out the step's prompts in ``rollout.mode`` (plus DAPO refill rounds while too few groups are informative);
+    with ``rollout.partial`` APRIL's partial rollouts instead (``tasks.training.partial_stage``)."""
     metrics: dict = {}
     with _timed(step_dir, "rollout", metrics):
         chat = get_chat(ckpt, chat_cfg)
@@ -94,9 +98,13 @@ def rollout_stage(step_dir: Path, step: int, seed: int, ckpt: str, run_id: str, 
                 return None
 
         mode = make_mode(runner, rollout, grade)
-        trajs, refill = fill_batch(draw, lambda batch, round_: mode.run(batch, seed, step, refill_round=round_),
-                                   mode.group_rewards, data.prompts_per_step, data.refill_rounds,
-                                   group_of=lambda t: t.item.prompt_id)
+        if rollout.partial.enabled:
+            trajs, refill = partial_rollout(Path(step_dir), step, seed, run_id, runner, items, rollout, data, grade,
+                                            dynamic_sampling)
+        else:
+            trajs, refill = fill_batch(draw, lambda batch, round_: mode.run(batch, seed, step, refill_round=round_),
+                                       mode.group_rewards, data.prompts_per_step, data.refill_rounds,
+                                       group_of=lambda t: t.item.prompt_id)
         frames = trajectory_frames(trajs, run_id, step, chat.decode)
         write_frames({**frames, **mode.frames(run_id, step)}, Path(step_dir))
         rolled = [t for t in trajs if t.kind not in SINGLETON_KINDS]  # R3L reflect/retry rows repeat others' turns
@@ -205,7 +213,9 @@ def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, tra
     metric_rows = pl.DataFrame({"run_id": run_id, "step": step, "key": list(metrics),
                                 "value": [float(v) for v in metrics.values()]})
     reflections = read_reflections(step_dir)
+    buffer = Path(step_dir) / BUFFER_FILE
     frames = {
+        **({"partial_buffer": pl.read_parquet(buffer)} if buffer.exists() else {}),
         "trajectories": trajs, "turns": read_table(step_dir, "turns"),
         "tool_executions": read_table(step_dir, "executions"), "saar_events": read_table(step_dir, "saar_events"),
         "r3l_reflections": reflections, "metrics": metric_rows,

@@ -1,0 +1,208 @@
+"""APRIL partial rollouts on a paced engine (one token per row per step): the stop rule, the abort, the FIFO
+drain of the buffer, continued turns and their policy versions, the buffer's round trip through Parquet and
+DuckDB, and the bad inputs (a buffer from a newer policy, a prompt that left the dataset, too small an
+over-sampling size)."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import polars as pl
+import pytest
+
+from sandbox.result import ExecutionResult
+from tasks.data.loader import PromptCursor
+from tasks.rollout.buffer import buffer_frame, read_buffer, write_buffer
+from tasks.rollout.config import PartialConfig, RolloutConfig
+from tasks.rollout.machine import PromptItem, Rollout, State
+from tasks.rollout.partial import PartialRollout
+from tests.paced import PacedEngine
+
+CALL = '<tool_call>{"name": "code_interpreter", "arguments": {"code": "print(2 + 2)"}}</tool_call>'
+SCRIPTS = {
+    "p0": [["yes"], ["no"]],                               # short, informative
+    "p1": [["no"], ["no"]],                                # short, all equal: filtered
+    "p2": [["yes " * 6], ["no " * 6]],                     # medium, informative: the second pass
+    "p3": [["yes " * 30], ["no " * 30]],                   # long: aborted at step 0, finished at step 1
+    "p4": [["no"], ["no"]],                                # step 1: filtered
+    "p5": [[CALL, "yes " * 40], ["no " * 40]],             # step 1: long, a tool call first: aborted
+    "p6": [["no"], ["no"]],                                # step 1: filtered
+    "p7": [["yes " * 3], ["no"]],                          # step 1, second submission: passes
+}
+
+
+class Box:
+    """A sandbox double: every call prints 4."""
+
+    def run(self, code, setup=None):
+        return ExecutionResult(True, 0, "4\n", "", None, False, False, 0.001)
+
+
+def items():
+    return {p: PromptItem(p, [{"role": "user", "content": f"question {p}"}], "math", "4") for p in SCRIPTS}
+
+
+def in_order(pool):
+    """Fresh prompts in a fixed order (the cursor's seeded order is tested on its own)."""
+    order = list(pool)
+
+    def take(n, exclude):
+        out = [p for p in order if p not in exclude][:n]
+        for p in out:
+            order.remove(p)
+        return [pool[p] for p in out]
+    return take
+
+
+@pytest.fixture
+def setup(chat):
+    engine = PacedEngine(chat, SCRIPTS)
+    cfg = RolloutConfig(n_samples=2, max_turns=3, max_new_tokens=96, max_response_tokens=400)
+    runner = Rollout(cfg, engine, chat, Box())
+    grade = lambda t: 1.0 if "yes" in chat.decode(t.response_ids) else 0.0  # noqa: E731
+    return engine, runner, grade
+
+
+def run(runner, grade, buffered, fresh, step, over=4):
+    return PartialRollout(runner, PartialConfig(enabled=True, over_sampling=over), 2, grade).run(buffered, fresh, 0, step)
+
+
+def test_stop_rule_abort_and_fifo_drain_with_carried_turns(setup, chat):
+    engine, runner, grade = setup
+    pool = items()
+    fresh = in_order(pool)
+    r0 = run(runner, grade, [], fresh, step=0)
+    assert [g.key for g in r0.batch] == ["p0", "p2", "p1"] and [g.verdict for g in r0.batch] == [True, True, False]
+    assert [g.key for g in r0.buffer] == ["p3"]
+    cut = max(len(engine.turn_ids(("p2", k), 0)) for k in (0, 1))  # the stop came when p2's longer sample ended
+    p3 = r0.buffer[0].trajs
+    assert [t.state for t in p3] == [State.GENERATING] * 2 and [t.response_ids for t in p3] == [[], []]
+    assert [len(t.carry.ids) for t in p3] == [cut, cut] and all(t.carry.versions == [0] * cut for t in p3)
+    assert r0.counts["aborted_tokens"] == 2 * cut
+
+    # step 1 drains p3 first, then p4, p5, p6; p3 and p7 (a second submission) pass; p5 is cut again
+    r1 = run(runner, grade, r0.buffer, fresh, step=1)
+    assert [g.key for g in r1.batch] == ["p3", "p7", "p4", "p6"] and r1.batch[0].resumed
+    assert r1.counts["submissions"] == 2 and r1.counts["resumed_groups"] == 1
+    assert [g.key for g in r1.buffer] == ["p5"]
+    for k, t in enumerate(r1.batch[0].trajs):
+        full = engine.turn_ids(("p3", k), 0)
+        assert t.response_ids == full and t.state is State.TERMINATED
+        assert t.versions == [0] * cut + [1] * (len(full) - cut)
+        assert t.logprobs == pytest.approx([-0.001 * (i + 1) for i in range(len(full))])
+        req = engine.requests[("p3", k)][-1]  # the continuation: the carried ids sent, the budget reduced
+        assert req.input_ids[-cut:] == full[:cut] and req.max_new_tokens == 96 - cut
+    p5 = r1.buffer[0].trajs
+    assert p5[0].assistant_turns == 1 and p5[0].executions[0].result.stdout == "4\n"  # its call ran before the stop
+    assert p5[0].state is State.GENERATING and p5[1].state is State.TERMINATED  # a group is carried whole
+    # its second turn was cut (or, had the call's result come in after the stop, not started yet)
+    assert p5[0].carry is None or set(p5[0].carry.versions) == {1}
+
+
+def test_stop_counts(setup):
+    engine, runner, grade = setup
+    r0 = run(runner, grade, [], in_order(items()), step=0)
+    cut = max(len(engine.turn_ids(("p2", k), 0)) for k in (0, 1))
+    assert r0.counts == {"submissions": 1, "submitted_groups": 4, "resumed_groups": 0, "passed_groups": 2,
+                         "filtered_groups": 1, "aborted_requests": 2, "aborted_tokens": 2 * cut}
+
+
+def test_nothing_passes_the_step_ends_when_submissions_run_out(setup):
+    engine, runner, grade = setup
+    pool = {p: i for p, i in items().items() if p in ("p1", "p4", "p6")}  # all filtered
+    r = PartialRollout(runner, PartialConfig(enabled=True, over_sampling=2, max_submissions=2), 2, grade).run(
+        [], in_order(pool), 0, 0)
+    assert r.counts["passed_groups"] == 0 and r.counts["filtered_groups"] == 3 and r.buffer == []
+    assert r.counts["submissions"] == 2
+
+
+def test_buffer_round_trip_through_parquet_and_duckdb(setup, tmp_path):
+    from tasks.stores import db
+
+    engine, runner, grade = setup
+    pool = items()
+    fresh = in_order(pool)
+    r0 = run(runner, grade, [], fresh, step=0)
+    r1 = run(runner, grade, r0.buffer, fresh, step=1)
+    groups = r1.buffer + [r1.batch[0]]  # a carried group (tool call, carry) and a finished one
+    frame = buffer_frame(groups, "run", 1)
+    write_buffer(tmp_path, frame, cursor=7)
+    back, dropped, cursor = read_buffer(tmp_path, pool, version=2)
+    assert (dropped, cursor) == (0, 7)
+    assert [g.key for g in back] == ["p5", "p3"]
+    for a, b in zip(groups, back):
+        assert a.trajs == b.trajs
+    con = db.connect(tmp_path / "c.duckdb")
+    db.replace_step(con, "run", 1, {"partial_buffer": frame})
+    rows = con.execute("SELECT position, prompt_id, sample_idx, state, len(carry_ids), max_version FROM partial_buffer "
+                       "ORDER BY position, sample_idx").fetchall()
+    assert rows == [(r["position"], r["prompt_id"], r["sample_idx"], r["state"], len(r["carry_ids"]), r["max_version"])
+                    for r in frame.sort("position", "sample_idx").iter_rows(named=True)]
+    assert json.loads(con.execute("SELECT record FROM partial_buffer WHERE traj_id = '1:p5:0'").fetchone()[0])[
+        "executions"][0]["result"]["stdout"] == "4\n"
+    con.close()
+
+
+def test_a_buffer_from_a_newer_policy_is_an_error_naming_the_column(setup, tmp_path):
+    engine, runner, grade = setup
+    r0 = run(runner, grade, [], in_order(items()), step=0)
+    write_buffer(tmp_path, buffer_frame(r0.buffer, "run", 0), cursor=4)
+    with pytest.raises(ValueError, match=r"column max_version = 0 for 0:p3:0 is newer than the current policy version -1"):
+        read_buffer(tmp_path, items(), version=-1)
+
+
+def test_a_carried_prompt_that_left_the_dataset_is_dropped_and_counted(setup, tmp_path):
+    engine, runner, grade = setup
+    r0 = run(runner, grade, [], in_order(items()), step=0)
+    write_buffer(tmp_path, buffer_frame(r0.buffer, "run", 0), cursor=4)
+    pool = {p: i for p, i in items().items() if p != "p3"}
+    assert read_buffer(tmp_path, pool, version=1)[:2] == ([], 1)
+
+
+def test_the_previous_step_must_have_left_its_buffer(tmp_path):
+    with pytest.raises(FileNotFoundError, match="partial_buffer.parquet: missing"):
+        read_buffer(tmp_path, items(), version=1)
+    assert read_buffer(None, items(), version=0) == ([], 0, 0)
+
+
+def test_prompt_cursor_walks_the_seeded_epochs_and_skips_prompts_in_flight():
+    pool = tuple(items().values())
+    a = PromptCursor(pool, seed=3)
+    first = [i.prompt_id for i in a.take(3, set())]
+    b = PromptCursor(pool, seed=3)
+    skip = {first[1]}
+    got = [i.prompt_id for i in b.take(3, skip)]
+    assert got[:2] == [first[0], first[2]] and first[1] not in got
+    assert b.position == 4
+    later = PromptCursor(pool, seed=3, position=b.position)
+    rest = [i.prompt_id for i in later.take(4, set())]
+    assert set(rest).isdisjoint(got) and len(set(first + rest)) == 7  # an epoch is a permutation
+    assert len(PromptCursor(pool, seed=3).take(20, set())) == len(pool)  # at most one epoch ahead
+
+
+def test_over_sampling_below_the_batch_size_names_the_field():
+    from flows.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"rollout.partial.over_sampling=4 is below the rollout batch size "
+                                          r"data.prompts_per_step=8"):
+        load_config("configs/tiny.yaml", ["rollout.partial.enabled=true", "rollout.partial.over_sampling=4"])
+    with pytest.raises(ConfigError, match="partial rollouts need rollout.mode=standard"):
+        load_config("configs/tiny.yaml", ["rollout.partial.enabled=true", "rollout.mode=r3l"])
+
+
+def test_partial_metrics_count_off_policy_tokens_by_version_lag(setup):
+    from tasks.training.partial_stage import partial_metrics
+
+    engine, runner, grade = setup
+    fresh = in_order(items())
+    r0 = run(runner, grade, [], fresh, step=0)
+    cut = len(r0.buffer[0].trajs[0].carry.ids)
+    r1 = run(runner, grade, r0.buffer, fresh, step=1)
+    trajs = [t for g in r1.batch for t in g.trajs]
+    m = partial_metrics(r1, trajs, 1, dropped=0)
+    total = sum(len(t.response_ids) for t in trajs)  # no tool turns in this batch: every token is a policy token
+    assert m["partial/off_policy_tokens"] == 2 * cut and m["partial/version_lag/1"] == 2 * cut
+    assert m["partial/version_lag/0"] == total - 2 * cut
+    assert m["partial/off_policy_ratio"] == pytest.approx(2 * cut / total)
+    assert m["partial/version_lag_max"] == 1 and m["partial/buffer_groups"] == 1 and m["partial/resumed_groups"] == 1
