@@ -9,6 +9,7 @@
     cleaner compare                  CLEANER vs DAPO vs SAAR-everywhere over seeds, with a report
     cleaner query "SQL"              query the DuckDB store
     cleaner bench-rollout            rollout before/after continuous batching (ratios in one run)
+    cleaner bench-partial            rollout with APRIL partial rollouts off/on (ratios in one run)
     cleaner sandbox ... / data ...   sandbox benchmark, dataset tools
 
 Every command takes ``--config`` (YAML) and repeatable ``--set key.path=value`` overrides.
@@ -188,6 +189,20 @@ def bench_rollout_cmd(model: Path = typer.Option(Path("assets/tiny-warm"), help=
     from tasks.rollout.bench import bench_rollout
 
     bench_rollout(model, n_prompts=prompts, n_samples=samples, repeats=repeats, echo=console.print)
+
+
+@app.command("bench-partial")
+def bench_partial_cmd(model: Path = typer.Option(Path("assets/tiny-warm"), help="Policy folder."),
+                      work_dir: Path = typer.Option(Path("runs/bench-partial"), help="Scratch folder."),
+                      steps: int = typer.Option(3, help="Consecutive rollout steps per side."),
+                      prompts_per_step: int = typer.Option(4, help="Complete groups a step needs."),
+                      over_sampling: int = typer.Option(8, help="Groups submitted at a time with partial rollouts."),
+                      repeats: int = typer.Option(2, help="Alternating off/on repeats.")) -> None:
+    """Complete groups/s and tokens/s with APRIL partial rollouts on vs off, as ratios."""
+    from tasks.training.bench_partial import bench_partial
+
+    bench_partial(model, work_dir, steps=steps, prompts_per_step=prompts_per_step, over_sampling=over_sampling,
+                  repeats=repeats, echo=console.print)
 
 
 @app.command()

@@ -1,0 +1,106 @@
+"""Benchmark: rollout throughput with APRIL partial rollouts on vs off, as ratios measured in one run.
+
+What: ``bench_partial(model)`` runs the real rollout stage (``tasks.training.stages.rollout_stage``) for
+``steps`` consecutive steps per side, same prompts file, seed, model and engine, into scratch step folders:
+
+* **off**: the ordinary step — ``data.prompts_per_step`` groups, DAPO refill rounds (``refill_rounds``)
+  while fewer groups than that have unequal rewards; every step waits for its longest trajectory;
+* **on**: ``rollout.partial`` — ``over_sampling`` groups submitted, the step stops once
+  ``prompts_per_step`` groups passed the filter, the rest is aborted and carried to the next step.
+
+Both sides draw fresh prompts in the same seeded order. The length distribution is the policy's own (the
+benchmark prints the response-length quantiles it saw; with the tiny policy they are narrow, e.g. p50 89,
+p99 97 tokens, so the gain here comes mostly from over-sampling against the filter, not from the tail).
+Sides alternate (off/on, then on/off) over ``repeats`` so load changes on a shared machine hit both. Per side:
+rollout wall time, **complete groups/s** (groups that passed the filter, i.e. that train, per second) and
+**tokens/s** (policy tokens of the groups the rollout handed over complete, per second), and the ratios on/off.
+
+Simplifies: no update between steps (the policy is the same at every step, the version still advances, so
+carried tokens count as off-policy); the local sandbox; one torch thread.
+Run: ``cleaner bench-partial --model assets/tiny-warm`` (or call ``bench_partial``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+
+def _side(partial: bool, work: Path, model: str, prompts: Path, steps: int, cfg: dict) -> dict:
+    import polars as pl
+
+    from models.config import ChatConfig, EngineConfig
+    from sandbox.config import SandboxConfig
+    from tasks.data.config import DataConfig
+    from tasks.rewards.config import RewardConfig
+    from tasks.rollout.config import PartialConfig, RolloutConfig
+    from tasks.training.stages import rollout_stage
+
+    shutil.rmtree(work, ignore_errors=True)
+    data = DataConfig(train_path=str(prompts), synthetic=False, prompts_per_step=cfg["prompts_per_step"],
+                      refill_rounds=cfg["refill_rounds"])
+    rollout = RolloutConfig(n_samples=cfg["n_samples"], max_turns=cfg["max_turns"], max_new_tokens=cfg["max_new_tokens"],
+                            max_response_tokens=cfg["max_response_tokens"],
+                            partial=PartialConfig(enabled=partial, over_sampling=cfg["over_sampling"]))
+    engine = EngineConfig(temperature=cfg["temperature"])
+    groups = tokens = 0
+    lengths: list[int] = []
+    wall = 0.0
+    for step in range(steps):
+        folder = work / "steps" / f"{step:06d}"
+        folder.mkdir(parents=True)
+        t0 = time.perf_counter()
+        rollout_stage(folder, step, cfg["seed"], model, "bench", ChatConfig(), data, rollout, engine,
+                      SandboxConfig(backend="local", workers=2), RewardConfig())
+        wall += time.perf_counter() - t0
+        m = json.loads((folder / "rollout.metrics.json").read_text())
+        passed = m["partial/passed_groups"] if partial else min(m["mix/informative_groups"], cfg["prompts_per_step"])
+        groups += int(passed)
+        df = pl.read_parquet(folder / "trajectories.parquet")
+        tokens += int(df["response_mask"].list.sum().sum())
+        lengths += df["response_ids"].list.len().to_list()
+    return {"wall_s": wall, "groups": groups, "tokens": tokens, "groups_per_s": groups / wall,
+            "tokens_per_s": tokens / wall, "lengths": lengths}
+
+
+def bench_partial(model: str | Path = "assets/tiny-warm", work_dir: str | Path = "runs/bench-partial", steps: int = 3,
+                  prompts_per_step: int = 4, n_samples: int = 4, over_sampling: int = 8, refill_rounds: int = 3,
+                  max_turns: int = 4, max_new_tokens: int = 192, max_response_tokens: int = 640,
+                  temperature: float = 1.0, repeats: int = 2, n_prompts: int = 256, seed: int = 0, echo=print) -> dict:
+    """Partial rollouts off and on, alternately ``repeats`` times; print and return the figures and ratios."""
+    import torch
+
+    from tasks.synthetic import write_task_parquet
+
+    torch.set_num_threads(1)
+    work = Path(work_dir)
+    prompts = work / "train.parquet"
+    if not prompts.exists():
+        write_task_parquet(prompts, n_prompts, seed, "train")
+    cfg = {"prompts_per_step": prompts_per_step, "n_samples": n_samples, "over_sampling": over_sampling,
+           "refill_rounds": refill_rounds, "max_turns": max_turns, "max_new_tokens": max_new_tokens,
+           "max_response_tokens": max_response_tokens, "temperature": temperature, "seed": seed}
+    rows: dict[str, list[dict]] = {"off": [], "on": []}
+    for rep in range(repeats):
+        for side in (("off", "on") if rep % 2 == 0 else ("on", "off")):
+            r = _side(side == "on", work / side, str(model), prompts, steps, cfg)
+            rows[side].append(r)
+            echo(f"repeat {rep} {side:>3}: {r['wall_s']:.1f} s for {steps} steps, {r['groups']} complete groups "
+                 f"({r['groups_per_s']:.3f}/s), {r['tokens']} policy tokens ({r['tokens_per_s']:.0f}/s)")
+    summary: dict = {side: {k: statistics.mean(x[k] for x in rs) for k in ("wall_s", "groups", "tokens",
+                                                                          "groups_per_s", "tokens_per_s")}
+                     for side, rs in rows.items()}
+    lengths = sorted(n for r in rows["off"] for n in r["lengths"])
+    q = {p: lengths[min(len(lengths) - 1, int(p / 100 * len(lengths)))] for p in (50, 90, 99)}
+    summary["response_tokens_quantiles"] = {**q, "max": lengths[-1]}
+    summary["ratio_groups_per_s"] = summary["on"]["groups_per_s"] / summary["off"]["groups_per_s"]
+    summary["ratio_tokens_per_s"] = summary["on"]["tokens_per_s"] / summary["off"]["tokens_per_s"]
+    summary["repeats"] = {side: [{k: v for k, v in r.items() if k != "lengths"} for r in rs] for side, rs in rows.items()}
+    echo(f"response length (off side, tokens): p50 {q[50]}, p90 {q[90]}, p99 {q[99]}, max {lengths[-1]}")
+    echo(f"partial on / off: complete groups/s x{summary['ratio_groups_per_s']:.2f}, "
+         f"tokens/s x{summary['ratio_tokens_per_s']:.2f} ({steps} steps x {prompts_per_step} groups x {n_samples} "
+         f"samples, over-sampling {over_sampling}, mean of {repeats} alternating repeats)")
+    return summary
