@@ -151,6 +151,7 @@ def test_a_step_with_no_informative_group_logs_a_count_not_a_loss(adapters, tmp_
     pl.DataFrame({**keys, "prompt_ids": [[1, 2]] * 4, "response_ids": [[3]] * 4,
                   "response_mask": [[1]] * 4}).write_parquet(step_dir / "trajectories.parquet")
     pl.DataFrame({**keys, "advantage": [0.0] * 4}).write_parquet(step_dir / "advantages.parquet")
+    pl.DataFrame({**keys, "reward": [1.0] * 4}).write_parquet(step_dir / "scores.parquet")
     pl.DataFrame({**keys, "kept": [False] * 4}).write_parquet(step_dir / "mix.parquet")
     (step_dir / "mix.metrics.json").write_text(json.dumps({"mix/groups": 2, "mix/groups_kept": 0}))
     out = update_stage(step_dir, str(a), tmp_path / "policy_000005", TrainerConfig(), seed=0)

@@ -11,6 +11,8 @@ covers a crash).
 from __future__ import annotations
 
 import atexit
+import json
+from pathlib import Path
 
 from models.chat import ChatFormat
 from models.config import ChatConfig, EngineConfig
@@ -32,11 +34,27 @@ def get_chat(ckpt: str, chat_cfg: ChatConfig | None) -> ChatFormat:
     return _live[key]  # type: ignore[return-value]
 
 
+def architecture(ckpt: str) -> str:
+    """What a checkpoint's weights must fit: its model config (or adapter config) without the bookkeeping keys
+    that differ between checkpoints of one model (``_name_or_path``, ``transformers_version``)."""
+    for name in ("config.json", "adapter_config.json"):
+        path = Path(ckpt) / name
+        if path.exists():
+            conf = json.loads(path.read_text())
+            return json.dumps({k: v for k, v in conf.items() if not k.startswith("_") and k != "transformers_version"},
+                              sort_keys=True)
+    return ""
+
+
 def get_engine(cfg: EngineConfig, ckpt: str, chat: ChatFormat):
-    """The engine of ``cfg``, built once, holding the weights of ``ckpt``."""
-    key = "engine:" + cfg.model_dump_json()
+    """The engine of ``cfg`` for ``ckpt``'s architecture and special tokens, built once, holding ``ckpt``'s weights.
+
+    Checkpoints of one model share the engine (the weight sync); a process that meets another model (another
+    run, an evaluation of another checkpoint family) gets its own engine rather than a shape mismatch.
+    """
+    pad = chat.tokenizer.pad_token_id if chat.tokenizer.pad_token_id is not None else chat.eos_id
+    key = f"engine:{cfg.model_dump_json()}:{architecture(ckpt)}:{chat.eos_id}:{pad}"
     if key not in _live:
-        pad = chat.tokenizer.pad_token_id if chat.tokenizer.pad_token_id is not None else chat.eos_id
         _live[key] = make_engine(cfg, ckpt, chat.eos_id, pad)
     engine = _live[key]
     engine.load_weights(ckpt)
