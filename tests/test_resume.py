@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 def _cmd(work: Path, model: Path, run_id: str) -> list[str]:
     sets = [f"model.path={model}", f"output_dir={work / 'runs'}", "train.steps=2",
             f"data.train_path={work / 'tr.parquet'}", f"data.eval_path={work / 'ev.parquet'}",
-            "data.n_train=32", "data.n_eval=4", "data.prompts_per_step=4", "data.refill_rounds=0", "rollout.n_samples=4", "train.eval_every=0",
+            "data.n_train=32", "data.n_eval=4", "data.prompts_per_step=4", "data.refill_rounds=3", "rollout.n_samples=4", "train.eval_every=0",
             "rollout.max_new_tokens=64", "trainer.lr=1e-3",
             f"tracking.mlflow_uri=sqlite:///{work / 'm.db'}", f"tracking.artifact_root={work / 'art'}",
             f"tracking.duckdb_path={work / 'c.duckdb'}"]
