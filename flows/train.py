@@ -253,10 +253,11 @@ def finish_task(cfg: RunConfig, info: RunInfo) -> str:
 
 
 def _prune(info: RunInfo, keep: int, current: Path) -> None:
-    folders = sorted((Path(info.run_dir) / "checkpoints").glob("policy_*"))
+    folders = sorted((Path(info.run_dir) / "checkpoints").glob("policy_??????"))
     for old in folders[:-keep]:
         if old != current:
             shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(old.with_name(old.name + "-merged"), ignore_errors=True)  # an SGLang server's copy
 
 
 def _ended(mlflow_status: str, db_status: str):

@@ -4,7 +4,8 @@ What: ``@register_engine("sglang")`` — every ``GenRequest`` becomes one native
 with ``input_ids``, ``sampling_params`` (temperature, top_p, max_new_tokens, stop_token_ids = the
 end-of-turn id, optional stop strings) and ``return_logprob``; the new ids and their log-probs are
 read together from ``meta_info.output_token_logprobs`` (``[logprob, token_id, text]`` triples), so
-they always line up. ``load_weights(path)`` is ``POST /update_weights_from_disk`` on every server;
+they always line up. ``load_weights(path)`` is ``POST /update_weights_from_disk`` on every server (a LoRA
+adapter checkpoint is merged with its base first: the server reloads full weights);
 construction waits for ``GET /health`` with a timeout and names the URL that never came up.
 
 Simplifies: no ``sglang`` import and no batching of our own — requests of a step are sent
@@ -69,6 +70,20 @@ def wait_healthy(url: str, timeout_s: float, client: httpx.Client | None = None)
             client.close()
 
 
+def servable_path(path: str | Path) -> str:
+    """The folder a server loads for checkpoint ``path``: itself, or for a LoRA adapter (``models.lora``) base +
+    adapter merged into ``<checkpoint>-merged`` beside it (made once), since ``/update_weights_from_disk``
+    takes full weights. SGLang can also serve the adapter itself (docs/run_at_scale.md); this client does not."""
+    from models.lora import is_adapter, merge_adapter
+
+    if not is_adapter(path):
+        return str(path)
+    merged = Path(path).with_name(Path(path).name + "-merged")
+    if not (merged / "config.json").exists():
+        merge_adapter(path, merged)
+    return str(merged)
+
+
 @register_engine("sglang")
 class SGLangEngine:
     """HTTP client of one or more SGLang servers (see module docstring)."""
@@ -102,8 +117,9 @@ class SGLangEngine:
             return None
 
     def load_weights(self, path: str | Path) -> None:
-        """Weight sync: every server reloads its weights from ``path`` (skipped where already served)."""
-        path = str(path)
+        """Weight sync: every server reloads its weights from ``path`` (skipped where already served); a LoRA
+        adapter checkpoint is served as merged weights (``servable_path``)."""
+        path = servable_path(path)
         for url in self.urls:
             if self.loaded.get(url) == path:
                 continue

@@ -86,6 +86,17 @@ def test_load_weights_updates_every_server(engine, server, warm_model_dir, tmp_p
     assert httpx.get(f"{server}/get_model_info").json()["model_path"] == str(warm_model_dir)
 
 
+def test_an_adapter_checkpoint_is_served_as_merged_weights(engine, server, warm_model_dir, tmp_path):
+    from tests.test_lora import _adapter
+
+    adapter = _adapter(warm_model_dir, tmp_path / "policy_000003", 0)
+    engine.load_weights(adapter)
+    merged = tmp_path / "policy_000003-merged"
+    assert httpx.get(f"{server}/get_model_info").json()["model_path"] == str(merged)
+    assert (merged / "model.safetensors").exists() and not (merged / "adapter_config.json").exists()
+    engine.load_weights(warm_model_dir)
+
+
 def test_bad_checkpoint_is_an_error_naming_the_server(engine, server, tmp_path):
     with pytest.raises(EngineError, match=f"{server}/update_weights_from_disk"):
         engine.load_weights(tmp_path / "does-not-exist")

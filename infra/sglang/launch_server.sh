@@ -20,7 +20,8 @@ HEALTH_TIMEOUT_S=${HEALTH_TIMEOUT_S:-600}
 
 if [[ -z "${MODEL_PATH:-}" ]]; then
   [[ "$CONFIG" != "-" ]] || { echo "launch_server.sh: set MODEL_PATH when no config is given" >&2; exit 2; }
-  MODEL_PATH=$("$PYTHON" -c 'import sys, yaml; print((yaml.safe_load(open(sys.argv[1])) or {}).get("model", {}).get("path", "assets/tiny-warm"))' "$CONFIG")
+  # model.base when set (a LoRA adapter policy: the server starts on the base, the engine then loads merged weights)
+  MODEL_PATH=$("$PYTHON" -c 'import sys, yaml; m = (yaml.safe_load(open(sys.argv[1])) or {}).get("model", {}); print(m.get("base") or m.get("path", "assets/tiny-warm"))' "$CONFIG")
 fi
 [[ -e "$MODEL_PATH/config.json" ]] || { echo "launch_server.sh: model.path $MODEL_PATH has no config.json" >&2; exit 2; }
 "$PYTHON" -c 'import sglang' 2>/dev/null || { echo "launch_server.sh: sglang is not installed (pip install -e '.[gpu]' on a CUDA machine)" >&2; exit 2; }
