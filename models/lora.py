@@ -154,7 +154,8 @@ def merge_adapter(adapter: str | Path, out_dir: str | Path) -> Path:
 
 def compact_adapter(path: str | Path) -> Path:
     """Shrink an adapter folder for committing: weights stored as float16 (half the bytes; loading casts them
-    back to the model's float32) and no tokenizer files (``link_adapter`` copies the base's)."""
+    back to the model's float32), no tokenizer files (``link_adapter`` copies the base's) and no peft
+    template ``README.md`` (the warm-up writes ``MODEL_CARD.md``)."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -163,6 +164,6 @@ def compact_adapter(path: str | Path) -> Path:
     save_file({k: v.to(torch.float16) for k, v in weights.items()}, str(path / ADAPTER_WEIGHTS),
               metadata={"format": "pt"})
     for f in path.iterdir():
-        if f.name.startswith(TOKENIZER_PREFIXES):
+        if f.name.startswith(TOKENIZER_PREFIXES) or f.name == "README.md":  # README.md: peft's empty template
             f.unlink()
     return path

@@ -259,7 +259,7 @@ def warmup(model_dir: Path, transcripts: list[list[dict]], cfg: WarmupConfig, ou
 
 
 def write_adapter_card(out_dir: Path, cfg: WarmupConfig, chat_cfg: ChatConfig, result: dict) -> Path:
-    """``README.md`` of a LoRA warm-up's adapter folder: what it is, how to load it, how it was trained."""
+    """``MODEL_CARD.md`` of a LoRA warm-up's adapter folder: what it is, how to load it, how it was trained."""
     conf = json.loads((Path(out_dir) / "adapter_config.json").read_text())
     lora = cfg.lora
     curve = "\n".join(f"| {s} | {loss:.4f} | {lr:.2e} |" for s, loss, lr in result.get("loss_curve", []))
@@ -300,6 +300,6 @@ and load into the float32 base. Prompts must be framed as in training: the syste
 (the warm-up gate writes its figures here)
 <!-- /gate -->
 """
-    path = Path(out_dir) / "README.md"
+    path = Path(out_dir) / "MODEL_CARD.md"
     path.write_text(text)
     return path
