@@ -97,6 +97,16 @@ def test_an_adapter_checkpoint_is_served_as_merged_weights(engine, server, warm_
     engine.load_weights(warm_model_dir)
 
 
+def test_pruning_a_checkpoint_removes_its_merged_copy_and_keeps_the_current_one(tmp_path):
+    from flows.train import RunInfo, _prune
+
+    ckpts = tmp_path / "checkpoints"
+    for name in ["policy_000001", "policy_000001-merged", "policy_000002", "policy_000002-merged", "policy_000003"]:
+        (ckpts / name).mkdir(parents=True)
+    _prune(RunInfo("r", str(tmp_path), "m", "start"), 1, ckpts / "policy_000003")
+    assert sorted(p.name for p in ckpts.iterdir()) == ["policy_000003"]
+
+
 def test_bad_checkpoint_is_an_error_naming_the_server(engine, server, tmp_path):
     with pytest.raises(EngineError, match=f"{server}/update_weights_from_disk"):
         engine.load_weights(tmp_path / "does-not-exist")
