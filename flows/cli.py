@@ -5,7 +5,8 @@
     cleaner warmup                   warm-up SFT of the tiny model into model.path
     cleaner train [--set k=v]        the Prefect training flow
     cleaner resume RUN               rerun a crashed run: finished stages are skipped
-    cleaner eval [--checkpoint DIR]  the evaluate flow: pass@k, first-call failures, recovery, SAAR off and on
+    cleaner eval [--checkpoint DIR | --model models:/NAME@best]
+                                     the evaluate flow: pass@k, first-call failures, recovery, SAAR off and on
     cleaner compare                  CLEANER vs DAPO vs SAAR-everywhere over seeds, with a report
     cleaner query "SQL"              query the DuckDB store
     cleaner bench-rollout            rollout before/after continuous batching (ratios in one run)
@@ -125,17 +126,39 @@ def resume(run_id: str, output_dir: Path = typer.Option(Path("runs"), help="Fold
 
 @app.command("eval")
 def eval_cmd(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt,
-             checkpoint: Optional[Path] = typer.Option(None, help="Policy folder (default: model.path).")) -> None:
+             checkpoint: Optional[Path] = typer.Option(None, help="Policy folder (default: model.path)."),
+             model: Optional[str] = typer.Option(None, help="A logged or registered MLflow model instead: "
+                                                 "models:/<name>@best, models:/<name>/latest, models:/<name>/<version>, "
+                                                 "models:/<model id>.")) -> None:
     """Evaluate a policy on held-out prompts: SAAR off (the policy alone) and on (recovery after errors)."""
     from flows.evaluate import evaluate_flow
 
     cfg = _load(config, overrides)
-    ckpt = str(checkpoint or cfg.model.path)
-    if not Path(ckpt).exists():
+    if checkpoint and model:
+        console.print("[red]--checkpoint and --model exclude each other[/red]")
+        raise typer.Exit(2)
+    ckpt = model or str(checkpoint or cfg.model.path)
+    if model:
+        _check_model(cfg, model)
+    elif not Path(ckpt).exists():
         console.print(f"[red]checkpoint {ckpt} does not exist[/red] (run `cleaner warmup` or pass --checkpoint)")
         raise typer.Exit(2)
     metrics = evaluate_flow(str(config), overrides or [], ckpt)
     console.print(eval_table(metrics, cfg.eval.modes, f"{ckpt}: {cfg.eval.n_prompts} held-out prompts × {cfg.eval.samples}"))
+
+
+def _check_model(cfg, uri: str) -> None:
+    """A ``models:/`` URI that names no model is a clear error before any work."""
+    from mlflow.exceptions import MlflowException
+
+    from tasks.stores.registry import resolve
+
+    _check_tracking(cfg)
+    try:
+        resolve(cfg.tracking, uri, Path(cfg.output_dir) / "models")
+    except (ValueError, MlflowException) as err:
+        console.print(f"[red]--model {uri}:[/red] {str(err).splitlines()[0]}")
+        raise typer.Exit(2) from None
 
 
 EVAL_ROWS = [("pass@1", "all/pass_at_1"), ("tool use rate", "rollout/tool_use_rate"),
@@ -237,9 +260,18 @@ def demo(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt) -> N
     console.rule("training")
     train(config, overrides, None)
     console.rule("results")
+    from mlflow import MlflowClient
+
+    from tasks.stores.links import experiment_url
+
+    exp = MlflowClient(cfg.tracking.mlflow_uri).get_experiment_by_name(cfg.tracking.experiment or cfg.name)
+    name = cfg.tracking.registered_model or cfg.name
     console.print(
         f"MLflow UI:  [bold]mlflow ui --backend-store-uri {cfg.tracking.mlflow_uri} --port 5000[/bold]"
-        "  → http://127.0.0.1:5000\n"
+        f"  → {experiment_url(cfg.tracking, exp.experiment_id)}\n"
+        "            runs, traces (filter tags.rollback = 'true'), logged models; docs/mlflow.md\n"
+        f"Policy:     [bold]mlflow.transformers.load_model(\"models:/{name}@best\")[/bold]  or  "
+        f"[bold].venv/bin/cleaner eval --model models:/{name}@best[/bold]\n"
         f"DuckDB:     [bold]{cfg.tracking.duckdb_path}[/bold]  e.g. "
         "[bold].venv/bin/cleaner query \"SELECT step, kind, count(*) FROM saar_events GROUP BY ALL ORDER BY ALL\"[/bold]"
     )

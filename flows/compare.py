@@ -20,7 +20,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.config import load_config
 from flows.train import train
 from tasks.reports.compare import summarize, write_report
-from tasks.stores import db, tracking
+from tasks.stores import db, links, tracking
 
 
 def arm_overrides(shared: list[str], arm: list[str], steps: int, every: int) -> list[str]:
@@ -50,12 +50,14 @@ def compare_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | 
     cfg = load_config(config_path, overrides)
     cmp = cfg.compare
     compare_id = compare_id or f"compare-{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    arm_sets = {arm: [*(overrides or []), *arm_overrides(cmp.shared, arm_set, cmp.steps, cmp.eval_every)]
-                for arm, arm_set in cmp.arms.items()}
+    arm_sets = {arm: [*(overrides or []), *arm_overrides(cmp.shared, arm_set, cmp.steps, cmp.eval_every),
+                      f"tracking.arm={arm}"] for arm, arm_set in cmp.arms.items()}
     for arm_set in arm_sets.values():
         load_config(config_path, arm_set)  # a bad arm or shared override fails now, not after hours of training
     parent = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, compare_id,
                                cfg.model_dump(mode="json"), {"cleaner.kind": "compare"})
+    links.set_description(cfg.tracking, parent, links.describe_compare(compare_id, cfg.name, None, cmp.seeds,
+                                                                       list(cmp.arms)))
     runs: dict[str, list[str]] = {arm: [] for arm in cmp.arms}
     for seed in cmp.seeds:
         for arm, arm_set in arm_sets.items():
@@ -70,6 +72,7 @@ def compare_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | 
     summary = report_task(cfg.tracking.duckdb_path, runs, cmp.baseline, cmp.treatment, str(folder), keys)
     for f in sorted(folder.iterdir()):
         tracking.log_file(cfg.tracking, parent, f, "report")
+    links.set_description(cfg.tracking, parent, links.describe_compare(compare_id, cfg.name, summary, cmp.seeds))
     tracking.finish_run(cfg.tracking, parent)
     print((folder / "compare.md").read_text())
     return summary

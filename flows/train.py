@@ -28,7 +28,9 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.config import RunConfig, load_config
 from tasks.data.loader import ensure_files
-from tasks.stores import db, tracking
+from tasks.stores import db, links, registry, tracking
+from tasks.stores.registry import ModelRef
+from tasks.stores.system import system_metrics
 from tasks.training import live, stages
 
 
@@ -185,9 +187,25 @@ def update_task(cfg: RunConfig, info: RunInfo, step: int, policy: str) -> str:
                                    cfg.seed * 100_003 + step, info.start_ckpt))
 
 
+def arm_of(cfg: RunConfig) -> str:
+    """The arm label of a run: ``tracking.arm``, else what its config does (cleaner, dapo, saar_all, r3l)."""
+    if cfg.tracking.arm:
+        return cfg.tracking.arm
+    if cfg.rollout.mode != "standard":
+        return cfg.rollout.mode
+    if not cfg.rollout.saar.enabled:
+        return "dapo"
+    return "saar_all" if cfg.rollout.saar.raw_share == 0 else "cleaner"
+
+
+def trace_tags(cfg: RunConfig, info: RunInfo) -> dict[str, str]:
+    return {"arm": arm_of(cfg)}
+
+
 @task(name="log", **STAGE)
 def log_task(cfg: RunConfig, info: RunInfo, step: int, policy: str, new_policy: str) -> dict:
-    return stages.log_stage(step_dir(info, step), step, info.run_id, info.mlflow_run_id, new_policy, cfg.tracking)
+    return stages.log_stage(step_dir(info, step), step, info.run_id, info.mlflow_run_id, new_policy, cfg.tracking,
+                            trace_tags(cfg, info))
 
 
 def eval_key(context, params: dict) -> str:
@@ -203,7 +221,12 @@ def eval_task(cfg: RunConfig, info: RunInfo, version: int, policy: str) -> dict:
         return env_eval_stage(info.run_id, version, policy, info.mlflow_run_id, cfg.seed, cfg.env, cfg.rollout,
                               cfg.eval, cfg.tracking)
     return stages.eval_stage(info.run_id, version, policy, info.mlflow_run_id, cfg.seed, cfg.model.chat,
-                             cfg.data, cfg.rollout, cfg.engine, cfg.sandbox, cfg.reward, cfg.eval, cfg.tracking)
+                             cfg.data, cfg.rollout, cfg.engine, cfg.sandbox, cfg.reward, cfg.eval, cfg.tracking,
+                             ModelRef(name=model_name(cfg)), trace_tags(cfg, info))
+
+
+def model_name(cfg: RunConfig) -> str:
+    return cfg.tracking.registered_model or cfg.name
 
 
 def _eval_due(cfg: RunConfig, version: int) -> bool:
@@ -230,8 +253,18 @@ def run_stage(name: str, cfg: RunConfig, info: RunInfo, step: int, policy: str, 
         cfg, info, step, policy, *extra)
 
 
+@task(name="annotate-run", cache_policy=NO_CACHE)
+def annotate_task(cfg: RunConfig, info: RunInfo, flow_run_id: str, parent: str | None) -> str:
+    """Prompt sets as dataset inputs, the run description and its Prefect links; returns the run's UI URL."""
+    return links.annotate_run(cfg.tracking, info.mlflow_run_id, {"training": cfg.data.train_path,
+                                                                  "evaluation": cfg.data.eval_path},
+                              links.describe(info.run_id, cfg.name, arm_of(cfg), cfg.train.steps, flow_run_id,
+                                             parent=parent), flow_run_id)
+
+
 @task(name="finish-run", cache_policy=NO_CACHE)
-def finish_task(cfg: RunConfig, info: RunInfo) -> str:
+def finish_task(cfg: RunConfig, info: RunInfo, final_ckpt: str, flow_run_id: str, parent: str | None) -> str:
+    """Plots, the registered models, the final description; marks the run finished. Returns a Markdown summary."""
     from tasks.reports.plots import plot_panels, plot_run
 
     metrics = db.query(cfg.tracking.duckdb_path, f"SELECT step, key, value FROM metrics WHERE run_id = '{info.run_id}'")
@@ -243,13 +276,25 @@ def finish_task(cfg: RunConfig, info: RunInfo) -> str:
         extra.append(plot_collapse(metrics, Path(info.run_dir) / "plots" / "collapse.png", info.run_id))
     for f in [png, *plot_panels(metrics, Path(info.run_dir) / "plots", info.run_id), *extra]:
         tracking.log_file(cfg.tracking, info.mlflow_run_id, f, "plots")
+    registered = {}
+    if cfg.tracking.log_models:
+        if not registry.run_models(cfg.tracking, info.mlflow_run_id, info.run_id):
+            registry.log_checkpoint(cfg.tracking, info.mlflow_run_id, info.run_id, model_name(cfg), Path(final_ckpt),
+                                    cfg.train.steps, {})
+        registered = registry.register_run(cfg.tracking, info.mlflow_run_id, info.run_id, model_name(cfg))
+    evals = db.query(cfg.tracking.duckdb_path, "SELECT policy_version, key, value FROM evaluations "
+                     f"WHERE run_id = '{info.run_id}' AND key LIKE 'eval/%/all/pass_at_1'")
+    text = links.describe(info.run_id, cfg.name, arm_of(cfg), cfg.train.steps, flow_run_id,
+                          links.pass_by_version(evals.to_dicts()), registered, parent)
+    links.set_description(cfg.tracking, info.mlflow_run_id, text)
     tracking.finish_run(cfg.tracking, info.mlflow_run_id)
     con = db.connect(cfg.tracking.duckdb_path)
     try:
         con.execute("UPDATE runs SET status = 'finished' WHERE run_id = ?", [info.run_id])
     finally:
         con.close()
-    return str(png)
+    url = links.run_url(cfg.tracking, links.experiment_of(cfg.tracking, info.mlflow_run_id), info.mlflow_run_id)
+    return links.summary_markdown(text, url, str(png))
 
 
 def _prune(info: RunInfo, keep: int, current: Path) -> None:
@@ -284,10 +329,26 @@ def train(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = 
 
     cfg = load_config(config_path, overrides)
     run_id = run_id or default_run_id(cfg.name, flow_run.get_id(), flow_run.get_name())
-    info = prepare_run(cfg, run_id, flow_run.get_id(), parent_mlflow_run)
+    flow_run_id = str(flow_run.get_id() or "")
+    info = prepare_run(cfg, run_id, flow_run_id, parent_mlflow_run)
+    artifacts = links.FlowArtifacts(cfg.name, cfg.train.steps)
+    artifacts.start(annotate_task(cfg, info, flow_run_id, parent_mlflow_run), run_id)
+    with system_metrics(cfg.tracking, info.mlflow_run_id):
+        ckpt, walls = _steps(cfg, info, artifacts)
+        (Path(info.run_dir) / f"walltime-{flow_run.get_id() or 'local'}.json").write_text(json.dumps(walls))
+        summary = finish_task(cfg, info, ckpt, flow_run_id, parent_mlflow_run)
+    artifacts.finish(summary)
+    live.close_live()
+    png = str(Path(info.run_dir) / "plots" / "summary.png")
+    return {**asdict(info), "final_checkpoint": ckpt, "plot": png, "step_wall_s": walls}
+
+
+def _steps(cfg: RunConfig, info: RunInfo, artifacts: links.FlowArtifacts) -> tuple[str, dict[int, float]]:
+    """The evaluations and RL steps of a run (each stage a task); returns the final checkpoint and step times."""
     ckpt = info.start_ckpt
+    evaluate = eval_task.with_options(result_storage=results(info))
     if _eval_due(cfg, 0):
-        eval_task.with_options(result_storage=results(info))(cfg, info, 0, ckpt)
+        evaluate(cfg, info, 0, ckpt)
     walls: dict[int, float] = {}
     for step in range(cfg.train.steps):
         t0 = time.perf_counter()
@@ -299,16 +360,14 @@ def train(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = 
         ckpt = new_ckpt
         walls[step] = time.perf_counter() - t0
         if _eval_due(cfg, step + 1):
-            eval_task.with_options(result_storage=results(info))(cfg, info, step + 1, ckpt)
+            evaluate(cfg, info, step + 1, ckpt)
         _prune(info, cfg.train.keep_checkpoints, Path(ckpt))
         print(_summary(step, metrics))
+        artifacts.step_done(step, _summary(step, metrics))
         if _empty_stop(cfg, metrics):
             print(f"early stop: the group filter kept nothing for {cfg.mix.group_filter.empty_stop_steps} steps in a row")
             break
-    (Path(info.run_dir) / f"walltime-{flow_run.get_id() or 'local'}.json").write_text(json.dumps(walls))
-    png = finish_task(cfg, info)
-    live.close_live()
-    return {**asdict(info), "final_checkpoint": ckpt, "plot": png, "step_wall_s": walls}
+    return ckpt, walls
 
 
 def _empty_stop(cfg: RunConfig, metrics: dict) -> bool:

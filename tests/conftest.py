@@ -41,3 +41,15 @@ def chat(tokenizer):
     from models.chat import ChatFormat
 
     return ChatFormat(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tracked_run(prefect_harness, warm_model_dir, tmp_path_factory):
+    """A finished 2-step tiny run evaluated at policies 0 and 2: traces, logged models, a registered model.
+
+    Returns (work dir, the flow's result); the stores are ``<work>/mlflow.db`` and ``<work>/cleaner.duckdb``.
+    Shared by the MLflow-entity and browser tests (one flow run for both)."""
+    from tests.flowrun import EVAL_OVERRIDES, run_tiny_flow
+
+    work = tmp_path_factory.mktemp("tracked")
+    return work, run_tiny_flow(work, warm_model_dir, "browsertest", EVAL_OVERRIDES)

@@ -16,7 +16,11 @@ def tiny_overrides(work: Path, model_dir: Path, steps: int = 2) -> list[str]:
     ]
 
 
-def run_tiny_flow(work: Path, model_dir: Path, run_id: str) -> dict:
+EVAL_OVERRIDES = ["train.eval_every=2", "eval.n_prompts=8", "eval.samples=2", "tracking.system_metrics_interval_s=1"]
+"""Held-out evaluations at policies 0 and 2 of a 2-step run (so it has logged models and a registered one)."""
+
+
+def run_tiny_flow(work: Path, model_dir: Path, run_id: str, extra: list[str] | None = None) -> dict:
     from flows.train import train
 
-    return train("configs/tiny.yaml", tiny_overrides(work, model_dir), run_id)
+    return train("configs/tiny.yaml", [*tiny_overrides(work, model_dir), *(extra or [])], run_id)

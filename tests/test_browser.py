@@ -1,5 +1,10 @@
-"""The MLflow UI in a real headless Chromium: a finished tiny run shows its metrics, and the
-step viewer artifact renders its trajectories. Screenshots go to the test's tmp folder.
+"""The MLflow UI in a real headless Chromium over a finished tiny run (``tracked_run``): the run shows
+its metrics, the step viewer artifact renders its trajectories, the experiment opens in the
+model-training view, a trace shows a SAAR rollback on the span it replaced, a logged checkpoint's page
+lists its evaluation metrics, and the registered model carries the ``best`` alias.
+
+Screenshots go to the test's tmp folder; with ``CLEANER_DOCS_SCREENSHOTS=docs/img`` the four MLflow
+views are also written there, downscaled (the PNGs in ``docs/img`` come from this test).
 
 Needs Debian ``chromium`` + ``chromium-driver`` (``/usr/bin/chromium``, ``/usr/bin/chromedriver``)
 and ``selenium`` (the ``test`` extra). Marked ``slow``: a 2-step flow run plus an MLflow server.
@@ -20,7 +25,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.flowrun import run_tiny_flow
 
 pytestmark = pytest.mark.slow
 
@@ -62,15 +66,13 @@ def stop_group(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def site(prefect_harness, warm_model_dir, tmp_path_factory):
-    """A finished 2-step run served by a real ``mlflow server``; yields (url, run info, work dir)."""
+def site(tracked_run):
+    """The finished 2-step run served by a real ``mlflow server``; yields (url, run info, work dir)."""
     from mlflow.tracking import MlflowClient
 
-    work = tmp_path_factory.mktemp("browser")
-    run_tiny_flow(work, warm_model_dir, "browsertest")
+    work, result = tracked_run
     store = f"sqlite:///{work / 'mlflow.db'}"
-    run = MlflowClient(tracking_uri=store).search_runs(
-        [MlflowClient(tracking_uri=store).get_experiment_by_name("tiny").experiment_id])[0]
+    run = MlflowClient(tracking_uri=store).get_run(result["mlflow_run_id"])
     port = free_port()
     log = work / "mlflow-server.log"
     with open(log, "wb") as out:
@@ -100,6 +102,7 @@ def browser():
         opts.add_argument(flag)
     driver = webdriver.Chrome(options=opts, service=Service(DRIVER))
     driver.set_page_load_timeout(120)
+    calm_assistant(driver)
     try:
         yield driver
     finally:
@@ -164,3 +167,127 @@ def test_viewer_artifact_renders_its_trajectories(site, browser, tmp_path):
     browser.switch_to.default_content()
     shot = tmp_path / "viewer.png"
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+
+
+def calm_assistant(driver) -> None:
+    """A fresh browser profile opens MLflow's assistant panel over a third of the page on first load;
+    tell the UI it already did (as a user who closed it once), so pages show what they are about."""
+    driver.get("about:blank")
+    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": (
+        "try { localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true');"
+        " localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false'); } catch (e) {}")})
+
+
+def dismiss_tips(driver) -> None:
+    from selenium.webdriver.common.by import By
+
+    for button in driver.find_elements(By.XPATH, "//button[normalize-space(.)='Got it']"):
+        try:
+            button.click()
+        except Exception:  # noqa: BLE001 - a tip that vanished meanwhile
+            pass
+
+
+def docs_shot(driver, tmp_path: Path, name: str) -> Path:
+    """Screenshot to the tmp folder and, when asked, a downscaled copy into the docs folder."""
+    shot = tmp_path / name
+    assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+    if folder := os.environ.get("CLEANER_DOCS_SCREENSHOTS"):
+        from PIL import Image
+
+        img = Image.open(shot).convert("RGB")
+        img = img.resize((1000, round(img.height * 1000 / img.width)), Image.LANCZOS)
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        img.quantize(colors=96, dither=Image.Dither.NONE).save(Path(folder) / name, optimize=True)
+    return shot
+
+
+def _cfg(url: str):
+    from tasks.stores.config import TrackingConfig
+
+    return TrackingConfig(ui_url=url)
+
+
+def test_experiment_opens_in_the_training_view(site, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    from tasks.stores.links import experiment_url
+
+    url, run, _ = site
+    browser.get(experiment_url(_cfg(url), run.info.experiment_id))
+    wait_for(browser, lambda d: "browsertest" in d.page_source, "the run row")
+    nav = browser.find_element(By.TAG_NAME, "body").text
+    for item in ("Runs", "Models", "Traces", "Model registry"):
+        assert item in nav, item
+    for genai in ("Judges", "Evaluation runs", "Sessions", "Playground"):  # the GenAI view's sidebar
+        assert genai not in nav, genai
+    wait_for(browser, lambda d: re.search(r"tiny\s+v\d", d.find_element(By.TAG_NAME, "body").text),
+             "the run's registered model in the Models column")
+    assert "/train (" in browser.find_element(By.TAG_NAME, "body").text  # the training prompt set, a dataset input
+    docs_shot(browser, tmp_path, "mlflow_experiment.png")
+
+
+def _rollback_trace(site) -> tuple[str, str, str]:
+    """(trace id, span name, error kind) of a training trace whose turn span carries a recovered rollback."""
+    import mlflow
+
+    url, run, work = site
+    mlflow.set_tracking_uri(f"sqlite:///{work / 'mlflow.db'}")
+    found = mlflow.search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id, return_type="list",
+                                 filter_string="tags.rollback = 'true' AND tags.kind = 'train'", max_results=100)
+    spans = [(t.info.trace_id, s) for t in found for s in t.data.spans if s.attributes.get("saar.rollback")]
+    assert spans, "no training trace with a rollback: the seeded 2-step run is expected to have one"
+    trace_id, span = max(spans, key=lambda ts: ts[1].attributes.get("saar.outcome") == "recovered")
+    return trace_id, span.name, span.attributes["saar.errors"][0]
+
+
+def test_a_trace_shows_the_rollback_on_the_span_it_replaced(site, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    url, run, _ = site
+    trace_id, span_name, error = _rollback_trace(site)
+    browser.get(f"{url}/#/experiments/{run.info.experiment_id}/traces?workflowType=machine_learning"
+                f"&selectedEvaluationId={trace_id}")
+    node = wait_for(browser, lambda d: d.find_elements(By.XPATH, f"//*[normalize-space(text())='{span_name}']"),
+                    f"span {span_name!r} in the trace's span tree")[0]
+    dismiss_tips(browser)
+    node.click()
+    tab = wait_for(browser, lambda d: d.find_elements(By.XPATH, "//*[@role='tab' and normalize-space(.)='Attributes']"),
+                   "the span's Attributes tab")[0]
+    tab.click()
+    wait_for(browser, lambda d: "saar.decisions" in d.page_source, "the span's saar.* attributes")
+    text = browser.find_element(By.TAG_NAME, "body").text
+    assert "saar.rollback" in text and "saar.outcome" in text and error in text
+    assert "(cut by SAAR)" in text or "saar.attempts" in text
+    docs_shot(browser, tmp_path, "mlflow_trace_rollback.png")
+
+
+def test_a_logged_checkpoint_lists_its_evaluation_metrics(site, browser, tmp_path):
+    import duckdb
+
+    url, run, work = site
+    model_id = next(o.model_id for o in run.outputs.model_outputs if o.step == 2)
+    con = duckdb.connect(str(work / "cleaner.duckdb"), read_only=True)
+    (value,) = con.execute("SELECT value FROM evaluations WHERE policy_version = 2 AND key = "
+                           "'eval/saar_off/all/pass_at_1' AND run_id = 'browsertest'").fetchone()
+    con.close()
+    browser.get(f"{url}/#/experiments/{run.info.experiment_id}/models/{model_id}?workflowType=machine_learning")
+    wait_for(browser, lambda d: "eval/saar_off/all/pass_at_1" in d.page_source, "the model's metrics")
+    from selenium.webdriver.common.by import By
+
+    cell = browser.find_element(By.XPATH, "//*[text()='eval/saar_off/all/pass_at_1']")
+    row = cell.find_element(By.XPATH, "./ancestor::*[@role='row' or self::tr][1]")
+    assert f"{value:g}"[:5] in row.text and "browsertest" in row.text, row.text
+    assert "tiny-policy-000002" in browser.page_source
+    docs_shot(browser, tmp_path, "mlflow_logged_model.png")
+
+
+def test_the_registered_model_carries_the_best_alias(site, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    url, _, _ = site
+    browser.get(f"{url}/#/models/tiny?workflowType=machine_learning")
+    wait_for(browser, lambda d: "cleaner.pass_at_1" in d.page_source, "the registered versions")
+    wait_for(browser, lambda d: "best" in d.find_element(By.TAG_NAME, "body").text.split("Aliases", 1)[-1],
+             "the best alias")
+    docs_shot(browser, tmp_path, "mlflow_registry.png")

@@ -32,3 +32,25 @@ class TrackingConfig(BaseModel):
 
     sample_trajectories: int = Field(4, ge=0)
     """Trajectories of each kind (raw, purified) logged as artifacts per step."""
+
+    traces_per_step: int = Field(64, ge=0)
+    """Trajectories of a step (and of each evaluation mode) logged as MLflow traces: all of a step with at most
+    this many, else this many (rolled-back ones first, then a stable hash order); 0 = no traces."""
+
+    log_models: bool = True
+    """Log every evaluated checkpoint as an MLflow logged model (transformers flavour) and, at the end of a
+    training run, register its best and final checkpoints under ``registered_model``."""
+
+    registered_model: str | None = None
+    """Model registry name; defaults to the run config's ``name``."""
+
+    system_metrics_interval_s: float = Field(10.0, ge=0)
+    """Seconds between system metric samples (CPU, memory, disk, network) of a run; 0 = off."""
+
+    ui_url: str | None = None
+    """MLflow UI base URL for links (Prefect artifacts, descriptions); default: the tracking server when
+    ``mlflow_uri`` is one, else http://127.0.0.1:5000 (what ``mlflow ui`` serves)."""
+
+    arm: str | None = None
+    """Arm label of the run (traces are tagged with it; ``cleaner compare`` sets it); default from the config:
+    ``cleaner``, ``dapo`` (SAAR off), ``saar_all`` (raw share 0) or the rollout mode (``r3l``)."""

@@ -24,6 +24,8 @@ from tasks.stores.config import TrackingConfig
 RUN_TAG = "cleaner.run_id"
 STEP_SENTINEL = "run/step"
 EVAL_SENTINEL = "run/eval_version"
+KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
+"""MLflow's experiment kind: the model-training view (not GenAI: no Evaluations breadcrumb or assistant panel)."""
 
 
 class TrackingUnavailable(RuntimeError):
@@ -97,9 +99,11 @@ def open_run(cfg: TrackingConfig, experiment: str, run_id: str, config: dict, ta
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         location = None if cfg.mlflow_uri.startswith("http") else Path(cfg.artifact_root).resolve().as_uri()
-        exp_id = client.create_experiment(experiment, artifact_location=location)
+        exp_id = client.create_experiment(experiment, artifact_location=location, tags={KIND_TAG: TRAINING_KIND})
     else:
         exp_id = exp.experiment_id
+        if KIND_TAG not in exp.tags:
+            client.set_experiment_tag(exp_id, KIND_TAG, TRAINING_KIND)
     found = client.search_runs([exp_id], filter_string=f"tags.`{RUN_TAG}` = '{run_id}'", max_results=1)
     if found:
         mlrun = found[0].info.run_id
@@ -114,17 +118,21 @@ def open_run(cfg: TrackingConfig, experiment: str, run_id: str, config: dict, ta
     return mlrun
 
 
-def _log_once(client, mlrun: str, step: int, metrics: dict[str, float], sentinel: str) -> None:
+def _log_once(client, mlrun: str, step: int, metrics: dict[str, float], sentinel: str, model_id: str | None = None,
+              dataset: tuple[str, str] | None = None) -> None:
     """Log ``metrics`` at ``step`` unless ``sentinel`` says this step is already in the run.
 
     The sentinel goes in the same batch (one transaction), so a crash never leaves half a step.
+    ``model_id`` links the metrics to a logged model, ``dataset`` (name, digest) to the dataset they measure.
     """
     from mlflow.entities import Metric
 
     if step in {m.step for m in client.get_metric_history(mlrun, sentinel)}:
         return
     now = int(time.time() * 1000)
-    batch = [Metric(k, float(v), now, step) for k, v in sorted(metrics.items())]
+    name, digest = dataset or (None, None)
+    batch = [Metric(k, float(v), now, step, model_id=model_id, dataset_name=name, dataset_digest=digest)
+             for k, v in sorted(metrics.items())]
     batch.append(Metric(sentinel, float(step), now, step))
     for lo in range(0, len(batch), 1000):
         client.log_batch(mlrun, metrics=batch[lo : lo + 1000])
@@ -144,10 +152,13 @@ def log_step(cfg: TrackingConfig, mlrun: str, step: int, metrics: dict[str, floa
 
 
 @named_errors
-def log_eval(cfg: TrackingConfig, mlrun: str, version: int, metrics: dict[str, float]) -> None:
-    """Evaluation metrics of a policy version (MLflow step = version) and a table artifact; idempotent."""
+def log_eval(cfg: TrackingConfig, mlrun: str, version: int, metrics: dict[str, float], model_id: str | None = None,
+             dataset: tuple[str, str] | None = None) -> None:
+    """Evaluation metrics of a policy version (MLflow step = version) and a table artifact; idempotent.
+
+    ``model_id``: the logged model evaluated (its page shows the metrics); ``dataset``: the held-out set."""
     client = _client(cfg)
-    _log_once(client, mlrun, version, metrics, EVAL_SENTINEL)
+    _log_once(client, mlrun, version, metrics, EVAL_SENTINEL, model_id, dataset)
     client.log_text(mlrun, json.dumps(metrics, indent=1, sort_keys=True), f"eval/policy_{version:06d}.json")
 
 

@@ -48,7 +48,9 @@ def _mlflow_names(metrics: dict[str, float]) -> dict[str, float]:
 
 def evaluate_mode(ckpt: str, items: list[PromptItem], rollout: RolloutConfig, engine: EngineConfig,
                   sandbox: SandboxConfig, reward: RewardConfig, cfg: EvalConfig, seed: int,
-                  chat_cfg: ChatConfig, mode: str) -> tuple[dict[str, float], pl.DataFrame]:
+                  chat_cfg: ChatConfig, mode: str) -> tuple[dict[str, float], dict[str, pl.DataFrame]]:
+    """Metrics of one mode and its tables (``trajectories`` joined with their scores, ``executions``,
+    ``saar_events``)."""
     saar = rollout.saar.model_copy(update={"enabled": mode == "saar_on", "raw_share": 0.0})
     roll_cfg = rollout.model_copy(update={"saar": saar, "n_samples": cfg.samples})
     eng_cfg = engine.model_copy(update={"temperature": cfg.temperature})
@@ -59,15 +61,17 @@ def evaluate_mode(ckpt: str, items: list[PromptItem], rollout: RolloutConfig, en
     scores, _ = score_rows(frames["trajectories"], reward, ScoreConfig(), roll_cfg.max_response_tokens, box)
     scored = frames["trajectories"].join(scores, on=["run_id", "step", "traj_id"])
     stats = aggregate_stats([t.stats for t in trajs], [t.raw for t in trajs])
-    return summarize(scored, stats, cfg.ks), scored
+    return summarize(scored, stats, cfg.ks), {**frames, "trajectories": scored}
 
 
 def evaluate(ckpt: str, items: list[PromptItem], rollout: RolloutConfig, engine: EngineConfig,
              sandbox: SandboxConfig, reward: RewardConfig, cfg: EvalConfig, seed: int,
-             chat_cfg: ChatConfig) -> dict[str, float]:
-    """``eval/<mode>/<metric>`` for every mode of ``cfg``."""
+             chat_cfg: ChatConfig, on_mode=None) -> dict[str, float]:
+    """``eval/<mode>/<metric>`` for every mode of ``cfg``; ``on_mode(mode, tables)`` sees each mode's tables."""
     out: dict[str, float] = {}
     for mode in cfg.modes:
-        metrics, _ = evaluate_mode(ckpt, items, rollout, engine, sandbox, reward, cfg, seed, chat_cfg, mode)
+        metrics, tables = evaluate_mode(ckpt, items, rollout, engine, sandbox, reward, cfg, seed, chat_cfg, mode)
         out.update({f"eval/{mode}/{k}": v for k, v in metrics.items()})
+        if on_mode is not None:
+            on_mode(mode, tables)
     return out

@@ -40,9 +40,12 @@ from tasks.rollout.config import RolloutConfig
 from tasks.rollout.buffer import BUFFER_FILE
 from tasks.rollout.machine import Rollout
 from tasks.rollout.saar import aggregate_stats
-from tasks.stores import db, tracking
+from tasks.stores import db, registry, traces, tracking
 from tasks.stores.config import TrackingConfig
+from tasks.stores.datasets import dataset_ref
 from tasks.stores.records import read_table, trajectory_frames, write_frames
+from tasks.stores.registry import ModelRef
+from tasks.stores.system import sandbox_metrics
 from tasks.training.config import EvalConfig, MixConfig
 from tasks.training.evaluation import evaluate
 from tasks.training.faults import maybe_crash
@@ -98,6 +101,7 @@ def rollout_stage(step_dir: Path, step: int, seed: int, ckpt: str, run_id: str, 
                 return None
 
         mode = make_mode(runner, rollout, grade)
+        before, t0 = _pool_stats(box), time.perf_counter()
         if rollout.partial.enabled:
             trajs, refill = partial_rollout(Path(step_dir), step, seed, run_id, runner, items, rollout, data, grade,
                                             dynamic_sampling)
@@ -106,12 +110,18 @@ def rollout_stage(step_dir: Path, step: int, seed: int, ckpt: str, run_id: str, 
                                        mode.group_rewards, data.prompts_per_step, data.refill_rounds,
                                        group_of=lambda t: t.item.prompt_id)
         frames = trajectory_frames(trajs, run_id, step, chat.decode)
+        metrics.update(sandbox_metrics(frames["executions"], before, _pool_stats(box), time.perf_counter() - t0))
         write_frames({**frames, **mode.frames(run_id, step)}, Path(step_dir))
         rolled = [t for t in trajs if t.kind not in SINGLETON_KINDS]  # R3L reflect/retry rows repeat others' turns
         metrics.update(aggregate_stats([t.stats for t in rolled], [t.raw for t in rolled]))
         metrics.update(mode.metrics(trajs))
         metrics.update(refill)
     return Path(step_dir)
+
+
+def _pool_stats(box) -> dict[str, float]:
+    """The sandbox pool's counters (empty for a sandbox without them)."""
+    return box.stats() if hasattr(box, "stats") else {}
 
 
 def score_stage(step_dir: Path, reward: RewardConfig, score: ScoreConfig, max_response_tokens: int,
@@ -194,12 +204,14 @@ def stage_metrics(step_dir: Path) -> dict[str, float]:
     return out
 
 
-def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, tracking_cfg: TrackingConfig) -> dict:
-    """Write the step's rows to DuckDB (replacing any earlier attempt) and its metrics to MLflow.
+def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, tracking_cfg: TrackingConfig,
+              trace_tags: dict[str, str] | None = None) -> dict:
+    """Write the step's rows to DuckDB (replacing any earlier attempt), its trajectories as MLflow traces (tagged
+    with ``trace_tags`` besides their own) and its metrics to MLflow.
 
     The stores never disagree about a step: DuckDB is written first, MLflow last (with a sentinel in the same
     batch); a step MLflow already holds is written to neither again, so a recomputed step cannot replace
-    DuckDB's rows under MLflow's first values.
+    DuckDB's rows under MLflow's first values. Traces are rewritten, never added twice (stable trace ids).
     """
     t0 = time.perf_counter()
     metrics = stage_metrics(step_dir)
@@ -230,6 +242,8 @@ def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, tra
     finally:
         con.close()
     metrics["time/log_s"] = time.perf_counter() - t0
+    metrics["time/traces_s"] = _step_traces(step_dir, step, mlrun, tracking_cfg, frames, trace_tags or {},
+                                            metrics.get("time/rollout_s", 0.0))
     texts = sample_texts(trajs, step, tracking_cfg.sample_trajectories)
     if tracking_cfg.sample_trajectories:
         texts[f"viewer/step_{step:06d}.html"] = render_step_viewer(
@@ -240,13 +254,37 @@ def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, tra
     return metrics
 
 
+def _step_traces(step_dir: Path, step: int, mlrun: str, tracking_cfg: TrackingConfig, frames: dict[str, pl.DataFrame],
+                 tags: dict[str, str], rollout_s: float) -> float:
+    """Log the step's trajectories as traces (spans laid out from the rollout's start); returns the seconds taken."""
+    t0 = time.perf_counter()
+    rollout_start = (Path(step_dir) / "trajectories.parquet").stat().st_mtime - rollout_s
+    batch = traces.batch_for(tracking_cfg, mlrun, f"train:{step}", rollout_start,
+                             {**tags, "kind": "train", "step": str(step)})
+    traces.log_traces(tracking_cfg.mlflow_uri, batch, frames["trajectories"], frames["tool_executions"],
+                      frames["saar_events"], tracking_cfg.traces_per_step)
+    return time.perf_counter() - t0
+
+
 def eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, seed: int, chat_cfg: ChatConfig,
                data: DataConfig, rollout: RolloutConfig, engine: EngineConfig, sandbox: SandboxConfig,
-               reward: RewardConfig, cfg: EvalConfig, tracking_cfg: TrackingConfig) -> dict[str, float]:
-    """Evaluate policy ``version`` on held-out prompts; rows to DuckDB, metrics (step = version) to MLflow."""
+               reward: RewardConfig, cfg: EvalConfig, tracking_cfg: TrackingConfig, model: ModelRef | None = None,
+               trace_tags: dict[str, str] | None = None) -> dict[str, float]:
+    """Evaluate policy ``version`` on held-out prompts; rows to DuckDB, metrics (step = version) to MLflow.
+
+    With an MLflow run: the trajectories of every mode become traces, and ``model`` says which logged
+    model the metrics belong to: an existing one (``model.model_id``), or the checkpoint logged now under
+    ``model.name`` (when ``tracking.log_models``)."""
     t0 = time.perf_counter()
     items = list(load_prompts(data.eval_path))[: cfg.n_prompts]
-    metrics = evaluate(ckpt, items, rollout, engine, sandbox, reward, cfg, seed, chat_cfg)
+    modes: list[tuple[str, float, dict]] = []
+    starts = [time.time()]
+
+    def seen(mode: str, tables: dict) -> None:
+        modes.append((mode, starts[-1], tables))
+        starts.append(time.time())
+
+    metrics = evaluate(ckpt, items, rollout, engine, sandbox, reward, cfg, seed, chat_cfg, on_mode=seen)
     metrics["time/eval_s"] = time.perf_counter() - t0
     con = db.connect(tracking_cfg.duckdb_path)
     try:
@@ -254,5 +292,20 @@ def eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, seed: in
     finally:
         con.close()
     if mlrun:
-        tracking.log_eval(tracking_cfg, mlrun, version, metrics)
+        _track_eval(tracking_cfg, mlrun, run_id, version, ckpt, metrics, data.eval_path, model, trace_tags or {}, modes)
     return metrics
+
+
+def _track_eval(tracking_cfg: TrackingConfig, mlrun: str, run_id: str, version: int, ckpt: str,
+                metrics: dict[str, float], eval_path: str, model: ModelRef | None, tags: dict[str, str],
+                modes: list[tuple[str, float, dict]]) -> None:
+    """An evaluation in MLflow: the logged model, its metrics (linked to it and the held-out set), the traces."""
+    model_id = model.model_id if model else None
+    if model and model.name and not model_id and tracking_cfg.log_models:
+        model_id = registry.log_checkpoint(tracking_cfg, mlrun, run_id, model.name, Path(ckpt), version, metrics)
+    tracking.log_eval(tracking_cfg, mlrun, version, metrics, model_id, dataset_ref(eval_path))
+    for mode, start, tables in modes:
+        batch = traces.batch_for(tracking_cfg, mlrun, f"eval:{mode}:{version}", start,
+                                 {**tags, "kind": "eval", "eval_mode": mode, "step": str(version)})
+        traces.log_traces(tracking_cfg.mlflow_uri, batch, tables["trajectories"], tables["executions"],
+                          tables["saar_events"], tracking_cfg.traces_per_step)

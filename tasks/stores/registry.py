@@ -1,0 +1,211 @@
+"""Checkpoints as MLflow logged models, and the model registry.
+
+* ``log_checkpoint``: an evaluated checkpoint becomes a logged model of the run's experiment
+  (transformers flavour, task ``text-generation``, with its tokenizer and chat template, so
+  ``mlflow.transformers.load_model`` gives a pipeline that generates), recorded as an output of the
+  run at its step; the caller logs its evaluation metrics with its ``model_id`` (and the held-out dataset).
+  Idempotent: a checkpoint already logged (tag ``cleaner.checkpoint`` = ``<run id>:<version>``) is
+  reused, so a rerun of the evaluation does not log it twice.
+* ``register_run``: at the end of a run, its best checkpoint (by held-out pass@1) and its final one
+  are registered under the config's name, final last, so MLflow's reserved alias ``latest`` (the
+  newest version) is the final checkpoint; the alias ``best`` moves to this run's best when it beats
+  the version holding it (each version carries its pass@1 as a tag).
+* ``resolve``: ``models:/<name>@best``, ``models:/<name>/3``, ``models:/<name>/latest`` or
+  ``models:/m-…`` → a local checkpoint folder (downloaded once), for ``cleaner eval --model``.
+
+Simplification: the checkpoint is copied as it is on disk (weights, config, tokenizer files, chat
+template; not the optimizer state), with pinned pip requirements instead of MLflow's inference
+(which would load the model in a subprocess).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tasks.stores.config import TrackingConfig
+
+PASS_KEYS = ("eval/saar_off/all/pass_at_1", "eval/saar_on/all/pass_at_1")
+"""The held-out pass@1 that ranks checkpoints: SAAR off (the policy on its own) when it was evaluated."""
+SKIP_FILES = ("optimizer.pt", "trainer_state.json")
+CHECKPOINT_TAG = "cleaner.checkpoint"
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """Which logged model an evaluation belongs to: an existing one, or the checkpoint to log under ``name``."""
+
+    name: str | None = None
+    model_id: str | None = None
+
+
+def _client(cfg: TrackingConfig):
+    """A client of the configured store; also made MLflow's process-wide URI, because the sqlite registry
+    resolves a version's ``models:/<id>`` source through the global tracking URI."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    if mlflow.get_tracking_uri() != cfg.mlflow_uri:
+        mlflow.set_tracking_uri(cfg.mlflow_uri)
+    return MlflowClient(tracking_uri=cfg.mlflow_uri, registry_uri=cfg.mlflow_uri)
+
+
+def pass_at_1(metrics: dict[str, float]) -> float | None:
+    return next((metrics[k] for k in PASS_KEYS if k in metrics), None)
+
+
+def _stage(ckpt: Path, into: Path) -> Path:
+    """The checkpoint's files minus optimizer state, hard-linked (copied across devices) into ``into``."""
+    into.mkdir(parents=True)
+    for f in Path(ckpt).iterdir():
+        if f.is_file() and f.name not in SKIP_FILES:
+            try:
+                os.link(f, into / f.name)
+            except OSError:
+                (into / f.name).write_bytes(f.read_bytes())
+    return into
+
+
+def _card(name: str, run_id: str, version: int, metrics: dict[str, float]):
+    from huggingface_hub import ModelCard
+
+    rows = "\n".join(f"| {k} | {v:.4g} |" for k, v in sorted(metrics.items()) if "/all/" in k)
+    return ModelCard(f"---\nlibrary_name: transformers\npipeline_tag: text-generation\n---\n# {name}, policy "
+                     f"{version}\n\nCheckpoint of CLEANER run `{run_id}` after {version} RL steps.\n\n"
+                     f"| held-out metric | value |\n|---|---|\n{rows}\n")
+
+
+def _find(client, experiment_id: str, key: str):
+    found = client.search_logged_models([experiment_id], filter_string=f"tags.`{CHECKPOINT_TAG}` = '{key}'")
+    return next((m for m in found if str(m.status).endswith("READY")), None)
+
+
+def log_checkpoint(cfg: TrackingConfig, mlrun: str, run_id: str, name: str, ckpt: Path, version: int,
+                   metrics: dict[str, float]) -> str:
+    """Log ``ckpt`` (policy ``version`` of our run ``run_id``) as a logged model (its pass@1 as a tag) and
+    return its model id; the caller logs ``metrics`` with that id (``tracking.log_eval``)."""
+    import mlflow.transformers
+    import torch
+    import transformers
+    from mlflow.entities import LoggedModelOutput
+    from mlflow.models import Model
+
+    client = _client(cfg)
+    experiment_id = client.get_run(mlrun).info.experiment_id
+    key = f"{run_id}:{version:06d}"
+    model = _find(client, experiment_id, key)
+    if model is None:
+        score = pass_at_1(metrics)
+        note = f"Policy {version} of CLEANER run `{run_id}` (config `{name}`)" + (
+            f"; held-out pass@1 {score:.3f}." if score is not None else "; not evaluated.")
+        tags = {CHECKPOINT_TAG: key, "cleaner.run_id": run_id, "cleaner.policy_version": str(version),
+                "mlflow.note.content": note, **({"cleaner.pass_at_1": f"{score:.6g}"} if score is not None else {})}
+        model = client.create_logged_model(experiment_id, name=f"{name}-policy-{version:06d}", source_run_id=mlrun,
+                                           tags=tags, params={"policy_version": str(version), "config": name},
+                                           model_type="policy")
+        with tempfile.TemporaryDirectory() as tmp:
+            spec = Model(artifact_path=model.artifact_location, run_id=mlrun, model_id=model.model_id)
+            mlflow.transformers.save_model(
+                str(_stage(Path(ckpt), Path(tmp) / "checkpoint")), path=str(Path(tmp) / "model"), mlflow_model=spec,
+                task="text-generation", model_card=_card(name, run_id, version, metrics),
+                pip_requirements=[f"transformers=={transformers.__version__}", f"torch=={torch.__version__}"])
+            client.log_model_artifacts(model.model_id, str(Path(tmp) / "model"))
+        client.log_outputs(mlrun, [LoggedModelOutput(model.model_id, step=version)])
+        client.finalize_logged_model(model.model_id, "READY")
+    return model.model_id
+
+
+def run_models(cfg: TrackingConfig, mlrun: str, run_id: str) -> list:
+    """The logged models of our run ``run_id``, oldest policy first."""
+    client = _client(cfg)
+    experiment_id = client.get_run(mlrun).info.experiment_id
+    found = client.search_logged_models([experiment_id], filter_string=f"tags.`cleaner.run_id` = '{run_id}'")
+    ready = [m for m in found if str(m.status).endswith("READY")]
+    return sorted(ready, key=lambda m: int(m.tags.get("cleaner.policy_version", 0)))
+
+
+def _score(model) -> float:
+    value = model.tags.get("cleaner.pass_at_1")
+    return float(value) if value is not None else float("-inf")
+
+
+def _version_of(client, name: str, model) -> str:
+    """The registered version of ``model`` under ``name`` (created when missing, with ``mlflow.register_model``,
+    which also marks the logged model as registered)."""
+    import mlflow
+
+    for mv in client.search_model_versions(f"name = '{name}'"):
+        if mv.tags.get("cleaner.model_id") == model.model_id:
+            return mv.version
+    tags = {"cleaner.model_id": model.model_id, **{k: v for k, v in model.tags.items() if k.startswith("cleaner.")
+                                                   and k != CHECKPOINT_TAG}}
+    return mlflow.register_model(f"models:/{model.model_id}", name, tags=tags).version
+
+
+def register_run(cfg: TrackingConfig, mlrun: str, run_id: str, name: str) -> dict[str, str]:
+    """Register the run's best and final checkpoints under ``name``; returns {"final": v, "best": v, ...}."""
+    from mlflow.exceptions import MlflowException
+
+    client = _client(cfg)
+    models = run_models(cfg, mlrun, run_id)
+    if not models:
+        return {}
+    final = models[-1]
+    best = max(models, key=lambda m: (_score(m), int(m.tags["cleaner.policy_version"])))
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        client.create_registered_model(name, description=f"Policies trained by CLEANER with config `{name}`; "
+                                       "`@best` = highest held-out pass@1, `@latest` = the newest final checkpoint.")
+    out = {}
+    if best.model_id != final.model_id:
+        out["run_best"] = _version_of(client, name, best)
+    out["final"] = _version_of(client, name, final)
+    out.setdefault("run_best", out["final"])
+    try:
+        holder = client.get_model_version_by_alias(name, "best")
+        held = float(holder.tags.get("cleaner.pass_at_1", "-inf"))
+    except MlflowException:
+        holder, held = None, float("-inf")
+    if holder is None or _score(best) > held:
+        client.set_registered_model_alias(name, "best", out["run_best"])
+    out["best"] = client.get_model_version_by_alias(name, "best").version
+    return out
+
+
+def parse_uri(uri: str) -> tuple[str | None, str | None, str | None, str | None]:
+    """``models:/…`` → (model id, registered name, version, alias); exactly one of id or name is set."""
+    if not uri.startswith("models:/") or len(uri) <= len("models:/"):
+        raise ValueError(f"{uri!r} is not a models:/ URI (models:/<name>@<alias>, models:/<name>/<version>, "
+                         "models:/<name>/latest or models:/<model id>)")
+    path = uri[len("models:/"):]
+    if "/" in path:
+        name, suffix = path.split("/", 1)
+        return None, name, suffix, None
+    if "@" in path:
+        name, alias = path.rsplit("@", 1)
+        return None, name, None, alias
+    return path, None, None, None
+
+
+def resolve(cfg: TrackingConfig, uri: str, cache_dir: Path) -> tuple[Path, str]:
+    """A local checkpoint folder for a ``models:/`` URI, and its logged model id."""
+    import mlflow.artifacts
+
+    client = _client(cfg)
+    model_id, name, version, alias = parse_uri(uri)
+    if name is not None:
+        if alias is not None:
+            mv = client.get_model_version_by_alias(name, alias)
+        elif version.lower() == "latest":
+            mv = client.get_model_version_by_alias(name, "latest")
+        else:
+            mv = client.get_model_version(name, version)
+        model_id = mv.model_id or mv.source.removeprefix("models:/")
+    dest = Path(cache_dir) / model_id
+    if not (dest / "model" / "config.json").exists():
+        mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{model_id}", dst_path=str(dest),
+                                            tracking_uri=cfg.mlflow_uri, registry_uri=cfg.mlflow_uri)
+    return dest / "model", model_id
