@@ -365,7 +365,8 @@ def _steps(cfg: RunConfig, info: RunInfo, artifacts: links.FlowArtifacts) -> tup
         print(_summary(step, metrics))
         artifacts.step_done(step, _summary(step, metrics))
         if _empty_stop(cfg, metrics):
-            print(f"early stop: the group filter kept nothing for {cfg.mix.group_filter.empty_stop_steps} steps in a row")
+            print(f"early stop: the group filter kept nothing for {cfg.mix.group_filter.empty_stop_steps} steps in a "
+                  "row")
             break
     return ckpt, walls
 

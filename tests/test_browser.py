@@ -25,7 +25,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-
 pytestmark = pytest.mark.slow
 
 CHROMIUM = os.environ.get("CLEANER_CHROMIUM", "/usr/bin/chromium")

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import duckdb
 import pytest
 
+from tasks.stores.registry import model_id_of
 from tests.flowrun import EVAL_OVERRIDES, tiny_overrides
 
 pytestmark = pytest.mark.slow
@@ -108,7 +109,8 @@ def test_the_registry_serves_best_and_latest_and_they_generate(store):
     assert latest.tags["cleaner.policy_version"] == "2"
     best_version = max(store.evals, key=lambda v: (store.evals[v], v))
     assert best.tags["cleaner.policy_version"] == str(best_version)
-    assert store.client.get_logged_model(best.model_id).tags["mlflow.modelVersions"].count('"tiny"') >= 1
+    assert model_id_of(best) == best.tags["cleaner.model_id"]
+    assert store.client.get_logged_model(model_id_of(best)).tags["mlflow.modelVersions"].count('"tiny"') >= 1
     pipe = mlflow.transformers.load_model("models:/tiny@best")
     out = pipe([{"role": "user", "content": "What is 12 + 30?"}], max_new_tokens=24, do_sample=False)
     reply = out[0]["generated_text"][-1]
@@ -123,8 +125,8 @@ def test_cleaner_eval_takes_a_registered_model_and_links_its_metrics(store, warm
     best = store.client.get_model_version_by_alias("tiny", "best")
     eval_run = store.client.search_runs([store.client.get_experiment_by_name("tiny-eval").experiment_id],
                                         filter_string="tags.`cleaner.run_id` = 'eval-best'")[0]
-    assert eval_run.data.tags["cleaner.model_id"] == best.model_id
-    linked = [m for m in store.client.get_logged_model(best.model_id).metrics
+    assert eval_run.data.tags["cleaner.model_id"] == best.tags["cleaner.model_id"]
+    linked = [m for m in store.client.get_logged_model(best.tags["cleaner.model_id"]).metrics
               if m.key == PASS and m.run_id == eval_run.info.run_id]
     assert [m.value for m in linked] == [pytest.approx(metrics[PASS])]
 

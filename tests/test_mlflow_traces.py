@@ -16,6 +16,7 @@ import polars as pl
 import pytest
 
 from tasks.stores import traces
+from tasks.stores.config import TrackingConfig
 from tasks.stores.system import sandbox_metrics
 
 PROMPT = [{"role": "system", "content": "You can run Python."}, {"role": "user", "content": "What is 6*7?"}]
@@ -120,8 +121,9 @@ def test_traces_are_searchable_linked_and_rewritten_not_duplicated(tables, tmp_p
     exp = client.create_experiment("t", artifact_location=(tmp_path / "art").as_uri())
     run = client.create_run(exp).info.run_id
     batch = traces.TraceBatch(run, exp, "train:0", time.time_ns(), {"step": "0", "arm": "cleaner"})
-    ids = traces.log_traces(uri, batch, trajs, execs, events, limit=64)
-    again = traces.log_traces(uri, batch, trajs, execs, events, limit=64)
+    cfg = TrackingConfig(mlflow_uri=uri)
+    ids = traces.log_traces(cfg, batch, trajs, execs, events, limit=64)
+    again = traces.log_traces(cfg, batch, trajs, execs, events, limit=64)
     assert ids == again and len(ids) == 2
     mlflow.set_tracking_uri(uri)
     everything = mlflow.search_traces(locations=[exp], return_type="list")

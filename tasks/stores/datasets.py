@@ -15,6 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from tasks.stores.config import TrackingConfig
+from tasks.stores.tracking import named_errors
 
 
 def _name(path: str) -> str:
@@ -43,6 +44,7 @@ def dataset_ref(path: str) -> tuple[str, str]:
     return ds.name, ds.digest
 
 
+@named_errors
 def log_prompt_sets(cfg: TrackingConfig, mlrun: str, files: dict[str, str]) -> None:
     """Log ``{context: parquet path}`` (``training``, ``evaluation``) as dataset inputs of ``mlrun``."""
     from mlflow import MlflowClient

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 
 from tasks.stores.config import TrackingConfig
+from tasks.stores.tracking import named_errors
 
 VIEW = "workflowType=machine_learning"
 PREFECT_UI = "http://127.0.0.1:4200"
@@ -104,18 +105,21 @@ def pass_by_version(rows: list[dict]) -> dict[int, float]:
     return out
 
 
+@named_errors
 def set_description(cfg: TrackingConfig, mlrun: str, text: str) -> None:
     from mlflow import MlflowClient
 
     MlflowClient(tracking_uri=cfg.mlflow_uri).set_tag(mlrun, "mlflow.note.content", text)
 
 
+@named_errors
 def experiment_of(cfg: TrackingConfig, mlrun: str) -> str:
     from mlflow import MlflowClient
 
     return MlflowClient(tracking_uri=cfg.mlflow_uri).get_run(mlrun).info.experiment_id
 
 
+@named_errors
 def annotate_run(cfg: TrackingConfig, mlrun: str, prompt_sets: dict[str, str], description: str,
                  flow_run_id: str | None) -> str:
     """Dataset inputs, description and Prefect tags of a run; returns its MLflow UI URL."""

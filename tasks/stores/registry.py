@@ -14,8 +14,8 @@
   ``models:/m-…`` → a local checkpoint folder (downloaded once), for ``cleaner eval --model``.
 
 Simplification: the checkpoint is copied as it is on disk (weights, config, tokenizer files, chat
-template; not the optimizer state), with pinned pip requirements instead of MLflow's inference
-(which would load the model in a subprocess).
+template; not the optimizer state; a LoRA adapter merged into its base), with pinned pip requirements
+instead of MLflow's inference (which would load the model in a subprocess).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.stores.config import TrackingConfig
+from tasks.stores.tracking import named_errors
 
 PASS_KEYS = ("eval/saar_off/all/pass_at_1", "eval/saar_on/all/pass_at_1")
 """The held-out pass@1 that ranks checkpoints: SAAR off (the policy on its own) when it was evaluated."""
@@ -57,7 +58,12 @@ def pass_at_1(metrics: dict[str, float]) -> float | None:
 
 
 def _stage(ckpt: Path, into: Path) -> Path:
-    """The checkpoint's files minus optimizer state, hard-linked (copied across devices) into ``into``."""
+    """The checkpoint's files minus optimizer state, hard-linked (copied across devices) into ``into``; a LoRA
+    adapter is merged into its base first, so the logged model is a plain transformers model."""
+    from models.lora import is_adapter, merge_adapter
+
+    if is_adapter(ckpt):
+        return merge_adapter(ckpt, into)
     into.mkdir(parents=True)
     for f in Path(ckpt).iterdir():
         if f.is_file() and f.name not in SKIP_FILES:
@@ -82,6 +88,7 @@ def _find(client, experiment_id: str, key: str):
     return next((m for m in found if str(m.status).endswith("READY")), None)
 
 
+@named_errors
 def log_checkpoint(cfg: TrackingConfig, mlrun: str, run_id: str, name: str, ckpt: Path, version: int,
                    metrics: dict[str, float]) -> str:
     """Log ``ckpt`` (policy ``version`` of our run ``run_id``) as a logged model (its pass@1 as a tag) and
@@ -117,6 +124,7 @@ def log_checkpoint(cfg: TrackingConfig, mlrun: str, run_id: str, name: str, ckpt
     return model.model_id
 
 
+@named_errors
 def run_models(cfg: TrackingConfig, mlrun: str, run_id: str) -> list:
     """The logged models of our run ``run_id``, oldest policy first."""
     client = _client(cfg)
@@ -144,6 +152,7 @@ def _version_of(client, name: str, model) -> str:
     return mlflow.register_model(f"models:/{model.model_id}", name, tags=tags).version
 
 
+@named_errors
 def register_run(cfg: TrackingConfig, mlrun: str, run_id: str, name: str) -> dict[str, str]:
     """Register the run's best and final checkpoints under ``name``; returns {"final": v, "best": v, ...}."""
     from mlflow.exceptions import MlflowException
@@ -175,6 +184,12 @@ def register_run(cfg: TrackingConfig, mlrun: str, run_id: str, name: str) -> dic
     return out
 
 
+def model_id_of(mv) -> str:
+    """The logged model behind a registered version (the sqlite registry leaves ``model_id`` empty; the
+    source ``models:/<id>`` names it)."""
+    return mv.model_id or mv.source.removeprefix("models:/")
+
+
 def parse_uri(uri: str) -> tuple[str | None, str | None, str | None, str | None]:
     """``models:/…`` → (model id, registered name, version, alias); exactly one of id or name is set."""
     if not uri.startswith("models:/") or len(uri) <= len("models:/"):
@@ -190,6 +205,7 @@ def parse_uri(uri: str) -> tuple[str | None, str | None, str | None, str | None]
     return path, None, None, None
 
 
+@named_errors
 def resolve(cfg: TrackingConfig, uri: str, cache_dir: Path) -> tuple[Path, str]:
     """A local checkpoint folder for a ``models:/`` URI, and its logged model id."""
     import mlflow.artifacts
@@ -203,7 +219,7 @@ def resolve(cfg: TrackingConfig, uri: str, cache_dir: Path) -> tuple[Path, str]:
             mv = client.get_model_version_by_alias(name, "latest")
         else:
             mv = client.get_model_version(name, version)
-        model_id = mv.model_id or mv.source.removeprefix("models:/")
+        model_id = model_id_of(mv)
     dest = Path(cache_dir) / model_id
     if not (dest / "model" / "config.json").exists():
         mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{model_id}", dst_path=str(dest),

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from models.chat import TOOL_NAME
+from tasks.stores.config import TrackingConfig
+from tasks.stores.tracking import named_errors
 
 MAX_TEXT = 4000
 LINKS_PER_CALL = 100  # MLflow's limit for link_traces_to_run
@@ -53,7 +55,8 @@ class TraceBatch:
     """Tags every trace of the batch gets (run id, arm, kind, policy version, ...)."""
 
 
-def batch_for(cfg, mlrun: str, key: str, start_s: float, tags: dict[str, str]) -> TraceBatch:
+@named_errors
+def batch_for(cfg: TrackingConfig, mlrun: str, key: str, start_s: float, tags: dict[str, str]) -> TraceBatch:
     """The batch ``key`` of MLflow run ``mlrun`` (its experiment looked up), starting at ``start_s`` (epoch s)."""
     from mlflow import MlflowClient
 
@@ -245,7 +248,8 @@ def _group(df: pl.DataFrame) -> dict[str, list[dict]]:
     return out
 
 
-def log_traces(tracking_uri: str, batch: TraceBatch, trajs: pl.DataFrame, execs: pl.DataFrame,
+@named_errors
+def log_traces(cfg: TrackingConfig, batch: TraceBatch, trajs: pl.DataFrame, execs: pl.DataFrame,
                events: pl.DataFrame, limit: int) -> list[str]:
     """Log up to ``limit`` trajectories of ``trajs`` as traces of ``batch.mlrun``; returns their trace ids."""
     if limit <= 0 or trajs.is_empty():
@@ -256,9 +260,9 @@ def log_traces(tracking_uri: str, batch: TraceBatch, trajs: pl.DataFrame, execs:
 
     chosen = pick(trajs, limit)
     spans = [Span.from_dict(s) for s in batch_spans(batch, chosen, execs, events)]
-    TracingClient(tracking_uri).log_spans(batch.experiment_id, spans)
+    TracingClient(cfg.mlflow_uri).log_spans(batch.experiment_id, spans)
     ids = [trace_id_of(batch, t) for t in chosen["traj_id"]]
-    client = MlflowClient(tracking_uri)
+    client = MlflowClient(cfg.mlflow_uri)
     for lo in range(0, len(ids), LINKS_PER_CALL):
         client.link_traces_to_run(ids[lo : lo + LINKS_PER_CALL], batch.mlrun)
     return ids

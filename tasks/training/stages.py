@@ -261,7 +261,7 @@ def _step_traces(step_dir: Path, step: int, mlrun: str, tracking_cfg: TrackingCo
     rollout_start = (Path(step_dir) / "trajectories.parquet").stat().st_mtime - rollout_s
     batch = traces.batch_for(tracking_cfg, mlrun, f"train:{step}", rollout_start,
                              {**tags, "kind": "train", "step": str(step)})
-    traces.log_traces(tracking_cfg.mlflow_uri, batch, frames["trajectories"], frames["tool_executions"],
+    traces.log_traces(tracking_cfg, batch, frames["trajectories"], frames["tool_executions"],
                       frames["saar_events"], tracking_cfg.traces_per_step)
     return time.perf_counter() - t0
 
@@ -307,5 +307,5 @@ def _track_eval(tracking_cfg: TrackingConfig, mlrun: str, run_id: str, version: 
     for mode, start, tables in modes:
         batch = traces.batch_for(tracking_cfg, mlrun, f"eval:{mode}:{version}", start,
                                  {**tags, "kind": "eval", "eval_mode": mode, "step": str(version)})
-        traces.log_traces(tracking_cfg.mlflow_uri, batch, tables["trajectories"], tables["executions"],
+        traces.log_traces(tracking_cfg, batch, tables["trajectories"], tables["executions"],
                           tables["saar_events"], tracking_cfg.traces_per_step)
