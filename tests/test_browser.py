@@ -230,7 +230,7 @@ def _rollback_trace(site) -> tuple[str, str, str]:
     """(trace id, span name, error kind) of a training trace whose turn span carries a recovered rollback."""
     import mlflow
 
-    url, run, work = site
+    _, run, work = site
     mlflow.set_tracking_uri(f"sqlite:///{work / 'mlflow.db'}")
     found = mlflow.search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id, return_type="list",
                                  filter_string="tags.rollback = 'true' AND tags.kind = 'train'", max_results=100)

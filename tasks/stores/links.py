@@ -86,8 +86,9 @@ def describe_compare(compare_id: str, config_name: str, summary: dict | None, se
                      arms: list[str] | None = None) -> str:
     """The description of a comparison's parent run: arms, seeds and, once done, final pass@1 per arm."""
     arms = arms or list((summary or {}).get("final", {}))
-    lines = [f"**Comparison `{compare_id}`**: config `{config_name}`, arms {', '.join(f'**{a}**' for a in arms)}, "
-             f"seeds {', '.join(map(str, seeds))}; one child run per arm and seed (expand this run in the runs table)."]
+    lines = [(f"**Comparison `{compare_id}`**: config `{config_name}`, arms {', '.join(f'**{a}**' for a in arms)}, "
+              f"seeds {', '.join(map(str, seeds))}; one child run per arm and seed (expand this run in the runs "
+              "table).")]
     if summary:
         rows = [f"| {arm} | {f['pass_at_1']:.3f} ± {f['pass_at_1_std']:.3f} |" for arm, f in summary["final"].items()
                 if f["pass_at_1"] is not None]
