@@ -217,7 +217,7 @@ def bench_rollout_cmd(model: Path = typer.Option(Path("assets/tiny-warm"), help=
 @app.command("bench-partial")
 def bench_partial_cmd(model: Path = typer.Option(Path("assets/tiny-warm"), help="Policy folder."),
                       work_dir: Path = typer.Option(Path("runs/bench-partial"), help="Scratch folder."),
-                      steps: int = typer.Option(3, help="Consecutive rollout steps per side."),
+                      steps: int = typer.Option(4, help="Consecutive rollout steps per side."),
                       prompts_per_step: int = typer.Option(4, help="Complete groups a step needs."),
                       over_sampling: int = typer.Option(8, help="Groups submitted at a time with partial rollouts."),
                       repeats: int = typer.Option(2, help="Alternating off/on repeats.")) -> None:

@@ -70,7 +70,7 @@ def _side(partial: bool, work: Path, model: str, prompts: Path, steps: int, cfg:
             "tokens_per_s": tokens / wall, "carried_at_end": carried, "lengths": lengths}
 
 
-def bench_partial(model: str | Path = "assets/tiny-warm", work_dir: str | Path = "runs/bench-partial", steps: int = 3,
+def bench_partial(model: str | Path = "assets/tiny-warm", work_dir: str | Path = "runs/bench-partial", steps: int = 4,
                   prompts_per_step: int = 4, n_samples: int = 4, over_sampling: int = 8, refill_rounds: int = 3,
                   max_turns: int = 4, max_new_tokens: int = 192, max_response_tokens: int = 640,
                   temperature: float = 1.5, repeats: int = 2, n_prompts: int = 256, seed: int = 0, echo=print) -> dict:
