@@ -154,6 +154,15 @@ def test_compare_flow_trains_every_arm_and_seed_under_one_parent(prefect_harness
     parent = client.search_runs([exp.experiment_id], filter_string=f"tags.`{RUN_TAG}` = 'cmp'")[0]
     children = client.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert sorted(r.data.tags[RUN_TAG] for r in children) == sorted(summary["runs"]["cleaner"] + summary["runs"]["dapo"])
+    note = parent.data.tags["mlflow.note.content"]  # the parent describes the comparison, each child its arm
+    assert "arms **cleaner**, **dapo**, seeds 0, 1" in note
+    for arm, f in summary["final"].items():
+        assert f"| {arm} | {f['pass_at_1']:.3f} ± {f['pass_at_1_std']:.3f} |" in note
+    for child in children:
+        run_id = child.data.tags[RUN_TAG]
+        assert child.info.run_name == run_id
+        child_note = child.data.tags["mlflow.note.content"]
+        assert f"arm **{run_id.split('-')[1]}**" in child_note and f"comparison `{parent.info.run_id}`" in child_note
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "report")} == {
         "report/compare.json", "report/compare.md", "report/compare.png"}
     assert (tmp_path / "runs" / "cmp" / "report" / "compare.png").stat().st_size > 1000
