@@ -122,3 +122,55 @@ def test_sglang_stream_abort_calls_the_server_and_returns_partial_turns(server, 
         assert eng.generate([GenRequest(prompt, 2)], seed=0)[0].finish_reason == "length"  # the server still serves
     finally:
         eng.close()
+
+
+class _Box:
+    """A sandbox double (no tool call is expected: the turns are random tokens)."""
+
+    def run(self, code, setup=None):
+        raise AssertionError("no tool call expected")
+
+
+def test_partial_rollout_over_the_sglang_engine_aborts_on_the_server_and_resumes_the_cut_turns(server, warm_model_dir,
+                                                                                               chat):
+    """Turns of 48 tokens (no end-of-turn id can be sampled). Step 1: a carried group with 40 ids of each turn
+    already sampled (version 0) needs 8 more and passes (rewards 0, 1) = the target, while the fresh group's rows,
+    48 tokens to go, are aborted on the server (its counter moves by 2) and carried with version 1. Step 2 resumes
+    them through HTTP to 48 tokens: versions 1 for the carried ids, 2 for the rest."""
+    from tasks.rollout.config import PartialConfig, RolloutConfig
+    from tasks.rollout.machine import Carry, PromptItem, Rollout, State
+    from tasks.rollout.partial import Group, PartialRollout
+
+    eng = make_engine(EngineConfig(kind="sglang", server_urls=[server], temperature=3.0, max_retries=0),
+                      warm_model_dir, NEVER, 0)
+    try:
+        runner = Rollout(RolloutConfig(n_samples=2, max_turns=1, max_new_tokens=48, max_response_tokens=48), eng,
+                         chat, _Box())
+        item = {p: PromptItem(p, [{"role": "user", "content": f"Count {p}."}], "math", "4") for p in ("old", "new")}
+        old = Group(item["old"], [runner.new_trajectory(item["old"], 0, 0, k) for k in range(2)])
+        for t in old.trajs:
+            t.carry = Carry(list(range(100, 140)), [-0.5] * 40, [0] * 40)
+        fresh = [item["new"]]
+        take = lambda n, exclude: [fresh.pop()] if fresh else []  # noqa: E731
+        driver = PartialRollout(runner, PartialConfig(enabled=True, over_sampling=2), 1, lambda t: float(t.sample_idx))
+        aborted_before = httpx.get(f"{server}/get_server_info").json()["aborted_requests"]
+        r1 = driver.run([old], take, 0, 1)
+        assert [g.key for g in r1.batch] == ["old"] and [g.key for g in r1.buffer] == ["new"]
+        for t in r1.batch[0].trajs:
+            assert t.state is State.TERMINATED and len(t.response_ids) == 48
+            assert t.response_ids[:40] == list(range(100, 140)) and t.logprobs[:40] == [-0.5] * 40
+            assert t.versions == [0] * 40 + [1] * 8
+        assert r1.counts["aborted_requests"] == 2
+        assert httpx.get(f"{server}/get_server_info").json()["aborted_requests"] - aborted_before == 2
+        cut = [len(t.carry.ids) if t.carry else 0 for t in r1.buffer[0].trajs]
+        assert all(n < 48 for n in cut) and r1.counts["aborted_tokens"] == sum(cut)
+        for t in r1.buffer[0].trajs:
+            assert t.state is State.GENERATING and t.response_ids == []
+            assert t.carry is None or (t.carry.versions == [1] * len(t.carry.ids) == [1] * len(t.carry.logprobs))
+
+        r2 = driver.run(r1.buffer, take, 0, 2)
+        assert [g.key for g in r2.batch] == ["new"] and r2.buffer == [] and r2.counts["aborted_requests"] == 0
+        for t, n in zip(r2.batch[0].trajs, cut):
+            assert len(t.response_ids) == 48 and t.versions == [1] * n + [2] * (48 - n)
+    finally:
+        eng.close()
