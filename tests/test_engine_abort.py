@@ -13,7 +13,6 @@ from models.config import EngineConfig
 from models.engine import GenRequest, load_causal_lm, make_engine
 from models.sglang_test_server import start_test_server, stop_server
 
-
 NEVER = 10**6
 """An end-of-turn id outside the vocabulary: no row stops before its budget, so aborts always find it running."""
 
@@ -151,7 +150,7 @@ def test_partial_rollout_over_the_sglang_engine_aborts_on_the_server_and_resumes
         for t in old.trajs:
             t.carry = Carry(list(range(100, 140)), [-0.5] * 40, [0] * 40)
         fresh = [item["new"]]
-        take = lambda n, exclude: [fresh.pop()] if fresh else []  # noqa: E731
+        take = lambda n, exclude: [fresh.pop()] if fresh else []
         driver = PartialRollout(runner, PartialConfig(enabled=True, over_sampling=2), 1, lambda t: float(t.sample_idx))
         aborted_before = httpx.get(f"{server}/get_server_info").json()["aborted_requests"]
         r1 = driver.run([old], take, 0, 1)

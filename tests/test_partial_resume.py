@@ -47,7 +47,7 @@ def test_kill_inside_a_partial_rollout_step_then_resume_trains_each_carried_grou
     assert done.returncode == 0, done.stderr[-3000:]
 
     con = duckdb.connect(str(tmp_path / "c.duckdb"), read_only=True)
-    q = lambda sql: con.execute(sql).fetchall()  # noqa: E731
+    q = lambda sql: con.execute(sql).fetchall()
     # a group = (prompt, the step it started in); where it was carried, and where it was rolled out to the end
     carried = q("SELECT DISTINCT step, prompt_id, start_step FROM partial_buffer WHERE run_id = 'pr'")
     rolled = q("SELECT step, prompt_id, start_step, count(*), bool_or(kept AND NOT coalesce(dropped, false)) "

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 
-import duckdb
-import polars as pl
 import pytest
 
 from sandbox.result import ExecutionResult
@@ -64,7 +62,7 @@ def setup(chat):
     engine = PacedEngine(chat, SCRIPTS)
     cfg = RolloutConfig(n_samples=2, max_turns=3, max_new_tokens=96, max_response_tokens=400)
     runner = Rollout(cfg, engine, chat, Box())
-    grade = lambda t: 1.0 if "yes" in chat.decode(t.response_ids) else 0.0  # noqa: E731
+    grade = lambda t: 1.0 if "yes" in chat.decode(t.response_ids) else 0.0
     return engine, runner, grade
 
 
@@ -113,7 +111,7 @@ def test_stop_counts(setup):
 
 
 def test_nothing_passes_the_step_ends_when_submissions_run_out(setup):
-    engine, runner, grade = setup
+    _, runner, grade = setup
     pool = {p: i for p, i in items().items() if p in ("p1", "p4", "p6")}  # all filtered
     r = PartialRollout(runner, PartialConfig(enabled=True, over_sampling=2, max_submissions=2), 2, grade).run(
         [], in_order(pool), 0, 0)
@@ -124,7 +122,7 @@ def test_nothing_passes_the_step_ends_when_submissions_run_out(setup):
 def test_buffer_round_trip_through_parquet_and_duckdb(setup, tmp_path):
     from tasks.stores import db
 
-    engine, runner, grade = setup
+    _, runner, grade = setup
     pool = items()
     fresh = in_order(pool)
     r0 = run(runner, grade, [], fresh, step=0)
@@ -149,7 +147,7 @@ def test_buffer_round_trip_through_parquet_and_duckdb(setup, tmp_path):
 
 
 def test_a_buffer_from_a_newer_policy_is_an_error_naming_the_column(setup, tmp_path):
-    engine, runner, grade = setup
+    _, runner, grade = setup
     r0 = run(runner, grade, [], in_order(items()), step=0)
     write_buffer(tmp_path, buffer_frame(r0.buffer, "run", 0), cursor=4)
     with pytest.raises(ValueError, match=r"column max_version = 0 for 0:p3:0 is newer than the current policy version -1"):
@@ -157,7 +155,7 @@ def test_a_buffer_from_a_newer_policy_is_an_error_naming_the_column(setup, tmp_p
 
 
 def test_a_carried_prompt_that_left_the_dataset_is_dropped_and_counted(setup, tmp_path):
-    engine, runner, grade = setup
+    _, runner, grade = setup
     r0 = run(runner, grade, [], in_order(items()), step=0)
     write_buffer(tmp_path, buffer_frame(r0.buffer, "run", 0), cursor=4)
     pool = {p: i for p, i in items().items() if p != "p3"}
@@ -198,7 +196,7 @@ def test_over_sampling_below_the_batch_size_names_the_field():
 def test_partial_metrics_count_off_policy_tokens_by_version_lag(setup):
     from tasks.training.partial_stage import partial_metrics
 
-    engine, runner, grade = setup
+    _, runner, grade = setup
     fresh = in_order(items())
     r0 = run(runner, grade, [], fresh, step=0)
     cut = len(r0.buffer[0].trajs[0].carry.ids)
