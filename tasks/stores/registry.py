@@ -146,10 +146,10 @@ def _version_of(client, name: str, model) -> str:
 
     for mv in client.search_model_versions(f"name = '{name}'"):
         if mv.tags.get("cleaner.model_id") == model.model_id:
-            return mv.version
+            return str(mv.version)
     tags = {"cleaner.model_id": model.model_id, **{k: v for k, v in model.tags.items() if k.startswith("cleaner.")
                                                    and k != CHECKPOINT_TAG}}
-    return mlflow.register_model(f"models:/{model.model_id}", name, tags=tags).version
+    return str(mlflow.register_model(f"models:/{model.model_id}", name, tags=tags).version)
 
 
 @named_errors
@@ -180,7 +180,7 @@ def register_run(cfg: TrackingConfig, mlrun: str, run_id: str, name: str) -> dic
         holder, held = None, float("-inf")
     if holder is None or _score(best) > held:
         client.set_registered_model_alias(name, "best", out["run_best"])
-    out["best"] = client.get_model_version_by_alias(name, "best").version
+    out["best"] = str(client.get_model_version_by_alias(name, "best").version)
     return out
 
 
