@@ -60,6 +60,31 @@ def test_mix_and_advantage_stages_on_files(tmp_path):
     assert m["train/advantage_abs_mean"] == pytest.approx(0.75, rel=1e-5)
 
 
+def test_mix_metrics_and_singleton_groups_hand_computed():
+    """Group a informative, b uniform (dropped), an ungraded row that counts nowhere, and R3L's reflect and
+    retry rows: groups of one no filter sees nor drops. Raw rows a0-a2 (1 of 3 correct), purified a3, b0
+    (1 of 2 correct)."""
+    rows = [("a", "a", "rollout", 1.0, True, True, 0), ("a", "a", "rollout", 0.0, True, True, 0),
+            ("a", "a", "rollout", 0.0, True, True, 0), ("a", "a", "rollout", 1.0, True, False, 2),
+            ("b", "b", "rollout", 0.0, True, False, 1), ("b", "b", "rollout", 0.0, True, False, 0),
+            ("u", "u", "rollout", 0.0, False, True, 0),
+            ("a", "r:a", "reflect", 1.0, True, False, 0), ("a", "t:a", "retry", 0.0, True, False, 0)]
+    df = pl.DataFrame([{"prompt_id": p, "group_id": g, "kind": k, "traj_id": f"x{i}", "reward": r, "graded": gr,
+                        "correct": r > 0, "raw": raw, "rollbacks_recovered": rec}
+                       for i, (p, g, k, r, gr, raw, rec) in enumerate(rows)])
+    out, m = mix_rows(df, MixConfig())
+    assert out["kept"].to_list() == [True] * 4 + [False] * 3 + [True] * 2
+    assert out["adv_scale"].to_list() == [1.0] * 9
+    assert (m["mix/groups"], m["mix/groups_kept"], m["mix/trajectories_kept"], m["mix/singleton_groups"]) == (4, 3, 6, 2)
+    assert (m["mix/raw"], m["mix/purified"]) == (3, 2)
+    assert m["mix/raw_accuracy"] == pytest.approx(1 / 3) and m["mix/purified_accuracy"] == 0.5
+    # the group filter saw a and b only (with the singletons it would count 3 zero-std groups of 4)
+    assert (m["rollout/filter_zero_count"], m["rollout/filter_kept_count"]) == (1.0, 2.0)
+    # nothing raw, nothing purified: accuracies 0, not 1 or NaN
+    _, m = mix_rows(df.filter(pl.col("prompt_id") == "b").with_columns(raw=False, rollbacks_recovered=0), MixConfig())
+    assert (m["mix/raw"], m["mix/purified"], m["mix/raw_accuracy"], m["mix/purified_accuracy"]) == (0, 0, 0.0, 0.0)
+
+
 @pytest.fixture(scope="module")
 def batch(chat):
     prompt = chat.prompt_ids([{"role": "user", "content": "What is 2 + 2?"}])

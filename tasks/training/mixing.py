@@ -94,7 +94,7 @@ def mix_rows(df: pl.DataFrame, cfg: MixConfig) -> tuple[pl.DataFrame, dict[str, 
     df = with_roles(df)
     graded = df.filter(pl.col("graded"))
     groups = graded.group_by("group_id").agg(
-        pl.col("reward").std(ddof=0).fill_null(0.0).alias("group_std"), pl.len().alias("group_n"),
+        pl.col("reward").std(ddof=0).fill_null(0.0).alias("group_std"),
         pl.col("kind").is_in(list(SINGLETON_KINDS)).all().alias("singleton"))
     keep, exempt = groups.filter(~pl.col("singleton")), groups.filter(pl.col("singleton"))
     filtered = graded.filter(~pl.col("group_id").is_in(exempt["group_id"].to_list()))
@@ -114,8 +114,8 @@ def mix_rows(df: pl.DataFrame, cfg: MixConfig) -> tuple[pl.DataFrame, dict[str, 
         "mix/trajectories_kept": int(out["kept"].sum()),
         "mix/raw": raw.height,
         "mix/purified": purified.height,
-        "mix/purified_accuracy": float(purified["correct"].cast(pl.Float64).mean() or 0.0) if purified.height else 0.0,
-        "mix/raw_accuracy": float(raw["correct"].cast(pl.Float64).mean() or 0.0) if raw.height else 0.0,
+        "mix/purified_accuracy": float(purified["correct"].cast(pl.Float64).mean() or 0.0),  # None when empty
+        "mix/raw_accuracy": float(raw["correct"].cast(pl.Float64).mean() or 0.0),  # None when empty
         **filt.metrics,
     }
     if exempt.height:
