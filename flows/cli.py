@@ -2,7 +2,8 @@
 
     cleaner demo                     build + warm up the tiny model if absent, train, show where results are
     cleaner build-tiny               build the untrained tiny model (tokenizer + Qwen2) from the corpus
-    cleaner warmup                   warm-up SFT of the tiny model into model.path
+    cleaner warmup                   warm-up SFT of the tiny model into model.path, then its gate
+    cleaner warmup-gate [--model D]  measure a warmed-up policy against the warm-up gate (≥ 500 trajectories)
     cleaner train [--set k=v]        the Prefect training flow
     cleaner resume RUN               rerun a crashed run: finished stages are skipped
     cleaner eval [--checkpoint DIR | --model models:/NAME@best]
@@ -91,16 +92,46 @@ def warmup(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt) ->
     warmup_flow(str(config), overrides or [])
 
 
+@app.command("warmup-gate")
+def warmup_gate_cmd(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt,
+                    model: Optional[Path] = typer.Option(None, help="Policy folder (default: model.path)."),
+                    write: bool = typer.Option(False, help="Write gate.json and the model card's gate section "
+                                                           "beside the model (default: only under output_dir).")) -> None:
+    """Measure first-call failure, recovery and P(correct | clean / recovered) on held-out prompts."""
+    import json
+
+    from tasks.training.gate import gate_table, log_gate, run_gate, write_gate
+
+    cfg = _load(config, overrides)
+    _check_tracking(cfg)
+    folder = Path(model or cfg.model.path)
+    if not (folder / "config.json").exists():
+        console.print(f"[red]model {folder} does not exist[/red] (run `cleaner warmup` or pass --model)")
+        raise typer.Exit(2)
+    committed = json.loads((folder / "gate.json").read_text()) if (folder / "gate.json").exists() else None
+    report = run_gate(folder, cfg.gate, cfg.rollout, cfg.engine, cfg.sandbox)
+    out = Path(cfg.output_dir) / "gate" / f"{folder.name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    if write:
+        write_gate(report, folder)
+    log_gate(report, cfg.tracking)
+    console.print(gate_table(report, committed))
+    console.print(f"gate {'passed' if report['passed'] else 'NOT passed'}; figures in {out}")
+
+
 @app.command()
 def train(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt,
           run_id: Optional[str] = typer.Option(None, help="Run id; an existing one is resumed."),
-          profile: bool = typer.Option(False, help="Print where step time goes, then time a fully cached rerun.")) -> None:
+          profile: bool = typer.Option(False, help="Print where step time goes, then time a fully cached rerun."),
+          parent_mlflow_run: Optional[str] = typer.Option(None, hidden=True,
+                                                          help="MLflow run to nest this run under (compare).")) -> None:
     """Run the Prefect training flow."""
     from flows.train import train as train_flow
 
     cfg = _load(config, overrides)
     _check_tracking(cfg)
-    result = train_flow(str(config), overrides or [], run_id)
+    result = train_flow(str(config), overrides or [], run_id, parent_mlflow_run)
     console.print(f"run [bold]{result['run_id']}[/bold] finished; final checkpoint {result['final_checkpoint']}")
     if profile:
         from flows.step_profile import profile_table

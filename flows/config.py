@@ -26,7 +26,7 @@ from tasks.envs.config import EnvConfig, EnvWarmupConfig, max_kept_trajectories
 from tasks.rewards.config import RewardConfig, ScoreConfig
 from tasks.rollout.config import RolloutConfig
 from tasks.stores.config import TrackingConfig
-from tasks.training.config import EvalConfig, MixConfig
+from tasks.training.config import EvalConfig, GateConfig, MixConfig
 
 
 class ConfigError(ValueError):
@@ -66,6 +66,9 @@ class TrainConfig(BaseModel):
     eval_every: int = Field(0, ge=0)
     """Evaluate the policy on held-out prompts every this many steps, and at the start and end (0 = never)."""
 
+    eval_at_start: bool = True
+    """Also evaluate the starting policy (version 0); a compare evaluates it once for all its runs instead."""
+
 
 ARM_PRESETS: dict[str, list[str]] = {
     "cleaner": ["rollout.saar.enabled=true", "rollout.saar.raw_share=0.3"],
@@ -97,8 +100,17 @@ class CompareConfig(BaseModel):
     treatment: str = "cleaner"
     """The arm whose claims the report checks."""
 
-    seeds: list[int] = [0, 1, 2]
-    """Seeds; every arm runs every seed (same data order per seed)."""
+    seeds: list[int] = [0, 1, 2, 3]
+    """Seeds; every arm runs every seed (same data order per seed) unless ``arm_seeds`` names its own."""
+
+    arm_seeds: dict[str, list[int]] = {}
+    """Arms run on fewer (or other) seeds than ``seeds``: a side arm needs fewer runs than the main two."""
+
+    parallel: int = Field(2, ge=1)
+    """Runs trained at once, each in its own process with one torch thread (one per core)."""
+
+    shared_initial_eval: bool = True
+    """Evaluate the starting policy once (the final evaluation's size) and use it as step 0 of every run."""
 
     steps: int = Field(20, ge=1)
     """RL steps per arm and seed."""
@@ -115,7 +127,13 @@ class CompareConfig(BaseModel):
         for field in ("baseline", "treatment"):
             if getattr(self, field) not in self.arms:
                 raise ValueError(f"{field} {getattr(self, field)!r} is not one of compare.arms {sorted(self.arms)}")
+        unknown = set(self.arm_seeds) - set(self.arms)
+        if unknown:
+            raise ValueError(f"arm_seeds names {sorted(unknown)}, not in compare.arms {sorted(self.arms)}")
         return self
+
+    def seeds_of(self, arm: str) -> list[int]:
+        return self.arm_seeds.get(arm, self.seeds)
 
 
 class RunConfig(BaseModel):
@@ -181,6 +199,9 @@ class RunConfig(BaseModel):
 
     env_warmup: EnvWarmupConfig = EnvWarmupConfig()
     """Scripted warm-up corpus of the ``tiny-env`` policy (used when ``model.build`` is ``tiny-env``)."""
+
+    gate: GateConfig = GateConfig()
+    """The warm-up gate (``cleaner warmup-gate``, the warm-up flow's last step)."""
 
     @model_validator(mode="after")
     def _partial_over_samples(self) -> "RunConfig":

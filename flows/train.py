@@ -220,8 +220,9 @@ def eval_task(cfg: RunConfig, info: RunInfo, version: int, policy: str) -> dict:
 
         return env_eval_stage(info.run_id, version, policy, info.mlflow_run_id, cfg.seed, cfg.env, cfg.rollout,
                               cfg.eval, cfg.tracking)
+    eval_cfg = cfg.eval.final() if version == cfg.train.steps else cfg.eval
     return stages.eval_stage(info.run_id, version, policy, info.mlflow_run_id, cfg.seed, cfg.model.chat,
-                             cfg.data, cfg.rollout, cfg.engine, cfg.sandbox, cfg.reward, cfg.eval, cfg.tracking,
+                             cfg.data, cfg.rollout, cfg.engine, cfg.sandbox, cfg.reward, eval_cfg, cfg.tracking,
                              ModelRef(name=model_name(cfg)), trace_tags(cfg, info))
 
 
@@ -231,6 +232,8 @@ def model_name(cfg: RunConfig) -> str:
 
 def _eval_due(cfg: RunConfig, version: int) -> bool:
     every = cfg.train.eval_every
+    if version == 0 and not cfg.train.eval_at_start:
+        return False
     return bool(every) and (version % every == 0 or version == cfg.train.steps)
 
 

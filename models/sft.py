@@ -14,7 +14,7 @@ shuffled) to waste less compute on padding. The result is saved with ``save_pret
 (model + tokenizer) into a temporary folder next to ``out_dir`` and renamed into place.
 
 The transcripts (lists of chat messages) are handed in by the caller — the warm-up flow reads
-them from the corpus file (``tasks.synthetic.read_sft_corpus``) — so this module knows no task.
+them from the corpus file (``tasks.data.synthetic.read_sft_corpus``) — so this module knows no task.
 
 With ``WarmupConfig.lora`` only a LoRA adapter trains on a frozen base (SmolLM2's cold start: a
 135M model on 2 CPU cores) and the result is an adapter folder. With ``checkpoint_every`` the

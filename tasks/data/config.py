@@ -11,11 +11,11 @@ from pydantic import BaseModel, ConfigDict, Field
 class DataConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    train_path: str = "data/synthetic/train.parquet"
-    """verl RL parquet with the training prompts."""
+    train_path: str = "data/synthetic-v2/rl.parquet"
+    """verl RL parquet with the training prompts (synthetic: the ``rl`` split, never a warm-up question)."""
 
-    eval_path: str = "data/synthetic/eval.parquet"
-    """verl RL parquet with held-out prompts (evaluation)."""
+    eval_path: str = "data/synthetic-v2/eval.parquet"
+    """verl RL parquet with held-out prompts (evaluation; synthetic: the ``eval`` split)."""
 
     synthetic: bool = True
     """Write the synthetic task files when they are missing."""

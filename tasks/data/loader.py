@@ -1,7 +1,8 @@
 """Data stage: the prompts of each RL step, from a verl-format RL parquet file.
 
 ``DataConfig`` names the train and held-out files; when ``synthetic`` is on and a file is
-missing it is written from ``tasks.synthetic`` (DESIGN §9). ``batch_for_step`` is a pure
+missing it is written from ``tasks.data.synthetic`` (DESIGN §9; training prompts from its ``rl``
+split, held-out ones from ``eval``, never a warm-up question). ``batch_for_step`` is a pure
 function of (seed, step): every epoch is a seeded permutation cut into ``len // n`` whole
 batches (the last ``len % n`` prompts of each epoch's order are left out, as a data loader with
 ``drop_last`` does), so a step's prompts are always distinct — a batch never straddles two
@@ -25,12 +26,12 @@ from tasks.rollout.machine import PromptItem
 
 def ensure_files(cfg: DataConfig, seed: int) -> None:
     """Write the synthetic train/eval files when missing (no-op for user-supplied data)."""
-    for path, n, split in ((cfg.train_path, cfg.n_train, "train"), (cfg.eval_path, cfg.n_eval, "eval")):
+    for path, n, field, split in ((cfg.train_path, cfg.n_train, "train", "rl"), (cfg.eval_path, cfg.n_eval, "eval", "eval")):
         if Path(path).exists():
             continue
         if not cfg.synthetic:
-            raise FileNotFoundError(f"data.{split}_path: {path} does not exist")
-        from tasks.synthetic import write_task_parquet
+            raise FileNotFoundError(f"data.{field}_path: {path} does not exist")
+        from tasks.data.synthetic import write_task_parquet
 
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         write_task_parquet(Path(path), n, seed, split)

@@ -2,7 +2,7 @@
 
 Everything here is a pure function of messages and strings, chat-template agnostic: the
 rollout turns these messages into token ids with ``models.chat.ChatFormat``, and the warm-up
-corpus generator (``tasks/synthetic``) uses the same functions to write reflection and
+corpus generator (``tasks/data/synthetic``) uses the same functions to write reflection and
 guided-retry transcripts, so the policy is trained on exactly the texts it sees in RL.
 
 Reference behaviour (seed-methods.md §1, R3L ``utils.format_trajectory_for_reflection``,

@@ -64,7 +64,7 @@ def bench_rollout(model: str | Path, prompts_path: str | Path | None = None, n_p
 
     torch.set_num_threads(1)
     if prompts_path is None:
-        from tasks.synthetic import write_task_parquet
+        from tasks.data.synthetic import write_task_parquet
 
         prompts_path = write_task_parquet(Path("runs/bench-rollout/eval.parquet"), n_prompts, seed, "eval")
     items = list(load_prompts(str(prompts_path)))[:n_prompts]

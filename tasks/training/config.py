@@ -1,4 +1,5 @@
-"""Config slices of training: group filters and advantages (``MixConfig``), held-out evaluation (``EvalConfig``).
+"""Config slices of training: group filters and advantages (``MixConfig``), held-out evaluation (``EvalConfig``),
+the warm-up gate (``GateConfig``).
 
 Pydantic only, so flow modules and the CLI read them without loading polars or torch.
 """
@@ -66,3 +67,40 @@ class EvalConfig(BaseModel):
 
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature at evaluation."""
+
+    final_prompts: int | None = Field(None, ge=1)
+    """Held-out prompts of a run's last evaluation (None: ``n_prompts``); a large final evaluation beside
+    smaller ones along the way keeps the final figure precise and the curve cheap."""
+
+    final_samples: int | None = Field(None, ge=1)
+    """Samples per prompt of a run's last evaluation (None: ``samples``)."""
+
+    def final(self) -> "EvalConfig":
+        """This config at the size of a run's last evaluation."""
+        return self.model_copy(update={"n_prompts": self.final_prompts or self.n_prompts,
+                                       "samples": self.final_samples or self.samples})
+
+
+class GateConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    n_prompts: int = Field(128, ge=1)
+    """Held-out prompts (``eval`` split, drawn with ``seed``)."""
+
+    samples: int = Field(4, ge=1)
+    """Samples per prompt (trajectories = ``n_prompts × samples``)."""
+
+    seed: int = 0
+    """Seed of the prompt draw and of sampling."""
+
+    first_call_failure: tuple[float, float] = (0.3, 0.5)
+    """Allowed range of the first-call failure rate."""
+
+    min_recovery: float = 0.7
+    """Lowest allowed recovery rate."""
+
+    p_correct_clean: tuple[float, float] = (0.4, 0.7)
+    """Allowed range of P(correct | clean first call)."""
+
+    max_gap: float = 0.1
+    """Largest allowed |P(correct | recovered) − P(correct | clean)|."""

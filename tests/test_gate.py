@@ -1,0 +1,86 @@
+"""The warm-up gate: its four rates on hand-made trajectories, the checks, the card section, a real run."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace as NS
+
+import pytest
+
+from tasks.training.gate import GateConfig, card_section, gate_figures, trajectory_facts, update_card
+from tasks.data.synthetic import KINDS
+
+
+def _row(kind, call=True, failed=False, failure=None, recovered=False, correct=False):
+    return {"kind": kind, "has_call": call, "first_failed": failed, "failure": failure, "recovered": recovered,
+            "correct": correct}
+
+
+ROWS = [
+    _row("gcd", correct=True), _row("gcd"), _row("mod", failed=True, failure="NameError", recovered=True, correct=True),
+    _row("mod", failed=True, failure="NameError", recovered=True), _row("mod", failed=True, failure="SyntaxError"),
+    _row("gcd", call=False), _row("mod", correct=True), _row("mod", correct=True),
+]
+
+
+def test_rates_and_checks_by_hand():
+    rep = gate_figures(ROWS, GateConfig())
+    o = rep["overall"]
+    # 7 trajectories call a tool; 3 first calls fail; 2 of them recover; clean: 3 of 4 right; recovered: 1 of 2
+    assert o["first_call_failure"]["rate"] == pytest.approx(3 / 7) and o["first_call_failure"]["n"] == 7
+    assert o["recovery"]["rate"] == pytest.approx(2 / 3)
+    assert o["p_correct_clean"]["rate"] == pytest.approx(0.75) and o["p_correct_clean"]["n"] == 4
+    assert o["p_correct_recovered"]["rate"] == pytest.approx(0.5)
+    assert o["p_correct_clean"]["se"] == pytest.approx((0.75 * 0.25 / 4) ** 0.5)
+    assert rep["gap"] == pytest.approx(-0.25) and o["accuracy"]["rate"] == pytest.approx(4 / 8)
+    assert rep["checks"] == {"first_call_failure": True, "recovery": False, "p_correct_clean": False, "gap": False}
+    assert not rep["passed"]
+    assert rep["by_kind"]["mod"]["first_call_failure"]["rate"] == pytest.approx(3 / 5)
+    assert rep["by_failure"]["NameError"]["count"] == 2 and rep["by_failure"]["NameError"]["recovery"]["rate"] == 1.0
+    assert list(rep["by_failure"]) == ["NameError", "SyntaxError"]
+    loose = GateConfig(min_recovery=0.6, p_correct_clean=(0.4, 0.8), max_gap=0.25)
+    assert gate_figures(ROWS, loose)["passed"]
+
+
+def test_facts_of_a_trajectory():
+    fail = NS(result=NS(ok=False, error_kind="NameError"), position=0)
+    fixed = NS(result=NS(ok=True, error_kind=None), position=0)
+    item = NS(extra_info={"kind": "gcd"}, data_source="synthetic/numbers")
+    recovered = NS(executions=[fail, fixed], events=[NS(kind="triggered", position=0), NS(kind="recovered", position=0)],
+                   item=item)
+    assert trajectory_facts(recovered, True) == {"kind": "gcd", "has_call": True, "first_failed": True,
+                                                 "failure": "NameError", "recovered": True, "correct": True}
+    lost = NS(executions=[fail], events=[NS(kind="triggered", position=0), NS(kind="exhausted", position=0)], item=item)
+    assert trajectory_facts(lost, False)["recovered"] is False
+    silent = NS(executions=[], events=[], item=NS(extra_info={}, data_source="synthetic/arith"))
+    assert trajectory_facts(silent, False) == {"kind": "synthetic/arith", "has_call": False, "first_failed": False,
+                                               "failure": None, "recovered": False, "correct": False}
+
+
+def test_card_section_is_replaced_not_appended(tmp_path):
+    rep = gate_figures(ROWS, GateConfig())
+    rep["model"] = "m"
+    card = tmp_path / "MODEL_CARD.md"
+    card.write_text("# model\n\ntext\n")
+    update_card(card, rep)
+    update_card(card, rep)
+    text = card.read_text()
+    assert text.count("## Warm-up gate") == 1 and text.startswith("# model\n\ntext\n")
+    assert "does not pass" in card_section(rep) and "| recovery | 66.7 % ± 27.2 (n = 3) |" in text
+
+
+@pytest.mark.slow
+def test_gate_on_a_real_model(tmp_path):
+    """The committed warm-up model through the real rollout (continuous batching, local sandbox)."""
+    from models.config import EngineConfig
+    from sandbox.config import SandboxConfig
+    from tasks.training.gate import run_gate
+    from tasks.rollout.config import RolloutConfig
+
+    cfg = GateConfig(n_prompts=6, samples=2, seed=1)
+    rep = run_gate("assets/tiny-warm", cfg, RolloutConfig(max_new_tokens=192, max_response_tokens=512),
+                   EngineConfig(), SandboxConfig(backend="local", workers=1), progress=False)
+    o = rep["overall"]
+    assert o["trajectories"] == 12 and o["first_call_failure"]["n"] + o["no_call"]["rate"] * 12 == pytest.approx(12)
+    assert set(rep["by_kind"]) <= set(KINDS) and sum(r["trajectories"] for r in rep["by_kind"].values()) == 12
+    assert json.loads(json.dumps(rep)) == rep, "the report is plain JSON"
