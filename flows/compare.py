@@ -1,35 +1,121 @@
-"""Prefect flow ``compare``: CLEANER vs the DAPO baseline vs SAAR-everywhere, over several seeds.
+"""Prefect flow ``compare``: CLEANER vs the DAPO baseline (and side arms), over several seeds, in parallel.
 
-Every arm trains every seed on the same data order (a child ``train`` flow run and a child
-MLflow run under one parent run), evaluating the policy with SAAR **off** every
-``compare.eval_every`` steps. The report (JSON, PNG, Markdown) goes to the parent run's
-``report/`` artifacts and to ``<output_dir>/<compare id>/report/``.
+1. **Initial evaluation**, once: the starting policy on the fixed held-out prompts at the final
+   evaluation's size (``eval.final_prompts × eval.final_samples``), SAAR off; it is step 0 of
+   every run (all runs start from the same policy).
+2. **Training**: every arm × seed (``compare.seeds``, or ``compare.arm_seeds[arm]``) is a child
+   ``cleaner train`` process with one torch thread, ``compare.parallel`` at a time (one per
+   core); the same seed means the same data order in every arm, so runs pair up by seed. Each
+   child is its own Prefect flow run and a child MLflow run under the parent; it writes its own
+   DuckDB file (one writer per file), merged into ``tracking.duckdb_path`` at the end. Each run
+   evaluates with SAAR off every ``compare.eval_every`` steps (``eval.n_prompts × eval.samples``)
+   and at its last step at the final size.
+3. **Report** (``tasks.reports.compare``): per seed and paired across arms, JSON + Markdown + PNGs
+   in ``<output_dir>/<compare id>/report/`` and the parent run's ``report/`` artifacts.
 
-Run: ``cleaner compare --config configs/tiny.yaml``; ``--set 'compare.add_arms=[r3l]'`` adds R3L as an arm
-(``flows.config.ARM_PRESETS``; docs/methods.md).
+A rerun with the same ``compare_id`` resumes: finished child runs are cached by their own
+flows (their stages are skipped). Run: ``cleaner compare --config configs/tiny.yaml``;
+``--set 'compare.add_arms=[r3l]'`` adds R3L as an arm (``flows.config.ARM_PRESETS``; docs/methods.md).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.config import load_config
-from flows.train import train
+from flows.config import RunConfig, load_config
 from tasks.reports.compare import summarize, write_report
 from tasks.stores import db, links, tracking
 
 
-def arm_overrides(shared: list[str], arm: list[str], steps: int, every: int) -> list[str]:
-    return [*shared, *arm, f"train.steps={steps}", f"train.eval_every={every}", "eval.modes=[saar_off]"]
+def arm_overrides(shared: list[str], arm: list[str], steps: int, every: int, initial_shared: bool) -> list[str]:
+    out = [*shared, *arm, f"train.steps={steps}", f"train.eval_every={every}", "eval.modes=[saar_off]"]
+    return out + (["train.eval_at_start=false"] if initial_shared else [])
+
+
+def jobs_of(cfg: RunConfig) -> list[tuple[str, int]]:
+    """(arm, seed) pairs, seed-major so that the runs of one seed (a pair) finish close together."""
+    cmp = cfg.compare
+    seeds = sorted({s for arm in cmp.arms for s in cmp.seeds_of(arm)})
+    return [(arm, s) for s in seeds for arm in cmp.arms if s in cmp.seeds_of(arm)]
+
+
+@task(name="initial-eval", cache_policy=NO_CACHE)
+def initial_eval_task(cfg: RunConfig, run_id: str, mlrun: str, folder: str) -> dict:
+    """Evaluate the starting policy once, at the final evaluation's size (SAAR off)."""
+    from flows.train import ensure_policy
+    from tasks.data.loader import ensure_files
+    from tasks.training import live, stages
+
+    path = Path(folder) / "initial_eval.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    ensure_files(cfg.data, cfg.seed)
+    ensure_policy(cfg)
+    eval_cfg = cfg.eval.final().model_copy(update={"modes": ["saar_off"]})
+    metrics = stages.eval_stage(run_id, 0, cfg.model.path, mlrun, cfg.seed, cfg.model.chat, cfg.data, cfg.rollout,
+                                cfg.engine, cfg.sandbox, cfg.reward, eval_cfg, cfg.tracking)
+    live.close_live()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(metrics, indent=1))
+    return metrics
+
+
+def _api_url() -> str | None:
+    """The Prefect API this flow talks to (the temporary server in ephemeral mode), for the child runs."""
+    from prefect.client.orchestration import get_client
+
+    url = str(get_client().api_url or "")
+    return url if url.startswith("http") else None
+
+
+def _train_process(config_path: str, overrides: list[str], run_id: str, parent: str, log: Path,
+                   api_url: str | None) -> str:
+    """One child run as a ``cleaner train`` process with one torch thread; raises with its log's tail.
+
+    The child talks to this flow's Prefect API (no temporary server of its own to start), so its
+    flow run sits beside the compare's in the same Prefect database.
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
+    argv = [sys.executable, "-m", "flows.cli", "train", "--config", config_path, "--run-id", run_id,
+            "--parent-mlflow-run", parent]
+    for o in overrides:
+        argv += ["--set", o]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    with log.open("w") as fh:
+        code = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, env=env).returncode
+    if code != 0:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-30:])
+        raise RuntimeError(f"compare run {run_id} failed (exit {code}); log {log}:\n{tail}")
+    print(f"{run_id} finished in {time.time() - t0:.0f} s")
+    return run_id
+
+
+@task(name="compare-runs", cache_policy=NO_CACHE)
+def runs_task(config_path: str, jobs: list[tuple[str, str, list[str]]], parent: str, folder: str, parallel: int) -> list[str]:
+    """Train every (arm, run id, overrides) job, ``parallel`` processes at a time."""
+    logs = Path(folder) / "logs"
+    api_url = _api_url()
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        futures = [pool.submit(_train_process, config_path, ov, run_id, parent, logs / f"{run_id}.log", api_url)
+                   for _, run_id, ov in jobs]
+        return [f.result() for f in futures]
 
 
 @task(name="compare-report", cache_policy=NO_CACHE)
 def report_task(duckdb_path: str, runs: dict[str, list[str]], baseline: str, treatment: str, folder: str,
-                keys: tuple[str, str] | None = None) -> dict:
+                initial: dict | None, keys: tuple[str, str] | None = None) -> dict:
     ids = ", ".join(f"'{r}'" for ids in runs.values() for r in ids)
     evals = db.query(duckdb_path, f"SELECT run_id, policy_version, key, value FROM evaluations WHERE run_id IN ({ids})")
     kinds = db.query(duckdb_path, f"""
@@ -38,7 +124,7 @@ def report_task(duckdb_path: str, runs: dict[str, list[str]], baseline: str, tre
                             ELSE 'clean first try' END AS kind, count(*) AS n, avg(reward) AS reward,
                avg(advantage) AS advantage
         FROM trajectories WHERE kept AND run_id IN ({ids}) GROUP BY ALL""")
-    summary = summarize(evals, runs, baseline, treatment, kinds, *(keys or ()))
+    summary = summarize(evals, runs, baseline, treatment, kinds, initial, *(keys or ()))
     write_report(summary, Path(folder))
     return summary
 
@@ -46,33 +132,45 @@ def report_task(duckdb_path: str, runs: dict[str, list[str]], baseline: str, tre
 @flow(name="compare", log_prints=True)
 def compare_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = None,
                  compare_id: str | None = None) -> dict:
-    """Train every arm × seed, evaluate with SAAR off, and write the comparison report."""
+    """Evaluate the starting policy once, train every arm × seed in parallel, write the comparison report."""
     cfg = load_config(config_path, overrides)
     cmp = cfg.compare
     compare_id = compare_id or f"compare-{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    arm_sets = {arm: [*(overrides or []), *arm_overrides(cmp.shared, arm_set, cmp.steps, cmp.eval_every),
-                      f"tracking.arm={arm}"] for arm, arm_set in cmp.arms.items()}
-    for arm_set in arm_sets.values():
-        load_config(config_path, arm_set)  # a bad arm or shared override fails now, not after hours of training
+    folder = Path(cfg.output_dir) / compare_id
+    stores = folder / "duckdb"
+    shared_initial = cmp.shared_initial_eval and cfg.env is None  # environment runs evaluate their own start
+    jobs = []
+    for arm, seed in jobs_of(cfg):
+        run_id = f"{compare_id}-{arm}-s{seed}"
+        ov = [*(overrides or []), *arm_overrides(cmp.shared, cmp.arms[arm], cmp.steps, cmp.eval_every,
+                                                 shared_initial),
+              f"tracking.arm={arm}", f"seed={seed}", f"tracking.duckdb_path={stores / f'{run_id}.duckdb'}"]
+        load_config(config_path, ov)  # a bad arm or shared override fails now, not after hours of training
+        jobs.append((arm, run_id, ov))
     parent = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, compare_id,
                                cfg.model_dump(mode="json"), {"cleaner.kind": "compare"})
-    links.set_description(cfg.tracking, parent, links.describe_compare(compare_id, cfg.name, None, cmp.seeds,
+    seeds = sorted({s for _, s in jobs_of(cfg)})
+    links.set_description(cfg.tracking, parent, links.describe_compare(compare_id, cfg.name, None, seeds,
                                                                        list(cmp.arms)))
-    runs: dict[str, list[str]] = {arm: [] for arm in cmp.arms}
-    for seed in cmp.seeds:
-        for arm, arm_set in arm_sets.items():
-            run_id = f"{compare_id}-{arm}-s{seed}"
-            train(config_path, [*arm_set, f"seed={seed}"], run_id, parent)
-            runs[arm].append(run_id)
-    folder = Path(cfg.output_dir) / compare_id / "report"
+    t0 = time.time()
+    initial = None
+    if shared_initial:
+        eval_cfg = load_config(config_path, [*(overrides or []), *cmp.shared])
+        initial = initial_eval_task(eval_cfg, f"{compare_id}-initial", parent, str(folder))
+    runs_task(config_path, jobs, parent, str(folder), cmp.parallel)
+    db.merge_stores(cfg.tracking.duckdb_path, sorted(stores.glob("*.duckdb")))
+    runs = {arm: [rid for a, rid, _ in jobs if a == arm] for arm in cmp.arms}
     keys = None
     if cfg.env is not None:
         played = cfg.env.eval_name or cfg.env.name
         keys = (f"eval/{played}/success", f"eval/{played}/valid_action_rate")
-    summary = report_task(cfg.tracking.duckdb_path, runs, cmp.baseline, cmp.treatment, str(folder), keys)
-    for f in sorted(folder.iterdir()):
+    summary = report_task(cfg.tracking.duckdb_path, runs, cmp.baseline, cmp.treatment, str(folder / "report"),
+                          initial, keys)
+    summary["wall_s"] = round(time.time() - t0, 1)
+    (folder / "report" / "compare.json").write_text(json.dumps(summary, indent=1))
+    for f in sorted((folder / "report").iterdir()):
         tracking.log_file(cfg.tracking, parent, f, "report")
-    links.set_description(cfg.tracking, parent, links.describe_compare(compare_id, cfg.name, summary, cmp.seeds))
+    links.set_description(cfg.tracking, parent, links.describe_compare(compare_id, cfg.name, summary, seeds))
     tracking.finish_run(cfg.tracking, parent)
-    print((folder / "compare.md").read_text())
+    print((folder / "report" / "compare.md").read_text())
     return summary

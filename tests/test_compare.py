@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.reports.compare import ACC, TOOL, summarize, write_report
+from tasks.reports.compare import ACC, GRADED, TOOL, summarize, write_report
 from tasks.rollout.saar import TrajStats, aggregate_stats
 from tasks.stores.tracking import RUN_TAG
 from tasks.training.evaluation import summarize as eval_summary
@@ -56,9 +56,9 @@ def test_compare_report_steps_to_baseline_final(tmp_path):
     assert s["steps_to_baseline_final"] == {"dapo": 20, "cleaner": 5}
     assert s["claim_half_the_steps"] and s["claim_higher_first_attempt_success"]
     files = write_report(s, tmp_path)
-    assert {f.name for f in files} == {"compare.json", "compare.md", "compare.png"}
+    assert {f.name for f in files} == {"compare.json", "compare.md", "compare.png", "compare_seeds.png"}
     page = (tmp_path / "compare.md").read_text()
-    assert "| cleaner | 5 |" in page and "| cleaner | +0.500 ± 0.000 |" in page
+    assert "| cleaner | 3 | 5 |" in page and "| cleaner | +0.500 ± 0.000 [+0.500, +0.500] |" in page
     assert "| cleaner | purified | 40 | 0.250 | -0.250 |" in page
     assert "within two standard errors" not in page  # the baseline gained +0.3 on every seed
     json.loads((tmp_path / "compare.json").read_text())
@@ -82,8 +82,32 @@ def test_compare_report_does_not_pass_a_claim_it_cannot_test(tmp_path):
     assert s["gain_pass_at_1"]["dapo"]["se"] == pytest.approx(0.01)  # deltas -0.05, -0.03
     write_report(s, tmp_path)
     page = (tmp_path / "compare.md").read_text()
-    assert "not testable" in page and "| dapo | -0.040 ± 0.010 |" in page
+    assert "not testable" in page and "| dapo | -0.040 ± 0.010 [-0.167, +0.087] |" in page
     assert "within two standard errors" not in page  # -0.04 is 4 se from zero
+
+
+def test_paired_difference_by_hand(tmp_path):
+    # finals per seed: dapo 0.40 0.45 0.50 0.47, cleaner 0.44 0.47 0.55 0.48 -> diffs .04 .02 .05 .01
+    # mean .03, sd sqrt(.001/3) = .018257, se .0091287, t(3) = 3.182 -> CI [.00095, .05905]
+    finals = {"dapo": [0.40, 0.45, 0.50, 0.47], "cleaner": [0.44, 0.47, 0.55, 0.48], "saar_all": [0.30, 0.35]}
+    acc = {arm: {12: xs} for arm, xs in finals.items()}
+    tool = {arm: {12: [0.8] * len(xs)} for arm, xs in finals.items()}
+    graded = [{"run_id": f"{arm}-s{i}", "policy_version": 12, "key": GRADED, "value": 1024.0}
+              for arm, xs in finals.items() for i in range(len(xs))]
+    evals = pl.DataFrame(_evals(acc, ACC) + _evals(tool, TOOL) + graded)
+    runs = {arm: [f"{arm}-s{i}" for i in range(len(xs))] for arm, xs in finals.items()}
+    s = summarize(evals, runs, "dapo", "cleaner", initial={ACC: 0.35, TOOL: 0.6})
+    d = s["paired_pass_at_1"]["cleaner"]
+    assert d["n"] == 4 and d["mean"] == pytest.approx(0.03) and d["se"] == pytest.approx(0.0091287, abs=1e-6)
+    assert d["ci95"] == pytest.approx([0.00095, 0.05905], abs=1e-4)
+    assert s["paired_pass_at_1"]["saar_all"]["seeds"] == [0, 1] and s["paired_pass_at_1"]["saar_all"]["mean"] == pytest.approx(-0.10)
+    assert s["final"]["dapo"]["pass_at_1_std"] == pytest.approx(0.04203, abs=1e-4)
+    assert [r["gain_pass_at_1"] for r in s["per_seed"]["cleaner"]] == pytest.approx([0.09, 0.12, 0.20, 0.13])
+    assert s["steps_to_baseline_final"] == {"dapo": 12, "cleaner": 12, "saar_all": None}
+    assert s["eval_noise"]["trajectories"] == 1024 and s["eval_noise"]["se"] == pytest.approx((0.455 * 0.545 / 1024) ** 0.5)
+    assert "cleaner ends higher" in s["verdict"] and "+0.030 ± 0.009" in s["verdict"]
+    write_report(s, tmp_path)
+    assert "| cleaner − dapo | 4 | +0.030 ± 0.009 [+0.001, +0.059] |" in (tmp_path / "compare.md").read_text()
 
 
 def test_refill_stops_at_its_bound_and_when_full():
@@ -136,13 +160,15 @@ def test_compare_flow_trains_every_arm_and_seed_under_one_parent(prefect_harness
     arms = json.dumps({"cleaner": ["rollout.saar.enabled=true", "rollout.saar.raw_share=0.3"],
                        "dapo": ["rollout.saar.enabled=false"]})
     overrides = [*tiny_overrides(tmp_path, warm_model_dir, steps=1), f"compare.arms={arms}",
-                 "compare.seeds=[0,1]", "compare.steps=1", "compare.eval_every=1",
+                 "compare.seeds=[0]", "compare.arm_seeds={}", "compare.steps=1", "compare.eval_every=1",
                  "compare.shared=[trainer.lr=1.0e-4]", "eval.n_prompts=4", "eval.samples=2", "eval.ks=[1,2]"]
     summary = compare_flow("configs/tiny.yaml", overrides, compare_id="cmp")
-    assert summary["runs"] == {"cleaner": ["cmp-cleaner-s0", "cmp-cleaner-s1"], "dapo": ["cmp-dapo-s0", "cmp-dapo-s1"]}
-    for arm in ("cleaner", "dapo"):  # both seeds evaluated at step 0 and step 1, SAAR off only
+    assert summary["runs"] == {"cleaner": ["cmp-cleaner-s0"], "dapo": ["cmp-dapo-s0"]}
+    for arm in ("cleaner", "dapo"):  # the shared initial evaluation is step 0; each run evaluates step 1 (SAAR off)
         assert [row["policy_version"] for row in summary["curves"][arm]["accuracy"]] == [0, 1]
-        assert [row["n"] for row in summary["curves"][arm]["accuracy"]] == [2, 2]
+        assert summary["per_seed"][arm][0]["seed"] == 0
+    logs = tmp_path / "runs" / "cmp" / "logs"
+    assert sorted(p.name for p in logs.iterdir()) == ["cmp-cleaner-s0.log", "cmp-dapo-s0.log"], "one process per run"
     con = duckdb.connect(str(tmp_path / "cleaner.duckdb"), read_only=True)
     keys = [k for (k,) in con.execute("SELECT DISTINCT key FROM evaluations").fetchall()]
     modes = {k.split("/")[1] for k in keys if k.startswith("eval/")}
@@ -164,7 +190,7 @@ def test_compare_flow_trains_every_arm_and_seed_under_one_parent(prefect_harness
         child_note = child.data.tags["mlflow.note.content"]
         assert f"arm **{run_id.split('-')[1]}**" in child_note and f"comparison `{parent.info.run_id}`" in child_note
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "report")} == {
-        "report/compare.json", "report/compare.md", "report/compare.png"}
+        "report/compare.json", "report/compare.md", "report/compare.png", "report/compare_seeds.png"}
     assert (tmp_path / "runs" / "cmp" / "report" / "compare.png").stat().st_size > 1000
 
 

@@ -208,3 +208,28 @@ def test_crash_between_removing_and_renaming_keeps_a_checkpoint(policy, warm_mod
     survivors = [p for p in (folder, folder.with_name(f".{folder.name}.old")) if (p / "config.json").exists()]
     assert survivors, "no loadable checkpoint left after a crash mid-swap"
     _load(survivors[0])
+
+
+def test_merge_stores_replaces_the_runs_it_copies(tmp_path):
+    """Runs trained in parallel processes write their own files; the merge copies them whole, once."""
+    import polars as pl
+
+    from tasks.stores import db
+
+    a, b, main = tmp_path / "a.duckdb", tmp_path / "b.duckdb", tmp_path / "main.duckdb"
+    for path, run in ((a, "r-a"), (b, "r-b")):
+        con = db.connect(path)
+        db.upsert_run(con, run, "tiny", {"seed": 0}, "ml", "finished")
+        db.replace_eval(con, run, 3, "ckpt", {"eval/x": 0.5, "eval/y": 1.0})
+        con.close()
+    con = db.connect(main)
+    db.replace_eval(con, "r-a", 3, "stale", {"eval/old": 9.0})
+    db.replace_eval(con, "other", 1, "c", {"eval/x": 0.1})
+    con.close()
+    copied = db.merge_stores(main, [a, b])
+    assert copied["evaluations"] == 4 and copied["runs"] == 2
+    db.merge_stores(main, [a])  # merging again changes nothing
+    ev = db.query(main, "SELECT run_id, key, value FROM evaluations ORDER BY run_id, key")
+    assert ev.to_dicts() == pl.DataFrame({"run_id": ["other", "r-a", "r-a", "r-b", "r-b"],
+                                          "key": ["eval/x", "eval/x", "eval/y", "eval/x", "eval/y"],
+                                          "value": [0.1, 0.5, 1.0, 0.5, 1.0]}).to_dicts()

@@ -1,54 +1,123 @@
-"""The compare report: CLEANER vs the DAPO baseline (and SAAR-everywhere) over several seeds.
+"""The compare report: CLEANER vs the DAPO baseline (and side arms), per seed and paired across arms.
 
-Input: the ``evaluations`` rows of every child run (policy version → ``eval/saar_off/…``) and,
-optionally, the trained trajectories grouped by kind (clean first try, purified, errors kept):
-their mean reward and advantage show what credit SAAR's purified sequences actually carry.
-Output: a JSON summary, a PNG (pass@1 and first-attempt tool success vs step, mean ± std
-over seeds per arm) and a short Markdown page. ``steps_to_baseline_final`` is the first
-evaluated step at which an arm's seed-mean pass@1 reaches the baseline's final seed-mean
-pass@1 (``None`` if never); the baseline's own value is where it first got there.  When the
-baseline ends no higher than it started (step 0 already reaches its final value) the
-"half the steps" claim cannot be tested and is reported as ``None``, never as a pass.
+Input: the ``evaluations`` rows of every child run (policy version → ``eval/saar_off/…``),
+run ids ending in ``-s<seed>`` (arms share seeds: the same seed means the same data order and
+the same initial policy, so runs pair up by seed), optionally one shared initial evaluation
+(every run starts from the same policy, so step 0 is evaluated once for all) and the trained
+trajectories grouped by kind (clean first try, purified, errors kept).
+
+Output (``summarize``): per run — final pass@1, final first-attempt tool success, the change
+from the initial evaluation and ``steps_to_baseline_final`` (the first evaluated step at which
+the run reaches the baseline's final seed-mean pass@1; ``None`` if never); per arm — seed mean,
+**training-seed spread** (std over seeds) and the seed-mean curves; per arm against the
+baseline — the **paired difference** over common seeds (mean, standard error, 95 % t interval);
+the evaluation's own sampling noise (binomial s.e. of one final evaluation) to compare the
+spread with; and a verdict in words. ``write_report`` writes JSON, Markdown and plots (curves
+mean ± std, per-seed finals with pairs joined, paired differences with their intervals).
+
+When the baseline ends no higher than it started, the "half the steps" claim cannot be tested
+and is reported as ``None``, never as a pass.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 
 import polars as pl
 
+from tasks.reports.compare_plots import plot
+
 ACC = "eval/saar_off/all/pass_at_1"
 TOOL = "eval/saar_off/tools/first_attempt_success_rate"
+GRADED = "eval/saar_off/eval/graded"
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+"""97.5 % quantiles of Student's t by degrees of freedom (the next lower tabulated df is used)."""
 
 
-def curves(evals: pl.DataFrame, runs: dict[str, list[str]], key: str) -> dict[str, pl.DataFrame]:
-    """Per arm: policy_version, mean, std, n over the arm's seeds for metric ``key``."""
-    out = {}
-    for arm, run_ids in runs.items():
-        part = evals.filter(pl.col("run_id").is_in(run_ids) & (pl.col("key") == key))
-        out[arm] = (part.group_by("policy_version")
-                    .agg(pl.col("value").mean().alias("mean"), pl.col("value").std(ddof=0).fill_null(0.0).alias("std"),
-                         pl.len().alias("n"))
-                    .sort("policy_version"))
+def seed_of(run_id: str) -> int:
+    m = re.search(r"-s(\d+)$", run_id)
+    if m is None:
+        raise ValueError(f"run id {run_id!r} does not end in -s<seed>")
+    return int(m.group(1))
+
+
+def t975(df: int) -> float:
+    return T975[max(k for k in T975 if k <= df)] if df >= 1 else float("nan")
+
+
+def mean_se_ci(xs: list[float]) -> dict:
+    """Mean, standard error and 95 % t interval of ``xs`` (s.e. and interval ``None`` below two values)."""
+    n = len(xs)
+    if not n:
+        return {"n": 0, "mean": None, "se": None, "ci95": None, "values": []}
+    m = sum(xs) / n
+    if n < 2:
+        return {"n": n, "mean": m, "se": None, "ci95": None, "values": list(xs)}
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+    se = sd / math.sqrt(n)
+    half = t975(n - 1) * se
+    return {"n": n, "mean": m, "se": se, "sd": sd, "ci95": [m - half, m + half], "values": list(xs)}
+
+
+def run_curves(evals: pl.DataFrame, key: str, initial: dict | None) -> dict[str, list[tuple[int, float]]]:
+    """Per run: [(policy version, value)] sorted, with the shared initial value at version 0 when given."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for row in evals.filter(pl.col("key") == key).sort("policy_version").iter_rows(named=True):
+        out.setdefault(row["run_id"], []).append((int(row["policy_version"]), float(row["value"])))
+    if initial is not None and key in initial:
+        for run_id, points in out.items():
+            if not points or points[0][0] != 0:
+                points.insert(0, (0, float(initial[key])))
     return out
 
 
-def gains(evals: pl.DataFrame, runs: dict[str, list[str]], key: str) -> dict[str, dict[str, float]]:
-    """Per arm: mean over seeds of (last − first evaluated value) and its standard error."""
+def mean_curve(curves: dict[str, list[tuple[int, float]]], run_ids: list[str]) -> list[dict]:
+    """Seed mean and std per evaluated version over ``run_ids``."""
+    by_version: dict[int, list[float]] = {}
+    for r in run_ids:
+        for v, x in curves.get(r, []):
+            by_version.setdefault(v, []).append(x)
+    rows = []
+    for v in sorted(by_version):
+        xs = by_version[v]
+        m = sum(xs) / len(xs)
+        rows.append({"policy_version": v, "mean": m, "std": math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs)),
+                     "n": len(xs)})
+    return rows
+
+
+def first_reaching(points: list[tuple[int, float]], target: float) -> int | None:
+    return next((v for v, x in points if x >= target - 1e-12), None)
+
+
+def per_seed(acc: dict, tool: dict, runs: dict[str, list[str]], target: float) -> dict[str, list[dict]]:
     out = {}
     for arm, run_ids in runs.items():
-        part = evals.filter(pl.col("run_id").is_in(run_ids) & (pl.col("key") == key)).sort("policy_version")
-        deltas = part.group_by("run_id").agg((pl.col("value").last() - pl.col("value").first()).alias("d"))["d"]
-        n = deltas.len()
-        se = float(deltas.std(ddof=1)) / n ** 0.5 if n > 1 else None
-        out[arm] = {"mean": float(deltas.mean()) if n else None, "se": se, "n": n}
+        rows = []
+        for r in run_ids:
+            pts, tpts = acc.get(r, []), tool.get(r, [])
+            rows.append({"run_id": r, "seed": seed_of(r), "final_pass_at_1": pts[-1][1] if pts else None,
+                         "final_first_attempt_success": tpts[-1][1] if tpts else None,
+                         "gain_pass_at_1": pts[-1][1] - pts[0][1] if len(pts) > 1 else None,
+                         "steps_to_baseline_final": first_reaching(pts, target) if pts else None})
+        out[arm] = sorted(rows, key=lambda x: x["seed"])
     return out
 
 
-def first_reaching(curve: pl.DataFrame, target: float) -> int | None:
-    hit = curve.filter(pl.col("mean") >= target - 1e-12)
-    return int(hit["policy_version"][0]) if hit.height else None
+def paired(seeds: dict[str, list[dict]], baseline: str, field: str) -> dict[str, dict]:
+    """Per arm: the paired difference arm − baseline of ``field`` over the seeds both ran."""
+    base = {r["seed"]: r[field] for r in seeds[baseline] if r[field] is not None}
+    out = {}
+    for arm, rows in seeds.items():
+        if arm == baseline:
+            continue
+        diffs = [(r["seed"], r[field] - base[r["seed"]]) for r in rows if r["seed"] in base and r[field] is not None]
+        out[arm] = {**mean_se_ci([d for _, d in diffs]), "seeds": [s for s, _ in diffs]}
+    return out
 
 
 def by_kind(kinds: pl.DataFrame | None, runs: dict[str, list[str]]) -> dict[str, list[dict]]:
@@ -64,101 +133,139 @@ def by_kind(kinds: pl.DataFrame | None, runs: dict[str, list[str]]) -> dict[str,
     return {arm: table.filter(pl.col("arm") == arm).drop("arm").to_dicts() for arm in runs}
 
 
+def eval_noise(evals: pl.DataFrame, p: float | None) -> dict:
+    """Binomial s.e. of pass@1 for one final evaluation (its graded trajectories at the final version)."""
+    graded = evals.filter(pl.col("key") == GRADED).sort("policy_version")
+    if p is None or not graded.height:
+        return {"trajectories": None, "se": None}
+    n = int(graded.group_by("run_id").agg(pl.col("value").last())["value"].median())
+    return {"trajectories": n, "se": math.sqrt(p * (1 - p) / n) if n else None}
+
+
 def summarize(evals: pl.DataFrame, runs: dict[str, list[str]], baseline: str, treatment: str,
-              kinds: pl.DataFrame | None = None, acc_key: str = ACC, tool_key: str = TOOL) -> dict:
-    """``acc_key`` / ``tool_key``: the evaluation metrics compared (environment runs: ``eval/<env>/success`` and
-    ``eval/<env>/valid_action_rate``)."""
-    acc, tool = curves(evals, runs, acc_key), curves(evals, runs, tool_key)
-    base = acc[baseline]
-    if not base.height:
+              kinds: pl.DataFrame | None = None, initial: dict | None = None, acc_key: str = ACC,
+              tool_key: str = TOOL) -> dict:
+    """``initial``: the shared initial evaluation's metrics (step 0 of every run); ``acc_key`` / ``tool_key``: the
+    evaluation metrics compared (environment runs: ``eval/<env>/success`` and ``eval/<env>/valid_action_rate``)."""
+    acc, tool = run_curves(evals, acc_key, initial), run_curves(evals, tool_key, initial)
+    base_curve = mean_curve(acc, runs[baseline])
+    if not base_curve:
         raise ValueError(f"no evaluations of the baseline arm {baseline!r}: set train.eval_every")
-    target = float(base["mean"][-1])
-    steps = {arm: first_reaching(c, target) for arm, c in acc.items()}
-    final = {arm: {"pass_at_1": float(c["mean"][-1]) if c.height else None,
-                   "pass_at_1_std": float(c["std"][-1]) if c.height else None,
-                   "first_attempt_success": float(tool[arm]["mean"][-1]) if tool[arm].height else None}
-             for arm, c in acc.items()}
+    target = base_curve[-1]["mean"]
+    curves = {arm: {"accuracy": mean_curve(acc, ids), "first_attempt_success": mean_curve(tool, ids)}
+              for arm, ids in runs.items()}
+    steps = {arm: first_reaching([(c["policy_version"], c["mean"]) for c in curves[arm]["accuracy"]], target)
+             for arm in runs}
+    seeds = per_seed(acc, tool, runs, target)
+    final = {}
+    for arm, rows in seeds.items():
+        finals = [r["final_pass_at_1"] for r in rows if r["final_pass_at_1"] is not None]
+        tools = [r["final_first_attempt_success"] for r in rows if r["final_first_attempt_success"] is not None]
+        final[arm] = {"pass_at_1": mean_se_ci(finals)["mean"], "pass_at_1_std": _std(finals),
+                      "first_attempt_success": mean_se_ci(tools)["mean"], "first_attempt_success_std": _std(tools),
+                      "seeds": len(rows)}
     base_steps, treat_steps = steps[baseline], steps[treatment]
     faster = None if not base_steps else treat_steps is not None and treat_steps <= base_steps / 2
-    better_tools = (final[treatment]["first_attempt_success"] or 0) > (final[baseline]["first_attempt_success"] or 0)
-    return {
+    summary = {
         "baseline": baseline, "treatment": treatment, "baseline_final_pass_at_1": target,
-        "baseline_initial_pass_at_1": float(base["mean"][0]),
-        "steps_to_baseline_final": steps, "final": final,
-        "gain_pass_at_1": gains(evals, runs, acc_key), "gain_first_attempt_success": gains(evals, runs, tool_key),
+        "baseline_initial_pass_at_1": base_curve[0]["mean"], "initial": initial,
+        "steps_to_baseline_final": steps, "final": final, "per_seed": seeds,
+        "paired_pass_at_1": paired(seeds, baseline, "final_pass_at_1"),
+        "paired_first_attempt_success": paired(seeds, baseline, "final_first_attempt_success"),
+        "gain_pass_at_1": {arm: mean_se_ci([r["gain_pass_at_1"] for r in rows if r["gain_pass_at_1"] is not None])
+                           for arm, rows in seeds.items()},
+        "eval_noise": eval_noise(evals, target),
         "metrics": {"accuracy": acc_key, "tools": tool_key},
         "trained_by_kind": by_kind(kinds, runs),
-        "claim_half_the_steps": faster, "claim_higher_first_attempt_success": bool(better_tools),
-        "curves": {arm: {"accuracy": c.to_dicts(), "first_attempt_success": tool[arm].to_dicts()} for arm, c in acc.items()},
-        "runs": runs,
+        "claim_half_the_steps": faster,
+        "claim_higher_first_attempt_success": bool((final[treatment]["first_attempt_success"] or 0)
+                                                   > (final[baseline]["first_attempt_success"] or 0)),
+        "curves": curves, "runs": runs,
     }
+    summary["verdict"] = verdict(summary)
+    return summary
 
 
-def plot(summary: dict, out_png: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, (key, title) in zip(axes, (("accuracy", "pass@1, SAAR off at evaluation"),
-                                       ("first_attempt_success", "first-attempt tool success"))):
-        for arm, c in summary["curves"].items():
-            rows = c[key]
-            x = [r["policy_version"] for r in rows]
-            m = [r["mean"] for r in rows]
-            s = [r["std"] for r in rows]
-            ax.plot(x, m, marker="o", ms=3, label=arm)
-            ax.fill_between(x, [a - b for a, b in zip(m, s)], [a + b for a, b in zip(m, s)], alpha=0.2)
-        ax.set_title(title)
-        ax.set_xlabel("RL step")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    axes[0].axhline(summary["baseline_final_pass_at_1"], color="grey", ls="--", lw=1)
-    fig.tight_layout()
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return out_png
+def _std(xs: list[float]) -> float | None:
+    return mean_se_ci(xs).get("sd") if len(xs) > 1 else (0.0 if xs else None)
 
 
-def markdown(summary: dict) -> str:
-    lines = ["# CLEANER vs DAPO baseline", "",
-             f"Baseline `{summary['baseline']}` pass@1 (seed mean): **{summary['baseline_initial_pass_at_1']:.3f}** at step 0, "
-             f"**{summary['baseline_final_pass_at_1']:.3f}** at the end", "",
-             "| arm | steps to baseline final | final pass@1 (± std) | final first-attempt tool success |",
-             "| --- | --- | --- | --- |"]
-    for arm, f in summary["final"].items():
-        steps = summary["steps_to_baseline_final"][arm]
-        lines.append(f"| {arm} | {'never' if steps is None else steps} | {f['pass_at_1']:.3f} ± {f['pass_at_1_std']:.3f} "
-                     f"| {f['first_attempt_success']:.3f} |")
-    lines += ["", "Change from the first to the last evaluation (mean over seeds ± standard error):", "",
-              "| arm | pass@1 | first-attempt tool success |", "| --- | --- | --- |"]
-    for arm in summary["final"]:
-        a, t = summary["gain_pass_at_1"][arm], summary["gain_first_attempt_success"][arm]
-        lines.append(f"| {arm} | {_pm(a)} | {_pm(t)} |")
-    base_gain = summary["gain_pass_at_1"][summary["baseline"]]
-    if base_gain["se"] is not None and not abs(base_gain["mean"]) > 2 * base_gain["se"]:
-        lines += ["", f"Note: the baseline's pass@1 change ({base_gain['mean']:+.3f}) is within two standard errors of "
-                      "zero: at this budget the comparison measures seed noise more than learning."]
-    if summary.get("trained_by_kind"):
+def verdict(s: dict) -> str:
+    """The result in words: the paired difference, its interval, what the run could have detected."""
+    t, b = s["treatment"], s["baseline"]
+    d, g = s["paired_pass_at_1"].get(t, {}), s["gain_pass_at_1"][b]
+    if not d or d.get("se") is None:
+        return f"{t} − {b}: too few paired seeds for a standard error."
+    lo, hi = d["ci95"]
+    words = (f"{t} − {b} final pass@1 = {d['mean']:+.3f} ± {d['se']:.3f} (s.e., {d['n']} paired seeds, "
+             f"95 % CI [{lo:+.3f}, {hi:+.3f}]): ")
+    if lo > 0:
+        words += f"{t} ends higher."
+    elif hi < 0:
+        words += f"{t} ends lower."
+    else:
+        words += (f"no difference detectable; this run could detect about ±{(hi - lo) / 2:.3f}.")
+    if g.get("se") is not None and abs(g["mean"]) <= 2 * g["se"]:
+        words += f" The baseline's own gain ({g['mean']:+.3f} ± {g['se']:.3f}) is within two s.e. of zero."
+    tool = s["paired_first_attempt_success"].get(t, {})
+    if tool.get("se") is not None:
+        lo, hi = tool["ci95"]
+        sign = "higher" if lo > 0 else "lower" if hi < 0 else "not different"
+        words += f" First-attempt tool success: {tool['mean']:+.3f} ± {tool['se']:.3f} ({sign})."
+    return words
+
+
+def markdown(s: dict) -> str:
+    b, t = s["baseline"], s["treatment"]
+    lines = ["# CLEANER vs DAPO baseline", "", f"**Verdict.** {s['verdict']}", "",
+             f"Baseline `{b}` pass@1 (seed mean): **{s['baseline_initial_pass_at_1']:.3f}** at step 0 (shared initial "
+             f"evaluation), **{s['baseline_final_pass_at_1']:.3f}** at the end.", "",
+             "| arm | seeds | steps to baseline final | final pass@1 (± seed std) | final first-attempt success (± std) |",
+             "| --- | --- | --- | --- | --- |"]
+    for arm, f in s["final"].items():
+        steps = s["steps_to_baseline_final"][arm]
+        lines.append(f"| {arm} | {f['seeds']} | {'never' if steps is None else steps} | {_f(f['pass_at_1'])} ± "
+                     f"{_f(f['pass_at_1_std'])} | {_f(f['first_attempt_success'])} ± {_f(f['first_attempt_success_std'])} |")
+    noise = s["eval_noise"]
+    if noise["se"] is not None:
+        lines += ["", f"Evaluation sampling noise of one final evaluation ({noise['trajectories']} trajectories): "
+                      f"s.e. ≤ {noise['se']:.3f}; the training-seed spread is the std column."]
+    lines += ["", "Per seed:", "", "| arm | seed | final pass@1 | first-attempt success | change from step 0 | "
+              "steps to baseline final |", "| --- | --- | --- | --- | --- | --- |"]
+    for arm, rows in s["per_seed"].items():
+        for r in rows:
+            steps = r["steps_to_baseline_final"]
+            lines.append(f"| {arm} | {r['seed']} | {_f(r['final_pass_at_1'])} | {_f(r['final_first_attempt_success'])} | "
+                         f"{_f(r['gain_pass_at_1'], '+.3f')} | {'never' if steps is None else steps} |")
+    lines += ["", f"Paired differences against `{b}` (same seed = same data order), mean ± s.e. [95 % CI]:", "",
+              "| arm | pairs | final pass@1 | first-attempt success |", "| --- | --- | --- | --- |"]
+    for arm, d in s["paired_pass_at_1"].items():
+        lines.append(f"| {arm} − {b} | {d['n']} | {_pm(d)} | {_pm(s['paired_first_attempt_success'][arm])} |")
+    lines += ["", "Change from the initial evaluation (mean over seeds ± s.e.):", "", "| arm | pass@1 |", "| --- | --- |"]
+    lines += [f"| {arm} | {_pm(g)} |" for arm, g in s["gain_pass_at_1"].items()]
+    if s.get("trained_by_kind"):
         lines += ["", "Trained trajectories by kind (what credit each kind carried into the update):", "",
                   "| arm | kind | trajectories | mean reward | mean advantage |", "| --- | --- | --- | --- | --- |"]
-        for arm, rows in summary["trained_by_kind"].items():
+        for arm, rows in s["trained_by_kind"].items():
             lines += [f"| {arm} | {r['kind']} | {r['n']} | {r['reward']:.3f} | {r['advantage']:+.3f} |" for r in rows]
-    half = summary["claim_half_the_steps"]
-    lines += ["", f"- treatment reaches the baseline's final pass@1 in at most half the steps: "
-                  f"**{_VERDICT[half]}**",
-              f"- treatment ends with a higher first-attempt tool success: "
-              f"**{'yes' if summary['claim_higher_first_attempt_success'] else 'no'}**", "",
-              "![curves](compare.png)"]
+    half = s["claim_half_the_steps"]
+    lines += ["", f"- {t} reaches the baseline's final pass@1 in at most half the steps: **{_VERDICT[half]}**",
+              f"- {t} ends with a higher first-attempt tool success (seed means): "
+              f"**{'yes' if s['claim_higher_first_attempt_success'] else 'no'}**", "",
+              "![curves](compare.png)", "", "![per seed](compare_seeds.png)"]
     return "\n".join(lines) + "\n"
 
 
-def _pm(gain: dict) -> str:
-    if gain["mean"] is None:
+def _f(x, fmt: str = ".3f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _pm(d: dict) -> str:
+    if d.get("mean") is None:
         return "-"
-    return f"{gain['mean']:+.3f}" + ("" if gain["se"] is None else f" ± {gain['se']:.3f}")
+    if d.get("se") is None:
+        return f"{d['mean']:+.3f}"
+    return f"{d['mean']:+.3f} ± {d['se']:.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
 
 
 _VERDICT = {True: "yes", False: "no",
@@ -171,4 +278,4 @@ def write_report(summary: dict, folder: Path) -> list[Path]:
     js.write_text(json.dumps(summary, indent=1))
     md = folder / "compare.md"
     md.write_text(markdown(summary))
-    return [js, md, plot(summary, folder / "compare.png")]
+    return [js, md, *plot(summary, folder)]

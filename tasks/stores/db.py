@@ -182,6 +182,41 @@ def replace_eval(con, run_id: str, version: int, checkpoint: str, metrics: dict[
         raise
 
 
+def merge_stores(target: str | Path, sources: list[str | Path]) -> dict[str, int]:
+    """Copy every row of each source store into ``target``, replacing the target's rows of the same runs.
+
+    Used when runs trained in parallel processes each wrote their own file (DuckDB has one writer
+    per file). Every table of a source that has a ``run_id`` column and exists in the target is
+    copied; one transaction per source. Returns rows copied per table.
+    """
+    con = connect(target)
+    copied: dict[str, int] = {}
+    try:
+        for i, src in enumerate(sources):
+            alias = f"src{i}"
+            con.execute(f"ATTACH '{Path(src)}' AS {alias} (READ_ONLY)")
+            tables = [t for (t,) in con.execute(
+                "SELECT table_name FROM duckdb_columns() WHERE database_name = ? AND column_name = 'run_id' "
+                "AND table_name IN (SELECT table_name FROM duckdb_tables() WHERE database_name = current_database())",
+                [alias]).fetchall()]
+            con.execute("BEGIN TRANSACTION")
+            try:
+                for table in tables:
+                    con.execute(f"DELETE FROM {table} WHERE run_id IN (SELECT DISTINCT run_id FROM {alias}.{table})")
+                    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {alias}.{table}")
+                    n = con.execute(f"SELECT count(*) FROM {alias}.{table}").fetchone()[0]
+                    copied[table] = copied.get(table, 0) + n
+                con.execute("COMMIT")
+            except Exception:
+                con.execute("ROLLBACK")
+                raise
+            finally:
+                con.execute(f"DETACH {alias}")
+    finally:
+        con.close()
+    return copied
+
+
 def query(path: str | Path, sql: str) -> pl.DataFrame:
     """Run read-only SQL against the store."""
     con = duckdb.connect(str(path), read_only=True)
