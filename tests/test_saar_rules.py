@@ -311,9 +311,11 @@ def test_batch_without_refill_is_kept_whole():
 
 def test_reference_metrics_hand_computed():
     saar = TrajStats(tool_calls=4, tool_success=2, first_attempt_total=2, first_attempt_success=1,
-                     rollbacks_triggered=1, rollbacks_recovered=1, shallow=1, deep=1)
+                     rollbacks_triggered=1, rollbacks_recovered=1, shallow=1, deep=1, tool_rounds=4,
+                     similarities=[0.8, 0.3])
     saar.failure_reasons.update({"NameError": 2})
-    raw = TrajStats(tool_calls=3, tool_success=1, first_attempt_total=3, first_attempt_success=1)
+    raw = TrajStats(tool_calls=3, tool_success=1, first_attempt_total=3, first_attempt_success=1, tool_rounds=3,
+                    errors_kept=2, retry_loops=2)
     raw.failure_reasons.update({"NameError": 1, "ZeroDivisionError": 1})
     m = aggregate_stats([saar, raw, TrajStats()], [False, True, False])
     assert m["tool_calls/total_attempts"] == 5 and m["tool_calls/success_rate"] == pytest.approx(2 / 5)
@@ -324,6 +326,17 @@ def test_reference_metrics_hand_computed():
     assert (m["rollback/global_triggered"], m["rollback/global_recovered"], m["rollback/global_failed"]) == (1, 1, 0)
     assert m["rollback/global_recovery_rate"] == 1.0
     assert (m["rollback/rollback_full_turn_count"], m["rollback/rollback_tool_call_only_count"]) == (1, 1)
+    ours = {k: v for k, v in m.items() if not k.startswith(("tool_calls/", "rollback/"))}
+    assert ours == pytest.approx({
+        "tools/calls": 7, "tools/success_rate": 3 / 7, "tools/first_attempt_total": 5,
+        "tools/first_attempt_success_rate": 2 / 5, "tools/failures/NameError": 3, "tools/failures/ZeroDivisionError": 1,
+        "saar/rollbacks_triggered": 1, "saar/rollbacks_recovered": 1, "saar/rollbacks_failed": 0,
+        "saar/global_recovery_rate": 1.0, "saar/shallow": 1, "saar/deep": 1, "saar/similarity_mean": 0.55,
+        "rollout/raw_share": 1 / 3, "rollout/tool_rounds_mean": 7 / 3, "rollout/retry_loop_share": 1 / 3,
+        "rollout/errors_kept_mean": 2 / 3})
+    assert len(m) == len(ours) + 10  # the reference's keys: 8 + 2 failure reasons
+    empty = aggregate_stats([], [])
+    assert empty["saar/similarity_mean"] == empty["rollout/raw_share"] == empty["rollout/tool_rounds_mean"] == 0.0
 
 
 def test_reference_metrics_edge_rules():
