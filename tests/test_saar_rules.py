@@ -84,8 +84,10 @@ def test_threshold_is_inclusive():
 
 def test_a_side_without_call_is_deep():
     decode = lambda ids: "x" * len(ids)
-    assert splice([1, 2], [0.0] * 2, [3, 4], [0.0] * 2, None, 0, decode, 0.0).decision == "deep"
-    assert splice([1, 2], [0.0] * 2, [3, 4], [0.0] * 2, 0, None, decode, 0.0).decision == "deep"
+    for old_call, new_call in [(None, 0), (0, None)]:
+        sp = splice([1, 2], [-1.0] * 2, [3, 4], [-2.0, -3.0], old_call, new_call, decode, 0.0)
+        assert (sp.decision, sp.similarity, sp.kept_old_prefix) == ("deep", 0.0, 0)
+        assert sp.ids == [3, 4] and sp.logprobs == [-2.0, -3.0]
 
 
 # -- exhaustion ------------------------------------------------------------------------------------------
