@@ -34,6 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from sandbox.config import SandboxConfig
 from sandbox.result import SandboxInfraError
 
@@ -166,8 +168,10 @@ def _start_runners(backends, cfg: SandboxConfig) -> tuple[dict, dict, dict, list
 
 def run_bench(backends=BACKENDS, snippets=tuple(SNIPPETS), concurrency=(1, 8, 32), n: int = 200,
               workers: int | None = None, cfg: SandboxConfig | None = None, reps: int = 2,
-              long_factor: float = 2.0) -> dict:
-    """Benchmark the backends; returns ``{"rows": [...], "skipped": {...}, "config": {...}, ...}``."""
+              long_factor: float = 2.0, progress: bool = True) -> dict:
+    """Benchmark the backends; returns ``{"rows": [...], "skipped": {...}, "config": {...}, ...}``.
+
+    ``progress``: a bar on stderr counting executions (cell and long run in its description)."""
     unknown = set(snippets) - set(SNIPPETS)
     if unknown:
         raise ValueError(f"snippets: unknown {sorted(unknown)}; valid: {sorted(SNIPPETS)}")
@@ -177,12 +181,17 @@ def run_bench(backends=BACKENDS, snippets=tuple(SNIPPETS), concurrency=(1, 8, 32
     workers = workers or os.cpu_count() or 1
     cfg = cfg or SandboxConfig(workers=workers, preimport=["math"], timeout_s=30)
     runners, skipped, pools, boxes = _start_runners(backends, cfg)
+    n_long = int(long_factor * cfg.runs_per_container * cfg.workers)
+    total = sum(reps * max(1, math.ceil(max(n, 2 * c) / reps)) for c in concurrency) * len(snippets) * len(runners)
+    total += n_long * sum(not box.spawn for box in pools.values())
+    bar = tqdm(total=total, desc="sandbox bench", unit="exec", disable=not progress)
     try:
-        rows = _cells(runners, snippets, concurrency, n, reps)
-        if long_factor > 0:
+        rows = _cells(runners, snippets, concurrency, n, reps, bar)
+        if n_long > 0:
             long_conc = 8 if 8 in concurrency else max(concurrency)  # the issue's reference cell
-            rows += _long_rows(runners, pools, cfg, long_conc, long_factor)
+            rows += _long_rows(runners, pools, n_long, long_conc, bar)
     finally:
+        bar.close()
         for box in boxes:
             box.close()
     order = list(runners)
@@ -196,7 +205,7 @@ def run_bench(backends=BACKENDS, snippets=tuple(SNIPPETS), concurrency=(1, 8, 32
             "speedup_vs_plain": speedups(rows, "plain"), "speedup_vs_host": speedups(rows, "host")}
 
 
-def _cells(runners: dict, snippets, concurrency, n: int, reps: int) -> list[BenchRow]:
+def _cells(runners: dict, snippets, concurrency, n: int, reps: int, bar) -> list[BenchRow]:
     rows = []
     for snippet in snippets:
         for conc in concurrency:
@@ -206,25 +215,28 @@ def _cells(runners: dict, snippets, concurrency, n: int, reps: int) -> list[Benc
                 names = list(runners)
                 names = names[rep % len(names):] + names[:rep % len(names)]
                 for name in names:
+                    bar.set_description(f"{snippet} c={conc} rep {rep + 1}/{reps} {name}")
                     run = runners[name][0]
                     run(SNIPPETS[snippet][0])  # warm-up outside the measurement
                     lat, oks, wall = _samples(run, snippet, conc, per_rep)
+                    bar.update(per_rep)
                     acc = got[name]
                     got[name] = (acc[0] + lat, acc[1] + oks, acc[2] + wall)
             rows += [_row(name, snippet, conc, *got[name], interpreter=runners[name][1]) for name in runners]
     return rows
 
 
-def _long_rows(runners: dict, pools: dict, cfg: SandboxConfig, conc: int, factor: float) -> list[BenchRow]:
-    """Each fork-server pool, trivial snippet, past its retirement limit."""
-    n = int(factor * cfg.runs_per_container * cfg.workers)
+def _long_rows(runners: dict, pools: dict, n: int, conc: int, bar) -> list[BenchRow]:
+    """Each fork-server pool, trivial snippet, ``n`` executions: past its retirement limit."""
     rows = []
     for name, box in pools.items():
         if box.spawn:
             continue
+        bar.set_description(f"long run c={conc} {name}")
         before = box.stats()
         box._stats["max_replacement_gap_s"] = 0.0
         lat, oks, wall = _samples(runners[name][0], "trivial", conc, n)
+        bar.update(n)
         after = box.stats()
         rows.append(_row(name, "trivial", conc, lat, oks, wall, interpreter=runners[name][1], phase="long",
                          **{k: int(after[s] - before[s]) for k, s in
