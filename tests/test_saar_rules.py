@@ -319,21 +319,22 @@ def test_reference_metrics_hand_computed():
     raw = TrajStats(tool_calls=3, tool_success=1, first_attempt_total=3, first_attempt_success=1, tool_rounds=3,
                     errors_kept=2, retry_loops=2)
     raw.failure_reasons.update({"NameError": 1, "ZeroDivisionError": 1})
-    m = aggregate_stats([saar, raw, TrajStats()], [False, True, False])
+    gave_up = TrajStats(rollbacks_triggered=1, rollbacks_failed=1)
+    m = aggregate_stats([saar, raw, gave_up], [False, True, False])
     assert m["tool_calls/total_attempts"] == 5 and m["tool_calls/success_rate"] == pytest.approx(2 / 5)
     assert m["tools/success_rate"] == pytest.approx(3 / 7)  # ours: every call, retries included
     assert m["tool_calls/failure_reason/NameError"] == 2  # trajectories with one, as the reference counts
     assert m["tools/failures/NameError"] == 3  # ours: failures
     assert m["tool_calls/failure_reason/ZeroDivisionError"] == 1
-    assert (m["rollback/global_triggered"], m["rollback/global_recovered"], m["rollback/global_failed"]) == (1, 1, 0)
-    assert m["rollback/global_recovery_rate"] == 1.0
+    assert (m["rollback/global_triggered"], m["rollback/global_recovered"], m["rollback/global_failed"]) == (2, 1, 1)
+    assert m["rollback/global_recovery_rate"] == 0.5
     assert (m["rollback/rollback_full_turn_count"], m["rollback/rollback_tool_call_only_count"]) == (1, 1)
     ours = {k: v for k, v in m.items() if not k.startswith(("tool_calls/", "rollback/"))}
     assert ours == pytest.approx({
         "tools/calls": 7, "tools/success_rate": 3 / 7, "tools/first_attempt_total": 5,
         "tools/first_attempt_success_rate": 2 / 5, "tools/failures/NameError": 3, "tools/failures/ZeroDivisionError": 1,
-        "saar/rollbacks_triggered": 1, "saar/rollbacks_recovered": 1, "saar/rollbacks_failed": 0,
-        "saar/global_recovery_rate": 1.0, "saar/shallow": 1, "saar/deep": 1, "saar/similarity_mean": 0.55,
+        "saar/rollbacks_triggered": 2, "saar/rollbacks_recovered": 1, "saar/rollbacks_failed": 1,
+        "saar/global_recovery_rate": 0.5, "saar/shallow": 1, "saar/deep": 1, "saar/similarity_mean": 0.55,
         "rollout/raw_share": 1 / 3, "rollout/tool_rounds_mean": 7 / 3, "rollout/retry_loop_share": 1 / 3,
         "rollout/errors_kept_mean": 2 / 3})
     assert len(m) == len(ours) + 10  # the reference's keys: 8 + 2 failure reasons
