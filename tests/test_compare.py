@@ -141,7 +141,8 @@ def test_same_seed_same_rollout(warm_model_dir, chat):
     from sandbox.base import make_sandbox
     from sandbox.config import SandboxConfig
     from tasks.rollout.config import RolloutConfig
-    from tasks.rollout.machine import PromptItem, Rollout
+    from tasks.rollout.machine import Rollout
+    from tasks.rollout.types import PromptItem
 
     items = [PromptItem(f"p{i}", [{"role": "user", "content": f"What is {1234 + i} * 5678?"}], "synthetic/arith", "0")
              for i in range(3)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tasks.data.loader import batch_for_step, refill_batch
-from tasks.rollout.machine import PromptItem
+from tasks.rollout.types import PromptItem
 
 
 def items(n: int) -> tuple[PromptItem, ...]:

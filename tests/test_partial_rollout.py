@@ -13,7 +13,8 @@ from sandbox.result import ExecutionResult
 from tasks.data.loader import PromptCursor
 from tasks.rollout.buffer import buffer_frame, read_buffer, write_buffer
 from tasks.rollout.config import PartialConfig, RolloutConfig
-from tasks.rollout.machine import PromptItem, Rollout, State
+from tasks.rollout.machine import Rollout
+from tasks.rollout.types import PromptItem, State
 from tasks.rollout.partial import PartialRollout
 from tests.paced import PacedEngine
 

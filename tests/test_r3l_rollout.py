@@ -20,7 +20,8 @@ from tasks.r3l.config import R3LConfig
 from tasks.r3l.driver import R3LRollout, r3l_metrics
 from tasks.r3l.prompts import GUIDANCE_HEADER, GUIDANCE_TEMPLATE_COMPACT, REFLECTION_USER_HEAD, guidance_text
 from tasks.rollout.config import RolloutConfig, SAARConfig
-from tasks.rollout.machine import PromptItem, Rollout
+from tasks.rollout.machine import Rollout
+from tasks.rollout.types import PromptItem
 
 ITEM = PromptItem("p0", [{"role": "user", "content": "What is 6 * 7?"}], "synthetic/arith", "42")
 FAILED = "Multiply. " + render_call("pritn(6 * 7)")

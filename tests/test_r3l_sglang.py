@@ -19,7 +19,8 @@ from tasks.r3l.config import R3LConfig
 from tasks.r3l.driver import R3LRollout, r3l_metrics
 from tasks.r3l.prompts import REFLECTION_USER_HEAD
 from tasks.rollout.config import RolloutConfig, SAARConfig
-from tasks.rollout.machine import PromptItem, Rollout
+from tasks.rollout.machine import Rollout
+from tasks.rollout.types import PromptItem
 
 ITEMS = [PromptItem(f"p{i}", [{"role": "user", "content": q}], "synthetic/arith", a)
          for i, (q, a) in enumerate([("What is 123 * 45?", "5535"), ("What is 9876 + 5432?", "15308")])]

@@ -12,8 +12,9 @@ from models.chat import render_call
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
 from tasks.rollout.config import RolloutConfig, SAARConfig
-from tasks.rollout.machine import PromptItem, Rollout, State
+from tasks.rollout.machine import Rollout
 from tasks.rollout.saar import aggregate_stats, is_raw, similarity
+from tasks.rollout.types import PromptItem, State
 from tests.scripted import ScriptedEngine
 
 ITEM = PromptItem("p0", [{"role": "user", "content": "What is 123 * 456?"}], "synthetic/arith", "56088")

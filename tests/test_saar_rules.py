@@ -17,8 +17,9 @@ from models.chat import render_call
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
 from tasks.rollout.config import RolloutConfig, SAARConfig
-from tasks.rollout.machine import PromptItem, Rollout, State, sampling_salt
+from tasks.rollout.machine import Rollout, sampling_salt
 from tasks.rollout.saar import TrajStats, aggregate_stats, exhausted_note, is_raw, reference_metrics, splice
+from tasks.rollout.types import PromptItem, State
 from tasks.training.mixing import fill_batch
 from tests.scripted import ScriptedEngine, Turn
 

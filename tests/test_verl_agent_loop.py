@@ -23,8 +23,9 @@ from models.chat import render_call
 from models.engine import GenOutput, GenRequest
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
-from tasks.rollout.machine import PromptItem, Rollout
+from tasks.rollout.machine import Rollout
 from tasks.rollout.saar import is_raw
+from tasks.rollout.types import PromptItem
 from tests.scripted import Turn, scripted_turn
 from tests.test_saar_rollout import LONG_FIX
 

@@ -21,7 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from tasks.data.config import DataConfig
-from tasks.rollout.machine import PromptItem
+from tasks.rollout.types import PromptItem
 
 
 def ensure_files(cfg: DataConfig, seed: int) -> None:

@@ -51,7 +51,8 @@ from tasks.r3l.prompts import (
     reflection_request,
 )
 from tasks.r3l.report import ReportCheck, read_reflection
-from tasks.rollout.machine import PromptItem, Rollout, State, Trajectory, setup_of
+from tasks.rollout.machine import Rollout, setup_of
+from tasks.rollout.types import PromptItem, State, Trajectory
 
 RewardFn = Callable[[Trajectory], "float | None"]
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import polars as pl
 
 from sandbox.result import ExecutionResult
-from tasks.rollout.machine import Carry, Execution, PromptItem, SaarEvent, Snapshot, State, Trajectory
+from tasks.rollout.types import Carry, Execution, PromptItem, SaarEvent, Snapshot, State, Trajectory
 from tasks.rollout.partial import Group
 from tasks.rollout.saar import TrajStats
 

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 
 from models.engine import GenOutput
 from tasks.rollout.config import PartialConfig
-from tasks.rollout.machine import Carry, PromptItem, Rollout, State, Trajectory, _call_failure, sampling_salt, setup_of
+from tasks.rollout.machine import Rollout, _call_failure, sampling_salt, setup_of
+from tasks.rollout.types import Carry, PromptItem, State, Trajectory
 
 
 @dataclass

@@ -59,7 +59,8 @@ from models.chat import ChatFormat
 from models.engine import GenOutput, GenRequest
 from sandbox.config import SandboxConfig
 from tasks.rollout.config import RolloutConfig, SAARConfig
-from tasks.rollout.machine import PromptItem, Rollout, Trajectory
+from tasks.rollout.machine import Rollout
+from tasks.rollout.types import PromptItem, Trajectory
 
 _sandboxes: dict[str, Any] = {}
 DRAW_KEY = "cleaner_draw"

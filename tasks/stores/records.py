@@ -21,7 +21,7 @@ from pathlib import Path
 
 import polars as pl
 
-from tasks.rollout.machine import Trajectory
+from tasks.rollout.types import Trajectory
 
 TABLES = ("trajectories", "turns", "executions", "saar_events")
 

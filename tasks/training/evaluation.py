@@ -18,8 +18,9 @@ from tasks.rewards.config import RewardConfig, ScoreConfig
 from tasks.rewards.registry import pass_at_k_by_source
 from tasks.rewards.scoring import score_rows
 from tasks.rollout.config import RolloutConfig
-from tasks.rollout.machine import PromptItem, Rollout
+from tasks.rollout.machine import Rollout
 from tasks.rollout.saar import aggregate_stats
+from tasks.rollout.types import PromptItem
 from tasks.stores.records import trajectory_frames
 from tasks.training.config import EvalConfig
 from tasks.training.live import get_chat, get_engine, get_sandbox

@@ -20,7 +20,8 @@ import polars as pl
 from tasks.r3l.driver import R3LRollout, r3l_metrics
 from tasks.r3l.records import empty_frame, reflection_frame
 from tasks.rollout.config import RolloutConfig
-from tasks.rollout.machine import PromptItem, Rollout, Trajectory
+from tasks.rollout.machine import Rollout
+from tasks.rollout.types import PromptItem, Trajectory
 
 Grade = Callable[[Trajectory], "float | None"]
 
