@@ -61,8 +61,8 @@ def initial_eval_task(cfg: RunConfig, run_id: str, mlrun: str, folder: str) -> d
     ensure_files(cfg.data, cfg.seed)
     ensure_policy(cfg)
     eval_cfg = cfg.eval.final().model_copy(update={"modes": ["saar_off"]})
-    metrics = stages.eval_stage(run_id, 0, cfg.model.path, mlrun, cfg.seed, cfg.model.chat, cfg.data, cfg.rollout,
-                                cfg.engine, cfg.sandbox, cfg.reward, eval_cfg, cfg.tracking)
+    setup = cfg.setups().eval.model_copy(update={"eval": eval_cfg})
+    metrics = stages.eval_stage(run_id, 0, cfg.model.path, mlrun, setup)
     live.close_live()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(metrics, indent=1))

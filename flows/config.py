@@ -27,6 +27,16 @@ from tasks.rewards.config import RewardConfig, ScoreConfig
 from tasks.rollout.config import RolloutConfig
 from tasks.stores.config import TrackingConfig
 from tasks.training.config import EvalConfig, GateConfig, MixConfig
+from tasks.training.setups import (
+    AdvantageSetup,
+    EvalSetup,
+    LogSetup,
+    MixSetup,
+    RolloutSetup,
+    ScoreSetup,
+    StepSetups,
+    UpdateSetup,
+)
 
 
 class ConfigError(ValueError):
@@ -233,6 +243,29 @@ class RunConfig(BaseModel):
 
     def hash(self) -> str:
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
+
+    def setups(self) -> StepSetups:
+        """Each stage's setup: the slices and fields it reads (its cache key hashes exactly these)."""
+        eval_setup = EvalSetup(seed=self.seed, chat=self.model.chat, eval_path=self.data.eval_path,
+                               rollout=self.rollout, engine=self.engine, sandbox=self.sandbox, reward=self.reward,
+                               eval=self.eval, tracking=self.tracking, env=self.env)
+        return StepSetups(
+            start_policy=self.model.path,
+            rollout=RolloutSetup(seed=self.seed, chat=self.model.chat, train_path=self.data.train_path,
+                                 prompts_per_step=self.data.prompts_per_step, refill_rounds=self.data.refill_rounds,
+                                 dynamic_sampling=self.mix.dynamic_sampling,
+                                 rollout=self.rollout, engine=self.engine, sandbox=self.sandbox, reward=self.reward,
+                                 env=self.env),
+            score=ScoreSetup(reward=self.reward, score=self.score, max_response_tokens=self.rollout.max_response_tokens,
+                             sandbox=self.sandbox, env=self.env),
+            mix=MixSetup(mix=self.mix, mini_batches=self.trainer.mini_batches),
+            advantage=AdvantageSetup(mix=self.mix),
+            update=UpdateSetup(trainer=self.trainer, seed=self.seed, reference=self.model.path),
+            log=LogSetup(tracking=self.tracking),
+            eval=eval_setup,
+            final_eval=(eval_setup.model_copy(update={"eval": self.eval.final()})
+                        if self.eval.final() != self.eval else None),
+        )
 
 
 def _set_path(tree: dict, dotted: str, value) -> None:

@@ -27,14 +27,14 @@ from tasks.data.loader import ensure_files
 from tasks.stores import links, registry, tracking
 from tasks.stores.registry import ModelRef
 from tasks.stores.system import system_metrics
-from tasks.training import live, stages
+from tasks.training import live
 
 
 @task(name="evaluate-policy", cache_policy=NO_CACHE)
 def evaluate_task(cfg: RunConfig, run_id: str, ckpt: str, mlrun: str, model: ModelRef | None) -> dict:
-    return stages.eval_stage(run_id, 0, ckpt, mlrun, cfg.seed, cfg.model.chat, cfg.data, cfg.rollout,
-                             cfg.engine, cfg.sandbox, cfg.reward, cfg.eval, cfg.tracking, model,
-                             {"arm": "evaluate"})
+    from tasks.training import stages
+
+    return stages.eval_stage(run_id, 0, ckpt, mlrun, cfg.setups().eval, model, {"arm": "evaluate"})
 
 
 def resolve_policy(cfg: RunConfig, checkpoint: str | None) -> tuple[str, ModelRef | None]:

@@ -1,11 +1,14 @@
 """Prefect flow ``train``: RL steps of rollout → score → mix → advantage → update → log.
 
-The flow only sequences stages; each task wraps one function of ``tasks.training.stages`` and hands
-the next one a path (the step folder, a checkpoint folder). Stage tasks are cached on
-(run, step, stage, config hash, policy version) with persisted results, so training the same
-run id again — ``cleaner resume <run>`` after a crash — skips every finished stage and
-continues at the one that failed, from the last checkpoint (with its optimizer state) and the
-same MLflow run. A cached result counts only while the stage's output files exist.
+The flow only sequences stages; each task wraps one function of ``tasks.training.stages``, hands
+it its own frozen setup (``RunConfig.setups()``) and hands the next one a path (the step folder,
+a checkpoint folder). Stage tasks are cached on (run, step, stage, hash of the setups the stage
+reads, policy version) with persisted results (see ``tasks.training.setups``), so training the
+same run id again — ``cleaner resume <run>`` after a crash, or with more ``train.steps`` —
+skips every finished stage and continues at the first one left to do, from the last
+checkpoint (with its optimizer state) and the same MLflow run. A cached result counts only
+while the stage's output files exist. The stage modules (torch) are imported inside the tasks,
+so importing this module — what Prefect does to read the flow's parameters — loads no torch.
 
 Results live in the run folder (``runs/<id>/results``), so the cache belongs to the run, whatever
 PREFECT_HOME the shell has. A run started without ``run_id`` gets one derived from its Prefect flow run, so a
@@ -31,7 +34,8 @@ from tasks.data.loader import ensure_files
 from tasks.stores import db, links, registry, tracking
 from tasks.stores.registry import ModelRef
 from tasks.stores.system import system_metrics
-from tasks.training import live, stages
+from tasks.training import live
+from tasks.training.setups import StepSetups
 
 
 @dataclass(frozen=True)
@@ -138,53 +142,63 @@ def _git_commit() -> str:
         return ""
 
 
+TASK_STAGE = {"evaluate": "eval"}
+"""Task name → stage name of ``StepSetups`` where they differ."""
+
+
 def stage_key(context, params: dict) -> str:
-    """Cache key of a stage task: (run, step, stage, config hash, policy version)."""
-    cfg, info, step = params["cfg"], params["info"], params["step"]
-    return f"{info.run_id}:{step}:{context.task.name}:{cfg.hash()}:{Path(params['policy']).name}"
+    """Cache key of a stage task: (run, step, stage, hash of the setups it reads, policy version)."""
+    step = params["version"] if "version" in params else params["step"]
+    stage = TASK_STAGE.get(context.task.name, context.task.name)
+    return params["setups"].key(params["info"].run_id, step, stage, params["policy"], params.get("final", False))
 
 
 STAGE = dict(cache_key_fn=stage_key, persist_result=True, retries=1, retry_delay_seconds=2)
 
 
 @task(name="rollout", **STAGE)
-def rollout_task(cfg: RunConfig, info: RunInfo, step: int, policy: str) -> str:
-    if cfg.env is not None:
+def rollout_task(setups: StepSetups, info: RunInfo, step: int, policy: str) -> str:
+    if setups.rollout.env is not None:
         from tasks.training.env_stages import env_rollout_stage
 
-        return str(env_rollout_stage(step_dir(info, step), step, cfg.seed, policy, info.run_id, cfg.env, cfg.rollout,
-                                     cfg.engine))
-    return str(stages.rollout_stage(step_dir(info, step), step, cfg.seed, policy, info.run_id, cfg.model.chat,
-                                    cfg.data, cfg.rollout, cfg.engine, cfg.sandbox, cfg.reward, cfg.mix.dynamic_sampling))
+        return str(env_rollout_stage(step_dir(info, step), step, policy, info.run_id, setups.rollout))
+    from tasks.training import stages
+
+    return str(stages.rollout_stage(step_dir(info, step), step, policy, info.run_id, setups.rollout))
 
 
 @task(name="score", **STAGE)
-def score_task(cfg: RunConfig, info: RunInfo, step: int, policy: str) -> str:
-    if cfg.env is not None:
+def score_task(setups: StepSetups, info: RunInfo, step: int, policy: str) -> str:
+    if setups.score.env is not None:
         from tasks.training.env_stages import env_score_stage
 
         return str(env_score_stage(step_dir(info, step)))
-    return str(stages.score_stage(step_dir(info, step), cfg.reward, cfg.score, cfg.rollout.max_response_tokens,
-                                  cfg.sandbox))
+    from tasks.training import stages
+
+    return str(stages.score_stage(step_dir(info, step), setups.score))
 
 
 @task(name="mix", **STAGE)
-def mix_task(cfg: RunConfig, info: RunInfo, step: int, policy: str) -> str:
+def mix_task(setups: StepSetups, info: RunInfo, step: int, policy: str) -> str:
+    from tasks.training import stages
     from tasks.training.env_stages import previous_empty_steps
 
     here = step_dir(info, step)
-    return str(stages.mix_stage(here, cfg.mix, cfg.trainer.mini_batches, previous_empty_steps(here)))
+    return str(stages.mix_stage(here, setups.mix, previous_empty_steps(here)))
 
 
 @task(name="advantage", **STAGE)
-def advantage_task(cfg: RunConfig, info: RunInfo, step: int, policy: str) -> str:
-    return str(stages.advantage_stage(step_dir(info, step), cfg.mix))
+def advantage_task(setups: StepSetups, info: RunInfo, step: int, policy: str) -> str:
+    from tasks.training import stages
+
+    return str(stages.advantage_stage(step_dir(info, step), setups.advantage))
 
 
 @task(name="update", **STAGE)
-def update_task(cfg: RunConfig, info: RunInfo, step: int, policy: str) -> str:
-    return str(stages.update_stage(step_dir(info, step), policy, ckpt_dir(info, step + 1), cfg.trainer,
-                                   cfg.seed * 100_003 + step, info.start_ckpt))
+def update_task(setups: StepSetups, info: RunInfo, step: int, policy: str) -> str:
+    from tasks.training import stages
+
+    return str(stages.update_stage(step_dir(info, step), policy, ckpt_dir(info, step + 1), setups.update))
 
 
 def arm_of(cfg: RunConfig) -> str:
@@ -203,27 +217,25 @@ def trace_tags(cfg: RunConfig, info: RunInfo) -> dict[str, str]:
 
 
 @task(name="log", **STAGE)
-def log_task(cfg: RunConfig, info: RunInfo, step: int, policy: str, new_policy: str) -> dict:
-    return stages.log_stage(step_dir(info, step), step, info.run_id, info.mlflow_run_id, new_policy, cfg.tracking,
-                            trace_tags(cfg, info))
+def log_task(setups: StepSetups, info: RunInfo, step: int, policy: str, new_policy: str,
+             tags: dict[str, str] | None = None) -> dict:
+    from tasks.training import stages
+
+    return stages.log_stage(step_dir(info, step), step, info.run_id, info.mlflow_run_id, new_policy, setups.log, tags)
 
 
-def eval_key(context, params: dict) -> str:
-    cfg, info = params["cfg"], params["info"]
-    return f"{info.run_id}:eval:{params['version']}:{cfg.hash()}:{Path(params['policy']).name}"
-
-
-@task(name="evaluate", cache_key_fn=eval_key, persist_result=True, retries=1, retry_delay_seconds=2)
-def eval_task(cfg: RunConfig, info: RunInfo, version: int, policy: str) -> dict:
-    if cfg.env is not None:
+@task(name="evaluate", **STAGE)
+def eval_task(setups: StepSetups, info: RunInfo, version: int, policy: str, final: bool = False,
+              model: ModelRef | None = None, tags: dict[str, str] | None = None) -> dict:
+    """Evaluate policy ``version`` (at the size of the last evaluation when ``final``); ``model`` and ``tags``
+    say where the metrics and traces go in MLflow (not part of the cache key)."""
+    if setups.eval.env is not None:
         from tasks.training.env_stages import env_eval_stage
 
-        return env_eval_stage(info.run_id, version, policy, info.mlflow_run_id, cfg.seed, cfg.env, cfg.rollout,
-                              cfg.eval, cfg.tracking)
-    eval_cfg = cfg.eval.final() if version == cfg.train.steps else cfg.eval
-    return stages.eval_stage(info.run_id, version, policy, info.mlflow_run_id, cfg.seed, cfg.model.chat,
-                             cfg.data, cfg.rollout, cfg.engine, cfg.sandbox, cfg.reward, eval_cfg, cfg.tracking,
-                             ModelRef(name=model_name(cfg)), trace_tags(cfg, info))
+        return env_eval_stage(info.run_id, version, policy, info.mlflow_run_id, setups.eval)
+    from tasks.training import stages
+
+    return stages.eval_stage(info.run_id, version, policy, info.mlflow_run_id, setups.eval_setup(final), model, tags)
 
 
 def model_name(cfg: RunConfig) -> str:
@@ -238,7 +250,7 @@ def _eval_due(cfg: RunConfig, version: int) -> bool:
 
 
 STEP_TASKS = {"rollout": rollout_task, "score": score_task, "mix": mix_task, "advantage": advantage_task,
-              "update": update_task}
+              "update": update_task, "log": log_task}
 
 
 def results(info: RunInfo) -> Path:
@@ -248,12 +260,11 @@ def results(info: RunInfo) -> Path:
     return (Path(info.run_dir) / "results").resolve()
 
 
-def run_stage(name: str, cfg: RunConfig, info: RunInfo, step: int, policy: str, *extra):
+def run_stage(name: str, setups: StepSetups, info: RunInfo, step: int, policy: str, *extra):
     """Run a stage task; its cached result is reused only while the stage's output files exist."""
-    task_ = log_task if name == "log" else STEP_TASKS[name]
     marker = step_dir(info, step) / ("logged.json" if name == "log" else f"{name}.metrics.json")
-    return task_.with_options(refresh_cache=not marker.exists(), result_storage=results(info))(
-        cfg, info, step, policy, *extra)
+    return STEP_TASKS[name].with_options(refresh_cache=not marker.exists(), result_storage=results(info))(
+        setups, info, step, policy, *extra)
 
 
 @task(name="annotate-run", cache_policy=NO_CACHE)
@@ -349,21 +360,27 @@ def train(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = 
 def _steps(cfg: RunConfig, info: RunInfo, artifacts: links.FlowArtifacts) -> tuple[str, dict[int, float]]:
     """The evaluations and RL steps of a run (each stage a task); returns the final checkpoint and step times."""
     ckpt = info.start_ckpt
-    evaluate = eval_task.with_options(result_storage=results(info))
+    setups = cfg.setups()
+    tags, model = trace_tags(cfg, info), ModelRef(name=model_name(cfg))
+
+    def evaluate(version: int, policy: str) -> dict:
+        return eval_task.with_options(result_storage=results(info))(setups, info, version, policy,
+                                                                    version == cfg.train.steps, model, tags)
+
     if _eval_due(cfg, 0):
-        evaluate(cfg, info, 0, ckpt)
+        evaluate(0, ckpt)
     walls: dict[int, float] = {}
     for step in range(cfg.train.steps):
         t0 = time.perf_counter()
         step_dir(info, step).mkdir(parents=True, exist_ok=True)
         for stage in ("rollout", "score", "mix", "advantage"):
-            run_stage(stage, cfg, info, step, ckpt)
-        new_ckpt = run_stage("update", cfg, info, step, ckpt)
-        metrics = run_stage("log", cfg, info, step, ckpt, new_ckpt)
+            run_stage(stage, setups, info, step, ckpt)
+        new_ckpt = run_stage("update", setups, info, step, ckpt)
+        metrics = run_stage("log", setups, info, step, ckpt, new_ckpt, tags)
         ckpt = new_ckpt
         walls[step] = time.perf_counter() - t0
         if _eval_due(cfg, step + 1):
-            evaluate(cfg, info, step + 1, ckpt)
+            evaluate(step + 1, ckpt)
         _prune(info, cfg.train.keep_checkpoints, Path(ckpt))
         print(_summary(step, metrics))
         artifacts.step_done(step, _summary(step, metrics))

@@ -43,19 +43,24 @@ def _configs(work: Path, steps: int, prompts: int, n_samples: int, max_new_token
 
 def _one_step(kind: str, urls: list[str], ckpt: str, step: int, work: Path, c: dict) -> tuple[float, float, int, str]:
     """One RL step with engine ``kind``: (step seconds, rollout seconds, generated tokens, next checkpoint)."""
-    from models.config import EngineConfig
+    from models.config import ChatConfig, EngineConfig
     from tasks.training import stages
+    from tasks.training.setups import AdvantageSetup, MixSetup, RolloutSetup, ScoreSetup, UpdateSetup
 
     folder = work / kind / "steps" / f"{step:06d}"
     folder.mkdir(parents=True, exist_ok=True)
-    engine, rollout, sandbox = EngineConfig(kind=kind, server_urls=urls), c["rollout"], c["sandbox"]
+    data, rollout, sandbox, reward = c["data"], c["rollout"], c["sandbox"], c["reward"]
+    roll = RolloutSetup(seed=c["seed"], chat=ChatConfig(), train_path=data.train_path,
+                        prompts_per_step=data.prompts_per_step, refill_rounds=data.refill_rounds, rollout=rollout,
+                        engine=EngineConfig(kind=kind, server_urls=urls), sandbox=sandbox, reward=reward)
     t0 = time.perf_counter()
-    stages.rollout_stage(folder, step, c["seed"], ckpt, kind, None, c["data"], rollout, engine, sandbox, c["reward"])
-    stages.score_stage(folder, c["reward"], c["score"], rollout.max_response_tokens, sandbox)
-    stages.mix_stage(folder, c["mix"])
-    stages.advantage_stage(folder, c["mix"])
+    stages.rollout_stage(folder, step, ckpt, kind, roll)
+    stages.score_stage(folder, ScoreSetup(reward=reward, score=c["score"],
+                                          max_response_tokens=rollout.max_response_tokens, sandbox=sandbox))
+    stages.mix_stage(folder, MixSetup(mix=c["mix"], mini_batches=c["trainer"].mini_batches))
+    stages.advantage_stage(folder, AdvantageSetup(mix=c["mix"]))
     out = work / kind / "checkpoints" / f"policy_{step + 1:06d}"
-    ckpt = str(stages.update_stage(folder, ckpt, out, c["trainer"], c["seed"] * 100_003 + step))
+    ckpt = str(stages.update_stage(folder, ckpt, out, UpdateSetup(trainer=c["trainer"], seed=c["seed"])))
     elapsed = time.perf_counter() - t0
     rollout_s = json.loads((folder / "rollout.metrics.json").read_text())["time/rollout_s"]
     return elapsed, rollout_s, _generated_tokens(folder), ckpt

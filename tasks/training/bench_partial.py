@@ -40,6 +40,7 @@ def _side(partial: bool, work: Path, model: str, prompts: Path, steps: int, cfg:
     from tasks.data.config import DataConfig
     from tasks.rewards.config import RewardConfig
     from tasks.rollout.config import PartialConfig, RolloutConfig
+    from tasks.training.setups import RolloutSetup
     from tasks.training.stages import rollout_stage
 
     shutil.rmtree(work, ignore_errors=True)
@@ -48,7 +49,10 @@ def _side(partial: bool, work: Path, model: str, prompts: Path, steps: int, cfg:
     rollout = RolloutConfig(n_samples=cfg["n_samples"], max_turns=cfg["max_turns"], max_new_tokens=cfg["max_new_tokens"],
                             max_response_tokens=cfg["max_response_tokens"],
                             partial=PartialConfig(enabled=partial, over_sampling=cfg["over_sampling"]))
-    engine = EngineConfig(temperature=cfg["temperature"])
+    setup = RolloutSetup(seed=cfg["seed"], chat=ChatConfig(), train_path=data.train_path,
+                         prompts_per_step=data.prompts_per_step, refill_rounds=data.refill_rounds, rollout=rollout,
+                         engine=EngineConfig(temperature=cfg["temperature"]),
+                         sandbox=SandboxConfig(backend="local", workers=2), reward=RewardConfig())
     groups = tokens = carried = 0
     lengths: list[int] = []
     wall = 0.0
@@ -56,8 +60,7 @@ def _side(partial: bool, work: Path, model: str, prompts: Path, steps: int, cfg:
         folder = work / "steps" / f"{step:06d}"
         folder.mkdir(parents=True)
         t0 = time.perf_counter()
-        rollout_stage(folder, step, cfg["seed"], model, "bench", ChatConfig(), data, rollout, engine,
-                      SandboxConfig(backend="local", workers=2), RewardConfig())
+        rollout_stage(folder, step, model, "bench", setup)
         wall += time.perf_counter() - t0
         m = json.loads((folder / "rollout.metrics.json").read_text())
         carried = int(m.get("partial/buffer_groups", 0))

@@ -18,29 +18,26 @@ from pathlib import Path
 
 import polars as pl
 
-from models.config import ChatConfig, EngineConfig
-from tasks.envs.config import EnvConfig
-from tasks.rollout.config import RolloutConfig
+from models.config import ChatConfig
 from tasks.rollout.saar import TrajStats
 from tasks.stores import db, tracking
-from tasks.stores.config import TrackingConfig
 from tasks.stores.records import read_table, trajectory_frames, write_frames
-from tasks.training.config import EvalConfig
 from tasks.training.live import get_chat, get_engine
+from tasks.training.setups import EvalSetup, RolloutSetup
 from tasks.training.stages import _timed
 
 _TOOL_COLUMNS = {**TrajStats().scalars(), "failure_reasons": "{}"}
 
 
-def env_rollout_stage(step_dir: Path, step: int, seed: int, ckpt: str, run_id: str, env: EnvConfig,
-                      rollout: RolloutConfig, engine: EngineConfig) -> Path:
+def env_rollout_stage(step_dir: Path, step: int, ckpt: str, run_id: str, setup: RolloutSetup) -> Path:
     """Play the step's groups of episodes with the live engine; write the step tables."""
     from tasks.envs.stage import play_step
 
     metrics: dict = {}
+    env, rollout, seed = setup.env, setup.rollout, setup.seed
     with _timed(step_dir, "rollout", metrics):
         chat = get_chat(ckpt, ChatConfig())
-        live = get_engine(engine, ckpt, chat)
+        live = get_engine(setup.engine, ckpt, chat)
         frames, signals, _ = play_step(live, chat.tokenizer, env, run_id, seed, step, rollout.n_samples,
                                        rollout.max_new_tokens, rollout.max_response_tokens, ckpt, _TOOL_COLUMNS)
         empty = trajectory_frames([], run_id, step, chat.decode)
@@ -62,11 +59,11 @@ def env_score_stage(step_dir: Path) -> Path:
     return Path(step_dir)
 
 
-def env_eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, seed: int, env: EnvConfig,
-                   rollout: RolloutConfig, cfg: EvalConfig, tracking_cfg: TrackingConfig) -> dict[str, float]:
+def env_eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, setup: EvalSetup) -> dict[str, float]:
     """Held-out episodes of policy ``version``; rows to DuckDB ``evaluations``, metrics to MLflow."""
     from tasks.envs.evaluate import evaluate_env
 
+    env, rollout, cfg, tracking_cfg, seed = setup.env, setup.rollout, setup.eval, setup.tracking, setup.seed
     t0 = time.perf_counter()
     metrics = evaluate_env(Path(ckpt), env, cfg.n_prompts, cfg.samples, cfg.temperature, rollout.max_new_tokens,
                            rollout.max_response_tokens, seed)

@@ -12,18 +12,15 @@ from __future__ import annotations
 
 import polars as pl
 
-from models.config import ChatConfig, EngineConfig
-from sandbox.config import SandboxConfig
-from tasks.rewards.config import RewardConfig, ScoreConfig
+from tasks.rewards.config import ScoreConfig
 from tasks.rewards.registry import pass_at_k_by_source
 from tasks.rewards.scoring import score_rows
-from tasks.rollout.config import RolloutConfig
 from tasks.rollout.machine import Rollout
 from tasks.rollout.saar import aggregate_stats
 from tasks.rollout.types import PromptItem
 from tasks.stores.records import trajectory_frames
-from tasks.training.config import EvalConfig
 from tasks.training.live import get_chat, get_engine, get_sandbox
+from tasks.training.setups import EvalSetup
 
 
 def summarize(trajs: pl.DataFrame, stats: dict[str, float], ks: list[int]) -> dict[str, float]:
@@ -47,31 +44,30 @@ def _mlflow_names(metrics: dict[str, float]) -> dict[str, float]:
     return {k.replace("@", "_at_"): v for k, v in metrics.items()}
 
 
-def evaluate_mode(ckpt: str, items: list[PromptItem], rollout: RolloutConfig, engine: EngineConfig,
-                  sandbox: SandboxConfig, reward: RewardConfig, cfg: EvalConfig, seed: int,
-                  chat_cfg: ChatConfig, mode: str) -> tuple[dict[str, float], dict[str, pl.DataFrame]]:
-    """Metrics of one mode and its tables (``trajectories`` joined with their scores, ``executions``,
-    ``saar_events``)."""
-    saar = rollout.saar.model_copy(update={"enabled": mode == "saar_on", "raw_share": 0.0})
-    roll_cfg = rollout.model_copy(update={"saar": saar, "n_samples": cfg.samples})
-    eng_cfg = engine.model_copy(update={"temperature": cfg.temperature})
-    chat = get_chat(ckpt, chat_cfg)
-    box = get_sandbox(sandbox)
-    trajs = Rollout(roll_cfg, get_engine(eng_cfg, ckpt, chat), chat, box).run(items, seed, step=0, progress=False)
+def evaluate_mode(ckpt: str, items: list[PromptItem], setup: EvalSetup,
+                  mode: str) -> tuple[dict[str, float], dict[str, pl.DataFrame]]:
+    """Metrics of one mode (``saar_off`` / ``saar_on``) and its tables (``trajectories`` joined with their
+    scores, ``executions``, ``saar_events``)."""
+    cfg = setup.eval
+    saar = setup.rollout.saar.model_copy(update={"enabled": mode == "saar_on", "raw_share": 0.0})
+    roll_cfg = setup.rollout.model_copy(update={"saar": saar, "n_samples": cfg.samples})
+    eng_cfg = setup.engine.model_copy(update={"temperature": cfg.temperature})
+    chat = get_chat(ckpt, setup.chat)
+    box = get_sandbox(setup.sandbox)
+    runner = Rollout(roll_cfg, get_engine(eng_cfg, ckpt, chat), chat, box)
+    trajs = runner.run(items, setup.seed, step=0, progress=False)
     frames = trajectory_frames(trajs, "eval", 0, chat.decode)
-    scores, _ = score_rows(frames["trajectories"], reward, ScoreConfig(), roll_cfg.max_response_tokens, box)
+    scores, _ = score_rows(frames["trajectories"], setup.reward, ScoreConfig(), roll_cfg.max_response_tokens, box)
     scored = frames["trajectories"].join(scores, on=["run_id", "step", "traj_id"])
     stats = aggregate_stats([t.stats for t in trajs], [t.raw for t in trajs])
     return summarize(scored, stats, cfg.ks), {**frames, "trajectories": scored}
 
 
-def evaluate(ckpt: str, items: list[PromptItem], rollout: RolloutConfig, engine: EngineConfig,
-             sandbox: SandboxConfig, reward: RewardConfig, cfg: EvalConfig, seed: int,
-             chat_cfg: ChatConfig, on_mode=None) -> dict[str, float]:
-    """``eval/<mode>/<metric>`` for every mode of ``cfg``; ``on_mode(mode, tables)`` sees each mode's tables."""
+def evaluate(ckpt: str, items: list[PromptItem], setup: EvalSetup, on_mode=None) -> dict[str, float]:
+    """``eval/<mode>/<metric>`` for every mode of ``setup.eval``; ``on_mode(mode, tables)`` sees each mode's tables."""
     out: dict[str, float] = {}
-    for mode in cfg.modes:
-        metrics, tables = evaluate_mode(ckpt, items, rollout, engine, sandbox, reward, cfg, seed, chat_cfg, mode)
+    for mode in setup.eval.modes:
+        metrics, tables = evaluate_mode(ckpt, items, setup, mode)
         out.update({f"eval/{mode}/{k}": v for k, v in metrics.items()})
         if on_mode is not None:
             on_mode(mode, tables)

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from models.chat import ChatFormat
 from models.config import ChatConfig, EngineConfig
-from models.engine import make_engine
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
 
@@ -52,6 +51,8 @@ def get_engine(cfg: EngineConfig, ckpt: str, chat: ChatFormat):
     Checkpoints of one model share the engine (the weight sync); a process that meets another model (another
     run, an evaluation of another checkpoint family) gets its own engine rather than a shape mismatch.
     """
+    from models.engine import make_engine  # torch: loaded by the first engine, not by importing this module
+
     pad = chat.tokenizer.pad_token_id if chat.tokenizer.pad_token_id is not None else chat.eos_id
     key = f"engine:{cfg.model_dump_json()}:{architecture(ckpt)}:{chat.eos_id}:{pad}"
     if key not in _live:

@@ -1,7 +1,7 @@
 """The rollout stage with APRIL partial rollouts (``rollout.partial.enabled``): buffer in, batch and buffer out.
 
 Step N reads step N−1's buffer and prompt cursor (``tasks.rollout.buffer``), drops carried groups whose
-prompt left the dataset, runs ``tasks.rollout.partial.PartialRollout`` until ``data.prompts_per_step``
+prompt left the dataset, runs ``tasks.rollout.partial.PartialRollout`` until ``prompts_per_step``
 groups passed the dynamic-sampling filter, and writes its own buffer and cursor into its step folder
 before the trajectories; the crash point ``in_partial_rollout`` sits between the two (fault tests).
 
@@ -19,7 +19,6 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from tasks.data.config import DataConfig
 from tasks.data.loader import PromptCursor
 from tasks.rollout.buffer import buffer_frame, read_buffer, write_buffer
 from tasks.rollout.config import RolloutConfig
@@ -30,14 +29,14 @@ from tasks.training.faults import maybe_crash
 
 
 def partial_rollout(step_dir: Path, step: int, seed: int, run_id: str, runner: Rollout, items: tuple[PromptItem, ...],
-                    rollout: RolloutConfig, data: DataConfig, grade: Callable[[Trajectory], float | None],
+                    rollout: RolloutConfig, prompts_per_step: int, grade: Callable[[Trajectory], float | None],
                     dynamic_sampling: bool) -> tuple[list[Trajectory], dict[str, float]]:
     """One step of partial rollouts; returns the batch's trajectories and the ``partial/*`` metrics."""
     step_dir = Path(step_dir)
     prev = step_dir.parent / f"{step - 1:06d}" if step > 0 else None
     buffered, dropped, position = read_buffer(prev, {i.prompt_id: i for i in items}, version=step)
     cursor = PromptCursor(items, seed, position)
-    driver = PartialRollout(runner, rollout.partial, data.prompts_per_step, grade, dynamic_sampling)
+    driver = PartialRollout(runner, rollout.partial, prompts_per_step, grade, dynamic_sampling)
     res = driver.run(buffered, cursor.take, seed, step)
     write_buffer(step_dir, buffer_frame(res.buffer, run_id, step), cursor.position)
     maybe_crash("in_partial_rollout", step)

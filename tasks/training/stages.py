@@ -24,19 +24,15 @@ from pathlib import Path
 
 import polars as pl
 
-from models.config import ChatConfig, EngineConfig, TrainerConfig
+from models.config import ChatConfig
 from models.trainer import Sample, copy_checkpoint, update
-from sandbox.config import SandboxConfig
-from tasks.data.config import DataConfig
 from tasks.data.loader import load_prompts, refill_batch
 from tasks.r3l.grouping import SINGLETON_KINDS
 from tasks.r3l.records import empty_frame
 from tasks.reports.plots import sample_texts
 from tasks.reports.viewer import render_step_viewer
-from tasks.rewards.config import RewardConfig, ScoreConfig
 from tasks.rewards.registry import GraderError, compute_reward
 from tasks.rewards.scoring import score_step
-from tasks.rollout.config import RolloutConfig
 from tasks.rollout.buffer import BUFFER_FILE
 from tasks.rollout.machine import Rollout
 from tasks.rollout.saar import aggregate_stats
@@ -46,13 +42,13 @@ from tasks.stores.datasets import dataset_ref
 from tasks.stores.records import read_table, trajectory_frames, write_frames
 from tasks.stores.registry import ModelRef
 from tasks.stores.system import sandbox_metrics
-from tasks.training.config import EvalConfig, MixConfig
 from tasks.training.evaluation import evaluate
 from tasks.training.faults import maybe_crash
 from tasks.training.live import get_chat, get_engine, get_sandbox
 from tasks.training.mixing import advantage_step, fill_batch, mix_step
 from tasks.training.partial_stage import partial_rollout
 from tasks.training.rollout_modes import make_mode
+from tasks.training.setups import AdvantageSetup, EvalSetup, LogSetup, MixSetup, RolloutSetup, ScoreSetup, UpdateSetup
 
 
 @contextmanager
@@ -75,17 +71,16 @@ def _step_of(step_dir: Path) -> int:
     return int(Path(step_dir).name)
 
 
-def rollout_stage(step_dir: Path, step: int, seed: int, ckpt: str, run_id: str, chat_cfg: ChatConfig,
-                  data: DataConfig, rollout: RolloutConfig, engine: EngineConfig, sandbox: SandboxConfig,
-                  reward: RewardConfig, dynamic_sampling: bool = True) -> Path:
+def rollout_stage(step_dir: Path, step: int, ckpt: str, run_id: str, setup: RolloutSetup) -> Path:
     """Roll out the step's prompts in ``rollout.mode`` (plus DAPO refill rounds while too few groups are informative);
     with ``rollout.partial`` APRIL's partial rollouts instead (``tasks.training.partial_stage``)."""
     metrics: dict = {}
+    seed, rollout = setup.seed, setup.rollout
     with _timed(step_dir, "rollout", metrics):
-        chat = get_chat(ckpt, chat_cfg)
-        items = load_prompts(data.train_path)
-        box = get_sandbox(sandbox)
-        runner = Rollout(rollout, get_engine(engine, ckpt, chat), chat, box)
+        chat = get_chat(ckpt, setup.chat)
+        items = load_prompts(setup.train_path)
+        box = get_sandbox(setup.sandbox)
+        runner = Rollout(rollout, get_engine(setup.engine, ckpt, chat), chat, box)
         used: set[str] = set()
 
         def draw(round_: int, n: int):
@@ -96,18 +91,18 @@ def rollout_stage(step_dir: Path, step: int, seed: int, ckpt: str, run_id: str, 
         def grade(t) -> float | None:
             try:
                 return compute_reward(t.item.data_source, chat.decode(t.response_ids), t.item.ground_truth,
-                                      t.item.extra_info, sandbox=box, cfg=reward).reward
+                                      t.item.extra_info, sandbox=box, cfg=setup.reward).reward
             except GraderError:
                 return None
 
         mode = make_mode(runner, rollout, grade)
         before, t0 = _pool_stats(box), time.perf_counter()
         if rollout.partial.enabled:
-            trajs, refill = partial_rollout(Path(step_dir), step, seed, run_id, runner, items, rollout, data, grade,
-                                            dynamic_sampling)
+            trajs, refill = partial_rollout(Path(step_dir), step, seed, run_id, runner, items, rollout,
+                                            setup.prompts_per_step, grade, setup.dynamic_sampling)
         else:
             trajs, refill = fill_batch(draw, lambda batch, round_: mode.run(batch, seed, step, refill_round=round_),
-                                       mode.group_rewards, data.prompts_per_step, data.refill_rounds,
+                                       mode.group_rewards, setup.prompts_per_step, setup.refill_rounds,
                                        group_of=lambda t: t.item.prompt_id)
         frames = trajectory_frames(trajs, run_id, step, chat.decode)
         metrics.update(sandbox_metrics(frames["executions"], before, _pool_stats(box), time.perf_counter() - t0))
@@ -124,40 +119,42 @@ def _pool_stats(box) -> dict[str, float]:
     return box.stats() if hasattr(box, "stats") else {}
 
 
-def score_stage(step_dir: Path, reward: RewardConfig, score: ScoreConfig, max_response_tokens: int,
-                sandbox: SandboxConfig) -> Path:
+def score_stage(step_dir: Path, setup: ScoreSetup) -> Path:
     metrics: dict = {}
     with _timed(step_dir, "score", metrics):
-        metrics.update(score_step(step_dir, reward, score, max_response_tokens, get_sandbox(sandbox)))
+        metrics.update(score_step(step_dir, setup.reward, setup.score, setup.max_response_tokens,
+                                  get_sandbox(setup.sandbox)))
     return Path(step_dir)
 
 
-def mix_stage(step_dir: Path, mix: MixConfig, mini_batches: int | None = None, empty_before: int = 0) -> Path:
+def mix_stage(step_dir: Path, setup: MixSetup, empty_before: int = 0) -> Path:
+    """Mix one step; ``empty_before``: consecutive steps before this one whose filter kept nothing."""
     metrics: dict = {}
     with _timed(step_dir, "mix", metrics):
-        metrics.update(mix_step(step_dir, mix, mini_batches, empty_before))
+        metrics.update(mix_step(step_dir, setup.mix, setup.mini_batches, empty_before))
     return Path(step_dir)
 
 
-def advantage_stage(step_dir: Path, mix: MixConfig) -> Path:
+def advantage_stage(step_dir: Path, setup: AdvantageSetup) -> Path:
     metrics: dict = {}
     with _timed(step_dir, "advantage", metrics):
-        metrics.update(advantage_step(step_dir, mix))
+        metrics.update(advantage_step(step_dir, setup.mix))
     return Path(step_dir)
 
 
-def update_stage(step_dir: Path, ckpt: str, out_ckpt: Path, trainer: TrainerConfig, seed: int,
-                 ref_ckpt: str | None = None) -> Path:
+def update_stage(step_dir: Path, ckpt: str, out_ckpt: Path, setup: UpdateSetup) -> Path:
     """Train on the kept rows; with none kept the policy is unchanged (copied), ``train/skipped`` = 1 and
     ``train/no_informative_groups`` = the step's group count (no loss is logged: there was none).
 
-    ``ref_ckpt`` is the KL reference (the run's starting policy), read only when ``trainer.kl_coef > 0``.
+    ``setup.reference`` is the KL reference (the run's starting policy), read only when ``trainer.kl_coef > 0``.
 
     The checkpoint's ``trainer_state.json`` records the step and policy version. Data order,
-    raw-share draws, sampling and update randomness are pure functions of (seed, step), so the
-    optimizer state is the only state a resumed run needs besides the weights.
+    raw-share draws, sampling and update randomness are pure functions of (seed, step) — the
+    update of step s is seeded with ``seed * 100_003 + s`` — so the optimizer state is the only
+    state a resumed run needs besides the weights.
     """
     metrics: dict = {}
+    trainer, seed, ref_ckpt = setup.trainer, setup.seed * 100_003 + _step_of(step_dir), setup.reference
     with _timed(step_dir, "update", metrics):
         samples = [Sample(r["prompt_ids"], r["response_ids"], r["response_mask"], r["advantage"],
                           r.get("rollout_logprobs"), r.get("reward") or 0.0, r.get("group_id") or r["prompt_id"])
@@ -204,7 +201,7 @@ def stage_metrics(step_dir: Path) -> dict[str, float]:
     return out
 
 
-def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, tracking_cfg: TrackingConfig,
+def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, setup: LogSetup,
               trace_tags: dict[str, str] | None = None) -> dict:
     """Write the step's rows to DuckDB (replacing any earlier attempt), its trajectories as MLflow traces (tagged
     with ``trace_tags`` besides their own) and its metrics to MLflow.
@@ -213,6 +210,7 @@ def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, tra
     batch); a step MLflow already holds is written to neither again, so a recomputed step cannot replace
     DuckDB's rows under MLflow's first values. Traces are rewritten, never added twice (stable trace ids).
     """
+    tracking_cfg = setup.tracking
     t0 = time.perf_counter()
     metrics = stage_metrics(step_dir)
     if step in tracking.logged_steps(tracking_cfg, mlrun):
@@ -266,17 +264,16 @@ def _step_traces(step_dir: Path, step: int, mlrun: str, tracking_cfg: TrackingCo
     return time.perf_counter() - t0
 
 
-def eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, seed: int, chat_cfg: ChatConfig,
-               data: DataConfig, rollout: RolloutConfig, engine: EngineConfig, sandbox: SandboxConfig,
-               reward: RewardConfig, cfg: EvalConfig, tracking_cfg: TrackingConfig, model: ModelRef | None = None,
-               trace_tags: dict[str, str] | None = None) -> dict[str, float]:
+def eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, setup: EvalSetup,
+               model: ModelRef | None = None, trace_tags: dict[str, str] | None = None) -> dict[str, float]:
     """Evaluate policy ``version`` on held-out prompts; rows to DuckDB, metrics (step = version) to MLflow.
 
     With an MLflow run: the trajectories of every mode become traces, and ``model`` says which logged
     model the metrics belong to: an existing one (``model.model_id``), or the checkpoint logged now under
     ``model.name`` (when ``tracking.log_models``)."""
+    tracking_cfg, cfg = setup.tracking, setup.eval
     t0 = time.perf_counter()
-    items = list(load_prompts(data.eval_path))[: cfg.n_prompts]
+    items = list(load_prompts(setup.eval_path))[: cfg.n_prompts]
     modes: list[tuple[str, float, dict]] = []
     starts = [time.time()]
 
@@ -284,7 +281,7 @@ def eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, seed: in
         modes.append((mode, starts[-1], tables))
         starts.append(time.time())
 
-    metrics = evaluate(ckpt, items, rollout, engine, sandbox, reward, cfg, seed, chat_cfg, on_mode=seen)
+    metrics = evaluate(ckpt, items, setup, on_mode=seen)
     metrics["time/eval_s"] = time.perf_counter() - t0
     con = db.connect(tracking_cfg.duckdb_path)
     try:
@@ -292,7 +289,7 @@ def eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, seed: in
     finally:
         con.close()
     if mlrun:
-        _track_eval(tracking_cfg, mlrun, run_id, version, ckpt, metrics, data.eval_path, model, trace_tags or {}, modes)
+        _track_eval(tracking_cfg, mlrun, run_id, version, ckpt, metrics, setup.eval_path, model, trace_tags or {}, modes)
     return metrics
 
 

@@ -1,0 +1,90 @@
+"""Which config field changes which stage's cache key (``tasks.training.setups``), field by field.
+
+A stage's key hashes the setups it reads — its own and every earlier stage's in the step — and,
+after step 0, the whole training chain that produced its policy. Fields no stage reads change
+no key, so extending ``train.steps`` or renaming a run reuses every finished stage.
+
+Run: ``pytest tests/test_stage_keys.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flows.config import load_config
+from tasks.training.setups import STAGES
+
+TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+ALL = set(STAGES)
+TRAIN = {"rollout", "score", "mix", "advantage", "update", "log"}
+
+
+def keys(overrides: list[str], step: int) -> dict[str, str]:
+    setups = load_config(TINY, overrides).setups()
+    policy = "tiny-warm" if step == 0 else f"policy_{step:06d}"
+    return {stage: setups.key("run", step, stage, policy) for stage in STAGES}
+
+
+def changed(override: str, step: int) -> set[str]:
+    base, new = keys([], step), keys([override], step)
+    return {stage for stage in STAGES if base[stage] != new[stage]}
+
+
+# (override, stages whose key changes at step 0, at step 1)
+TABLE = [
+    ("train.steps=40", set(), set()),
+    ("train.eval_every=3", set(), set()),
+    ("train.keep_checkpoints=7", set(), set()),
+    ("name=renamed", set(), set()),
+    ("output_dir=elsewhere", set(), set()),
+    ("compare.seeds=[5]", set(), set()),
+    ("tiny.num_layers=2", set(), set()),
+    ("warmup.lr=0.01", set(), set()),
+    ("data.n_train=99", set(), set()),
+    ("tracking.duckdb_path=other.duckdb", {"log", "eval"}, {"log", "eval"}),
+    ("tracking.sample_trajectories=1", {"log", "eval"}, {"log", "eval"}),
+    ("eval.n_prompts=3", {"eval"}, {"eval"}),
+    ("data.eval_path=held.parquet", {"eval"}, {"eval"}),
+    ("trainer.lr=0.001", {"update", "log"}, ALL),
+    ("mix.adv_eps=0.001", {"mix", "advantage", "update", "log"}, ALL),
+    ("mix.dynamic_sampling=false", {"mix", "advantage", "update", "log"}, ALL),
+    ("trainer.mini_batches=4", {"mix", "advantage", "update", "log"}, ALL),
+    ("score.overlong_buffer=8", {"score", "mix", "advantage", "update", "log"}, ALL),
+    ("data.prompts_per_step=2", TRAIN, ALL),
+    ("data.train_path=other.parquet", TRAIN, ALL),
+    ("reward.correct_reward=2.0", ALL, ALL),
+    ("rollout.max_response_tokens=256", ALL, ALL),
+    ("rollout.saar.similarity_threshold=0.7", ALL, ALL),
+    ("engine.temperature=0.7", ALL, ALL),
+    ("sandbox.timeout_s=3", ALL, ALL),
+    ("model.chat.system_prompt=hi", ALL, ALL),
+    ("seed=7", ALL, ALL),
+    ("model.path=other-policy", ALL, ALL),
+]
+
+
+@pytest.mark.parametrize("override, at_0, at_1", TABLE, ids=[row[0] for row in TABLE])
+def test_field_changes_exactly_these_keys(override, at_0, at_1):
+    assert changed(override, 0) == at_0
+    assert changed(override, 1) == at_1
+
+
+def test_key_names_run_step_stage_and_policy_version():
+    k = keys([], 3)
+    assert k["rollout"].startswith("run:3:rollout:") and k["rollout"].endswith("-policy_000003")
+    assert len(set(k.values())) == len(STAGES)
+    assert keys([], 4)["rollout"] != k["rollout"]
+
+
+def test_unknown_stage_names_the_valid_ones():
+    setups = load_config(TINY).setups()
+    with pytest.raises(ValueError, match="unknown stage 'train'.*'rollout'"):
+        setups.key("run", 0, "train", "p")
+
+
+def test_setups_are_frozen():
+    setups = load_config(TINY).setups()
+    with pytest.raises(Exception, match="frozen"):
+        setups.update.seed = 3
