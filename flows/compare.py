@@ -116,14 +116,8 @@ def runs_task(config_path: str, jobs: list[tuple[str, str, list[str]]], parent: 
 @task(name="compare-report", cache_policy=NO_CACHE)
 def report_task(duckdb_path: str, runs: dict[str, list[str]], baseline: str, treatment: str, folder: str,
                 initial: dict | None, keys: tuple[str, str] | None = None) -> dict:
-    ids = ", ".join(f"'{r}'" for ids in runs.values() for r in ids)
-    evals = db.query(duckdb_path, f"SELECT run_id, policy_version, key, value FROM evaluations WHERE run_id IN ({ids})")
-    kinds = db.query(duckdb_path, f"""
-        SELECT run_id, CASE WHEN coalesce(kind, 'rollout') NOT IN ('rollout', 'base') THEN 'R3L ' || kind
-                            WHEN errors_kept > 0 THEN 'errors kept' WHEN rollbacks_recovered > 0 THEN 'purified'
-                            ELSE 'clean first try' END AS kind, count(*) AS n, avg(reward) AS reward,
-               avg(advantage) AS advantage
-        FROM trajectories WHERE kept AND run_id IN ({ids}) GROUP BY ALL""")
+    ids = [r for ids in runs.values() for r in ids]
+    evals, kinds = db.evaluation_rows(duckdb_path, ids), db.kept_kinds(duckdb_path, ids)
     summary = summarize(evals, runs, baseline, treatment, kinds, initial, *(keys or ()))
     write_report(summary, Path(folder))
     return summary

@@ -12,13 +12,13 @@ from statistics import mean
 
 from rich.table import Table
 
-from tasks.stores.db import query
+from tasks.stores.db import run_metrics
 
 COMPUTE = ("rollout", "score", "mix", "advantage", "update")
 
 
 def profile_figures(duckdb_path: str, run_id: str, walls: dict, cached_walls: dict) -> dict[str, float]:
-    df = query(duckdb_path, f"SELECT step, key, value FROM metrics WHERE run_id = '{run_id}' AND key LIKE 'time/%'")
+    df = run_metrics(duckdb_path, run_id, "time/")
     steps = sorted(int(s) for s in walls)
     stage = {name: mean(df.filter((df["key"] == f"time/{name}_s") & df["step"].is_in(steps))["value"].to_list() or [0.0])
              for name in COMPUTE}

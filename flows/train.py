@@ -65,8 +65,7 @@ def prepare_run(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run
     """Data files, the starting policy, the MLflow run (resumed by tag) and the DuckDB run row.
 
     The DuckDB file is opened first: a file held by another process fails before an MLflow run exists."""
-    con = db.connect(cfg.tracking.duckdb_path)
-    try:
+    with db.session(cfg.tracking.duckdb_path) as con:
         if cfg.env is None:
             ensure_files(cfg.data, cfg.seed)
         ensure_policy(cfg)
@@ -79,8 +78,6 @@ def prepare_run(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run
             tags["mlflow.parentRunId"] = parent_mlflow_run
         mlrun = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, run_id, config, tags)
         db.upsert_run(con, run_id, cfg.name, config, mlrun, "running")
-    finally:
-        con.close()
     return RunInfo(run_id, str(run_dir), mlrun, start_policy(cfg, cfg.model.path, run_dir / "start-policy"))
 
 
@@ -281,7 +278,7 @@ def finish_task(cfg: RunConfig, info: RunInfo, final_ckpt: str, flow_run_id: str
     """Plots, the registered models, the final description; marks the run finished. Returns a Markdown summary."""
     from tasks.reports.plots import plot_panels, plot_run
 
-    metrics = db.query(cfg.tracking.duckdb_path, f"SELECT step, key, value FROM metrics WHERE run_id = '{info.run_id}'")
+    metrics = db.run_metrics(cfg.tracking.duckdb_path, info.run_id)
     png = plot_run(metrics, Path(info.run_dir) / "plots" / "summary.png", f"{info.run_id}")
     extra = []
     if cfg.env is not None:
@@ -296,17 +293,13 @@ def finish_task(cfg: RunConfig, info: RunInfo, final_ckpt: str, flow_run_id: str
             registry.log_checkpoint(cfg.tracking, info.mlflow_run_id, info.run_id, model_name(cfg), Path(final_ckpt),
                                     cfg.train.steps, {})
         registered = registry.register_run(cfg.tracking, info.mlflow_run_id, info.run_id, model_name(cfg))
-    evals = db.query(cfg.tracking.duckdb_path, "SELECT policy_version, key, value FROM evaluations "
-                     f"WHERE run_id = '{info.run_id}' AND key LIKE 'eval/%/all/pass_at_1'")
+    evals = db.eval_pass_at_1(cfg.tracking.duckdb_path, info.run_id)
     text = links.describe(info.run_id, cfg.name, arm_of(cfg), cfg.train.steps, flow_run_id,
                           links.pass_by_version(evals.to_dicts()), registered, parent)
     links.set_description(cfg.tracking, info.mlflow_run_id, text)
     tracking.finish_run(cfg.tracking, info.mlflow_run_id)
-    con = db.connect(cfg.tracking.duckdb_path)
-    try:
-        con.execute("UPDATE runs SET status = 'finished' WHERE run_id = ?", [info.run_id])
-    finally:
-        con.close()
+    with db.session(cfg.tracking.duckdb_path) as con:
+        db.set_status(con, info.run_id, "finished")
     url = links.run_url(cfg.tracking, links.experiment_of(cfg.tracking, info.mlflow_run_id), info.mlflow_run_id)
     return links.summary_markdown(text, url, str(png))
 

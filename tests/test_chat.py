@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from models.chat import FORMAT_ERROR, MALFORMED_CALL, ChatFormat, build_sft_example, parse_tool_call, render_call
+from models.chat import FORMAT_ERROR, MALFORMED_CALL, build_sft_example, parse_tool_call, render_call
 
 
 def test_parse_good_call_and_no_call():

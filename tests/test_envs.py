@@ -16,7 +16,6 @@ from tasks.envs.sokoban import generate_room, solve
 from tasks.envs.solver import expert_episode, lake_path
 from tasks.envs.states import heldout_seeds, is_heldout_state, train_seeds
 
-
 # -- registry ---------------------------------------------------------------------------------
 
 def test_registry_lists_valid_names_for_unknown_env():

@@ -17,12 +17,18 @@ Schema (primary keys in brackets)::
 A step's rows are replaced in one transaction (a rerun of step N never duplicates rows);
 rows go in as Arrow batches (``INSERT ... BY NAME``), never one by one. One process per file
 (DuckDB's lock): a file open elsewhere, even read-only, fails with a one-line error naming that process.
+
+Every SQL statement of the pipeline lives here, with its values as parameters (never pasted
+into the text). Writers open the file with ``session(path)`` (closed on exit); readers use the
+named queries (``run_metrics``, ``evaluation_rows``, ``kept_kinds``) or ``query(path, sql, params)``.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -133,13 +139,43 @@ def connect(path: str | Path) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def end_run(path: str | Path, run_id: str, status: str) -> None:
-    """Set a run row still ``running`` to ``status`` (crashed, cancelled, failed)."""
+@contextmanager
+def session(path: str | Path) -> Iterator[duckdb.DuckDBPyConnection]:
+    """``connect(path)`` for the length of a ``with`` block; the file is closed on exit."""
     con = connect(path)
     try:
-        con.execute("UPDATE runs SET status = ? WHERE run_id = ? AND status = 'running'", [status, run_id])
+        yield con
     finally:
         con.close()
+
+
+@contextmanager
+def _transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+
+
+def _insert(con: duckdb.DuckDBPyConnection, table: str, df: pl.DataFrame) -> None:
+    """Insert ``df`` into ``table`` (one of the schema's names) as one Arrow batch, columns by name."""
+    if df.height:
+        con.register("_batch", df.to_arrow())
+        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _batch")
+        con.unregister("_batch")
+
+
+def end_run(path: str | Path, run_id: str, status: str) -> None:
+    """Set a run row still ``running`` to ``status`` (crashed, cancelled, failed)."""
+    with session(path) as con:
+        con.execute("UPDATE runs SET status = ? WHERE run_id = ? AND status = 'running'", [status, run_id])
+
+
+def set_status(con, run_id: str, status: str) -> None:
+    con.execute("UPDATE runs SET status = ? WHERE run_id = ?", [status, run_id])
 
 
 def upsert_run(con, run_id: str, name: str, config: dict, mlflow_run_id: str, status: str) -> None:
@@ -151,35 +187,23 @@ def upsert_run(con, run_id: str, name: str, config: dict, mlflow_run_id: str, st
 
 def replace_step(con, run_id: str, step: int, frames: dict[str, pl.DataFrame]) -> None:
     """Replace every row of (run_id, step) by ``frames`` (table name → rows) in one transaction."""
-    con.execute("BEGIN TRANSACTION")
-    try:
+    unknown = set(frames) - set(STEP_TABLES)
+    if unknown:
+        raise ValueError(f"replace_step: unknown tables {sorted(unknown)}; valid: {list(STEP_TABLES)}")
+    with _transaction(con):
         for table in STEP_TABLES:
             con.execute(f"DELETE FROM {table} WHERE run_id = ? AND step = ?", [run_id, step])
         for table, df in frames.items():
-            if df.height:
-                con.register("_batch", df.to_arrow())
-                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _batch")
-                con.unregister("_batch")
-        con.execute("COMMIT")
-    except Exception:
-        con.execute("ROLLBACK")
-        raise
+            _insert(con, table, df)
 
 
 def replace_eval(con, run_id: str, version: int, checkpoint: str, metrics: dict[str, float]) -> None:
     """Replace the evaluation rows of one policy version in one transaction."""
     df = pl.DataFrame({"run_id": run_id, "policy_version": version, "checkpoint": checkpoint,
                        "key": list(metrics), "value": [float(v) for v in metrics.values()]})
-    con.execute("BEGIN TRANSACTION")
-    try:
+    with _transaction(con):
         con.execute("DELETE FROM evaluations WHERE run_id = ? AND policy_version = ?", [run_id, version])
-        con.register("_batch", df.to_arrow())
-        con.execute("INSERT INTO evaluations BY NAME SELECT * FROM _batch")
-        con.unregister("_batch")
-        con.execute("COMMIT")
-    except Exception:
-        con.execute("ROLLBACK")
-        raise
+        _insert(con, "evaluations", df)
 
 
 def merge_stores(target: str | Path, sources: list[str | Path]) -> dict[str, int]:
@@ -189,38 +213,61 @@ def merge_stores(target: str | Path, sources: list[str | Path]) -> dict[str, int
     per file). Every table of a source that has a ``run_id`` column and exists in the target is
     copied; one transaction per source. Returns rows copied per table.
     """
-    con = connect(target)
     copied: dict[str, int] = {}
-    try:
+    with session(target) as con:
         for i, src in enumerate(sources):
             alias = f"src{i}"
-            con.execute(f"ATTACH '{Path(src)}' AS {alias} (READ_ONLY)")
+            quoted = str(Path(src)).replace("'", "''")  # ATTACH takes no parameters: a quoted literal
+            con.execute(f"ATTACH '{quoted}' AS {alias} (READ_ONLY)")
             tables = [t for (t,) in con.execute(
                 "SELECT table_name FROM duckdb_columns() WHERE database_name = ? AND column_name = 'run_id' "
                 "AND table_name IN (SELECT table_name FROM duckdb_tables() WHERE database_name = current_database())",
                 [alias]).fetchall()]
-            con.execute("BEGIN TRANSACTION")
             try:
-                for table in tables:
-                    con.execute(f"DELETE FROM {table} WHERE run_id IN (SELECT DISTINCT run_id FROM {alias}.{table})")
-                    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {alias}.{table}")
-                    n = con.execute(f"SELECT count(*) FROM {alias}.{table}").fetchone()[0]
-                    copied[table] = copied.get(table, 0) + n
-                con.execute("COMMIT")
-            except Exception:
-                con.execute("ROLLBACK")
-                raise
+                with _transaction(con):
+                    for table in tables:  # identifiers from the source's own catalogue, not user input
+                        con.execute(f"DELETE FROM {table} WHERE run_id IN (SELECT DISTINCT run_id FROM {alias}.{table})")
+                        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {alias}.{table}")
+                        n = con.execute(f"SELECT count(*) FROM {alias}.{table}").fetchone()[0]
+                        copied[table] = copied.get(table, 0) + n
             finally:
                 con.execute(f"DETACH {alias}")
-    finally:
-        con.close()
     return copied
 
 
-def query(path: str | Path, sql: str) -> pl.DataFrame:
-    """Run read-only SQL against the store."""
+def query(path: str | Path, sql: str, params: Sequence | None = None) -> pl.DataFrame:
+    """Run read-only SQL against the store; values go in ``params`` (``?`` placeholders)."""
     con = duckdb.connect(str(path), read_only=True)
     try:
-        return con.execute(sql).pl()
+        return con.execute(sql, params or []).pl()
     finally:
         con.close()
+
+
+def run_metrics(path: str | Path, run_id: str, prefix: str = "") -> pl.DataFrame:
+    """(step, key, value) of every metric of ``run_id`` whose key starts with ``prefix``."""
+    return query(path, "SELECT step, key, value FROM metrics WHERE run_id = ? AND starts_with(key, ?)",
+                 [run_id, prefix])
+
+
+def eval_pass_at_1(path: str | Path, run_id: str) -> pl.DataFrame:
+    """(policy_version, key, value) of the overall pass@1 of every evaluation mode of ``run_id``."""
+    return query(path, "SELECT policy_version, key, value FROM evaluations WHERE run_id = ? "
+                       "AND key LIKE 'eval/%/all/pass_at_1'", [run_id])
+
+
+def evaluation_rows(path: str | Path, run_ids: Sequence[str]) -> pl.DataFrame:
+    """(run_id, policy_version, key, value) of every evaluation of ``run_ids``."""
+    return query(path, "SELECT run_id, policy_version, key, value FROM evaluations "
+                       "WHERE list_contains(?::VARCHAR[], run_id)", [list(run_ids)])
+
+
+def kept_kinds(path: str | Path, run_ids: Sequence[str]) -> pl.DataFrame:
+    """Trained (kept) trajectories of ``run_ids`` by kind — R3L's rows by their kind, then errors kept,
+    purified, clean first try — with their count and mean reward and advantage."""
+    return query(path, """
+        SELECT run_id, CASE WHEN coalesce(kind, 'rollout') NOT IN ('rollout', 'base') THEN 'R3L ' || kind
+                            WHEN errors_kept > 0 THEN 'errors kept' WHEN rollbacks_recovered > 0 THEN 'purified'
+                            ELSE 'clean first try' END AS kind, count(*) AS n, avg(reward) AS reward,
+               avg(advantage) AS advantage
+        FROM trajectories WHERE kept AND list_contains(?::VARCHAR[], run_id) GROUP BY ALL""", [list(run_ids)])
