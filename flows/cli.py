@@ -26,7 +26,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 from pathlib import Path  # noqa: E402
-from typing import Optional  # noqa: E402
 
 import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -39,7 +38,7 @@ ConfigOpt = typer.Option(Path("configs/tiny.yaml"), "--config", "-c", help="Run 
 SetOpt = typer.Option(None, "--set", "-s", help="Override: key.path=value (repeatable).")
 
 
-def _load(config: Path, overrides: Optional[list[str]]):
+def _load(config: Path, overrides: list[str] | None):
     from flows.config import ConfigError, load_config
 
     try:
@@ -74,7 +73,7 @@ def _mount_optional(name: str, module: str, help_text: str) -> None:
 
 
 @app.command("build-tiny")
-def build_tiny_cmd(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt) -> None:
+def build_tiny_cmd(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt) -> None:
     """Write the SFT corpus and build the untrained tiny model (tokenizer + Qwen2 weights)."""
     from flows.warmup import build_task, corpus_task
 
@@ -84,7 +83,7 @@ def build_tiny_cmd(config: Path = ConfigOpt, overrides: Optional[list[str]] = Se
 
 
 @app.command()
-def warmup(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt) -> None:
+def warmup(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt) -> None:
     """Build the tiny model if needed and warm it up by SFT into ``model.path``."""
     from flows.warmup import warmup_flow
 
@@ -93,8 +92,8 @@ def warmup(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt) ->
 
 
 @app.command("warmup-gate")
-def warmup_gate_cmd(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt,
-                    model: Optional[Path] = typer.Option(None, help="Policy folder (default: model.path)."),
+def warmup_gate_cmd(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
+                    model: Path | None = typer.Option(None, help="Policy folder (default: model.path)."),
                     write: bool = typer.Option(False, help="Write gate.json and the model card's gate section "
                                                            "beside the model (default: only under output_dir).")) -> None:
     """Measure first-call failure, recovery and P(correct | clean / recovered) on held-out prompts."""
@@ -121,10 +120,10 @@ def warmup_gate_cmd(config: Path = ConfigOpt, overrides: Optional[list[str]] = S
 
 
 @app.command()
-def train(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt,
-          run_id: Optional[str] = typer.Option(None, help="Run id; an existing one is resumed."),
+def train(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
+          run_id: str | None = typer.Option(None, help="Run id; an existing one is resumed."),
           profile: bool = typer.Option(False, help="Print where step time goes, then time a fully cached rerun."),
-          parent_mlflow_run: Optional[str] = typer.Option(None, hidden=True,
+          parent_mlflow_run: str | None = typer.Option(None, hidden=True,
                                                           help="MLflow run to nest this run under (compare).")) -> None:
     """Run the Prefect training flow."""
     from flows.train import train as train_flow
@@ -156,9 +155,9 @@ def resume(run_id: str, output_dir: Path = typer.Option(Path("runs"), help="Fold
 
 
 @app.command("eval")
-def eval_cmd(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt,
-             checkpoint: Optional[Path] = typer.Option(None, help="Policy folder (default: model.path)."),
-             model: Optional[str] = typer.Option(None, help="A logged or registered MLflow model instead: "
+def eval_cmd(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
+             checkpoint: Path | None = typer.Option(None, help="Policy folder (default: model.path)."),
+             model: str | None = typer.Option(None, help="A logged or registered MLflow model instead: "
                                                  "models:/<name>@best, models:/<name>/latest, models:/<name>/<version>, "
                                                  "models:/<model id>.")) -> None:
     """Evaluate a policy on held-out prompts: SAAR off (the policy alone) and on (recovery after errors)."""
@@ -214,8 +213,8 @@ def eval_table(metrics: dict, modes: list[str], title: str) -> Table:
 
 
 @app.command()
-def compare(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt,
-            compare_id: Optional[str] = typer.Option(None, help="Id of the comparison (an existing one resumes).")) -> None:
+def compare(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
+            compare_id: str | None = typer.Option(None, help="Id of the comparison (an existing one resumes).")) -> None:
     """CLEANER vs the DAPO baseline (and SAAR everywhere; R3L with --set 'compare.add_arms=[r3l]') over seeds."""
     from flows.compare import compare_flow
 
@@ -260,7 +259,7 @@ def bench_partial_cmd(model: Path = typer.Option(Path("assets/tiny-warm"), help=
 
 
 @app.command()
-def query(sql: str, config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt) -> None:
+def query(sql: str, config: Path = ConfigOpt, overrides: list[str] | None = SetOpt) -> None:
     """Run SQL against the DuckDB store and print the result."""
     import duckdb
     import polars as pl
@@ -281,7 +280,7 @@ def query(sql: str, config: Path = ConfigOpt, overrides: Optional[list[str]] = S
 
 
 @app.command()
-def demo(config: Path = ConfigOpt, overrides: Optional[list[str]] = SetOpt) -> None:
+def demo(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt) -> None:
     """Warm up the tiny model if absent, train it with CLEANER, and say how to browse the results."""
     cfg = _load(config, overrides)
     _check_tracking(cfg)

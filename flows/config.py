@@ -129,7 +129,7 @@ class CompareConfig(BaseModel):
     """Evaluate (SAAR off) every this many steps."""
 
     @model_validator(mode="after")
-    def _arms_exist(self) -> "CompareConfig":
+    def _arms_exist(self) -> CompareConfig:
         for name in self.add_arms:
             if name not in ARM_PRESETS:
                 raise ValueError(f"add_arms: unknown preset {name!r}; presets: {', '.join(sorted(ARM_PRESETS))}")
@@ -214,7 +214,7 @@ class RunConfig(BaseModel):
     """The warm-up gate (``cleaner warmup-gate``, the warm-up flow's last step)."""
 
     @model_validator(mode="after")
-    def _partial_over_samples(self) -> "RunConfig":
+    def _partial_over_samples(self) -> RunConfig:
         part, want = self.rollout.partial, self.data.prompts_per_step
         if part.enabled and part.over_sampling is not None and part.over_sampling < want:
             raise ValueError(f"rollout.partial.over_sampling={part.over_sampling} is below the rollout batch size "
@@ -230,7 +230,7 @@ class RunConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _filter_fills_minibatches(self) -> "RunConfig":
+    def _filter_fills_minibatches(self) -> RunConfig:
         if self.env is None:
             return self
         most = max_kept_trajectories(self.mix.group_filter, self.env.groups, self.rollout.n_samples)

@@ -55,7 +55,7 @@ class TinyModelConfig(BaseModel):
     """Seed of the random initialisation (``torch.manual_seed``)."""
 
     @model_validator(mode="after")
-    def _heads_divide(self) -> "TinyModelConfig":
+    def _heads_divide(self) -> TinyModelConfig:
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
         if self.num_heads % self.num_kv_heads:

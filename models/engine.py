@@ -22,9 +22,10 @@ truncating after one batched ``generate`` with the largest budget.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal, Protocol
+from typing import Literal, Protocol
 
 import torch
 

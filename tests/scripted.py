@@ -54,7 +54,7 @@ class ScriptedEngine:
             outs.append(GenOutput(*scripted_turn(self.chat, script.pop(0), -0.01 * self.calls)))
         return outs
 
-    def stream(self, seed: int, keep_prefix: bool = True) -> "ScriptedStream":
+    def stream(self, seed: int, keep_prefix: bool = True) -> ScriptedStream:
         return ScriptedStream(self)
 
 

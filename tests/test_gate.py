@@ -7,8 +7,8 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from tasks.training.gate import GateConfig, card_section, gate_figures, trajectory_facts, update_card
 from tasks.data.synthetic import KINDS
+from tasks.training.gate import GateConfig, card_section, gate_figures, trajectory_facts, update_card
 
 
 def _row(kind, call=True, failed=False, failure=None, recovered=False, correct=False):
@@ -74,8 +74,8 @@ def test_gate_on_a_real_model(tmp_path):
     """The committed warm-up model through the real rollout (continuous batching, local sandbox)."""
     from models.config import EngineConfig
     from sandbox.config import SandboxConfig
-    from tasks.training.gate import run_gate
     from tasks.rollout.config import RolloutConfig
+    from tasks.training.gate import run_gate
 
     cfg = GateConfig(n_prompts=6, samples=2, seed=1)
     rep = run_gate("assets/tiny-warm", cfg, RolloutConfig(max_new_tokens=192, max_response_tokens=512),

@@ -14,8 +14,8 @@ from tasks.data.loader import PromptCursor
 from tasks.rollout.buffer import buffer_frame, read_buffer, write_buffer
 from tasks.rollout.config import PartialConfig, RolloutConfig
 from tasks.rollout.machine import Rollout
-from tasks.rollout.types import PromptItem, State
 from tasks.rollout.partial import PartialRollout
+from tasks.rollout.types import PromptItem, State
 from tests.paced import PacedEngine
 
 CALL = '<tool_call>{"name": "code_interpreter", "arguments": {"code": "print(2 + 2)"}}</tool_call>'

@@ -46,7 +46,7 @@ def box():
         yield b
 
 
-def run(chat, box, script, **saar) -> "object":
+def run(chat, box, script, **saar) -> object:
     cfg = RolloutConfig(n_samples=1, max_turns=4, saar=SAARConfig(raw_share=0.0, **saar),
                         scheduling=SCHEDULING["mode"])
     engine = ScriptedEngine(chat, [script])

@@ -13,7 +13,15 @@ import re
 import pytest
 
 from models.chat import parse_tool_call
-from tasks.data.synthetic import KINDS, CorpusMix, make_problems, split_of, task_rows, write_sft_corpus, write_task_parquet
+from tasks.data.synthetic import (
+    KINDS,
+    CorpusMix,
+    make_problems,
+    split_of,
+    task_rows,
+    write_sft_corpus,
+    write_task_parquet,
+)
 from tasks.data.synthetic.corpus import as_function, bound_names, plan_transcript, similarity
 from tasks.data.synthetic.mistakes import MISTAKES, plant, typo
 from tasks.data.synthetic.problems import Program, make, run_program
@@ -90,7 +98,7 @@ def test_every_mistake_fails_as_intended_and_its_message_names_the_fix(box):
     sample = [c for cs in by_name.values() for c in cs[:12]]
     results = box.run_many([c[3] for c in sample], setups=[c[1].setup for c in sample])
     ok = 0
-    for (name, p, prog, bad, reason, hint), res in zip(sample, results):
+    for (name, _p, _prog, bad, reason, hint), res in zip(sample, results):
         assert res.error_kind == MISTAKES[name].error_kind, (name, bad, res.model_text())
         ok += hint in res.model_text()
         assert reason.endswith(".") and len(reason) < 90

@@ -19,9 +19,10 @@ column. Run ``cleaner data inspect FILE`` for a summary of any of these files.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tasks.data import prompts
 

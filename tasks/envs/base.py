@@ -22,8 +22,9 @@ registered ones.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 
 class UnknownEnvError(ValueError):

@@ -20,8 +20,8 @@ sqrt: its root). Metrics follow RAGEN's names (``rollout/in_group_std`` …, ``c
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import polars as pl

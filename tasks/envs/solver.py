@@ -23,8 +23,8 @@ from __future__ import annotations
 import json
 import random
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from tasks.envs.base import Env, make_env
 from tasks.envs.config import EnvConfig

@@ -69,7 +69,7 @@ def run_curves(evals: pl.DataFrame, key: str, initial: dict | None) -> dict[str,
     for row in evals.filter(pl.col("key") == key).sort("policy_version").iter_rows(named=True):
         out.setdefault(row["run_id"], []).append((int(row["policy_version"]), float(row["value"])))
     if initial is not None and key in initial:
-        for run_id, points in out.items():
+        for points in out.values():
             if not points or points[0][0] != 0:
                 points.insert(0, (0, float(initial[key])))
     return out

@@ -29,8 +29,9 @@ from __future__ import annotations
 import fnmatch
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 from sandbox.result import SandboxInfraError
 from tasks.rewards.config import RewardConfig

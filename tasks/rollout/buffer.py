@@ -28,9 +28,9 @@ from pathlib import Path
 import polars as pl
 
 from sandbox.result import ExecutionResult
-from tasks.rollout.types import Carry, Execution, PromptItem, SaarEvent, Snapshot, State, Trajectory
 from tasks.rollout.partial import Group
 from tasks.rollout.saar import TrajStats
+from tasks.rollout.types import Carry, Execution, PromptItem, SaarEvent, Snapshot, State, Trajectory
 
 BUFFER_FILE = "partial_buffer.parquet"
 STATE_FILE = "partial_state.json"

@@ -75,7 +75,7 @@ class EvalConfig(BaseModel):
     final_samples: int | None = Field(None, ge=1)
     """Samples per prompt of a run's last evaluation (None: ``samples``)."""
 
-    def final(self) -> "EvalConfig":
+    def final(self) -> EvalConfig:
         """This config at the size of a run's last evaluation."""
         return self.model_copy(update={"n_prompts": self.final_prompts or self.n_prompts,
                                        "samples": self.final_samples or self.samples})

@@ -24,8 +24,9 @@ accumulated batch to the train batch size.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 import polars as pl
 

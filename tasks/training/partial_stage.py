@@ -23,8 +23,8 @@ from tasks.data.loader import PromptCursor
 from tasks.rollout.buffer import buffer_frame, read_buffer, write_buffer
 from tasks.rollout.config import RolloutConfig
 from tasks.rollout.machine import Rollout
-from tasks.rollout.types import PromptItem, Trajectory
 from tasks.rollout.partial import PartialResult, PartialRollout
+from tasks.rollout.types import PromptItem, Trajectory
 from tasks.training.faults import maybe_crash
 
 

@@ -62,7 +62,7 @@ def _ranges(name: str, r: random.Random, questions: list[str], inclusive: bool) 
     lo, hi = r.choice(RANGES)
     start = r.randint(1, 500)
     pairs = [(lo, start), (hi, start + r.randint(5, 2000))]
-    incl, excl = _range_sum(lo, hi, f"{hi} + 1", ", so {hi} is included".format(hi=hi)), _range_sum(lo, hi, hi, "")
+    incl, excl = _range_sum(lo, hi, f"{hi} + 1", f", so {hi} is included"), _range_sum(lo, hi, hi, "")
     right, wrong = (incl, excl) if inclusive else (excl, incl)
     return make(name, r.choice(questions).format(lo=lo, hi=hi), pairs, right, wrong)
 

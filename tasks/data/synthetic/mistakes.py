@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 BUILTINS = ["print", "sorted", "sum", "len", "range", "max", "divmod", "str"]
 Broken = tuple[str, str, str]

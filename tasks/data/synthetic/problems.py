@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 SPLITS = ("sft", "rl", "eval")
 BUCKETS = 20

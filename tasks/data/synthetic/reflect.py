@@ -25,8 +25,13 @@ from __future__ import annotations
 import random
 
 from models.chat import render_call
-from tasks.r3l import GUIDANCE_TEMPLATE_COMPACT, REFLECTION_PROMPT_COMPACT, guided_retry_messages, outcome_feedback
-from tasks.r3l import reflection_messages
+from tasks.r3l import (
+    GUIDANCE_TEMPLATE_COMPACT,
+    REFLECTION_PROMPT_COMPACT,
+    guided_retry_messages,
+    outcome_feedback,
+    reflection_messages,
+)
 
 GOALS = {
     "floordiv": "the quotient rounded down (//)", "mod": "the remainder (%)",

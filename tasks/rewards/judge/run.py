@@ -138,7 +138,7 @@ def run_program(source, prefix, stdin, fn_name, args_text, timeout, inline,
     fd0 = memfd(stdin.encode())
     os.dup2(fd0, 0)
     os.close(fd0)
-    sys.stdin = open(0, "r", closefd=False)
+    sys.stdin = open(0, closefd=False)
     cap = memfd(b"")
     sys.stdout.flush()
     os.dup2(cap, 1)
