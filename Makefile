@@ -22,7 +22,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup setup-verl lock lock-upgrade lock-check demo test test-fast mutation sandbox-image serve serve-stop clean
+.PHONY: setup setup-verl lock lock-upgrade lock-check demo lint test test-fast mutation sandbox-image serve serve-stop clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -65,7 +65,12 @@ lock-check: setup setup-verl
 demo: setup
 	$(VENV)/bin/cleaner demo --config configs/tiny.yaml
 
-test: setup setup-verl
+# Style (ruff) and architecture (import-linter: the layer and no-cycle contracts in pyproject.toml).
+lint: setup
+	$(VENV)/bin/ruff check flows tasks models sandbox tests infra
+	$(VENV)/bin/lint-imports
+
+test: lint setup-verl
 	$(VENV)/bin/pytest -q -ra --durations=15 -m "not verl"
 	$(VERL_VENV)/bin/pytest -q -ra -m verl
 

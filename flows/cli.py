@@ -239,7 +239,7 @@ def bench_rollout_cmd(model: Path = typer.Option(Path("assets/tiny-warm"), help=
                       samples: int = typer.Option(8, help="Samples per prompt."),
                       repeats: int = typer.Option(3, help="Alternating before/after repeats (the first warms up).")) -> None:
     """Rollout wall time and useful tokens/s, static rounds vs continuous batching, as ratios."""
-    from tasks.rollout.bench import bench_rollout
+    from tasks.training.bench_rollout import bench_rollout
 
     bench_rollout(model, n_prompts=prompts, n_samples=samples, repeats=repeats, echo=console.print)
 

@@ -145,7 +145,7 @@ def verl_batch(cases: list[str], step: int, validate: bool = False):
     import numpy as np
     from verl.protocol import DataProto
 
-    from tasks.rollout.verl_loop import annotate_draws
+    from tasks.training.verl_loop import annotate_draws
 
     rows = np.empty(len(cases), dtype=object)
     rows[:] = [[{"role": "user", "content": f"case {c}: what is 6 * 7?"}] for c in cases]
@@ -160,7 +160,7 @@ def run_verl(config, chat, cases: list[str], step: int, validate: bool = False):
     import torch
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
-    from tasks.rollout.verl_loop import close_sandboxes
+    from tasks.training.verl_loop import close_sandboxes
 
     torch.set_num_threads(1)
     manager = ScriptServerManager(KeyedScript(chat))
@@ -173,7 +173,7 @@ def run_verl(config, chat, cases: list[str], step: int, validate: bool = False):
 
 @pytest.fixture(scope="module")
 def both_paths(verl_config, chat):
-    from tasks.rollout.verl_loop import rollout_config
+    from tasks.training.verl_loop import rollout_config
 
     cases = list(SCRIPTS)
     cfg = rollout_config(verl_config)
@@ -288,7 +288,7 @@ def test_draw_tags_follow_step_group_and_validation():
     import numpy as np
     from verl.protocol import DataProto
 
-    from tasks.rollout.verl_loop import DRAW_KEY, annotate_draws
+    from tasks.training.verl_loop import DRAW_KEY, annotate_draws
 
     uids = np.array(["u1", "u1", "u2", "u1", "u2"], dtype=object)
     batch = DataProto.from_dict(non_tensors={"uid": uids}, meta_info={"global_steps": 7})
@@ -306,7 +306,7 @@ def test_manager_tags_rows_before_verl_splits_them(monkeypatch):
     from verl.experimental.agent_loop.agent_loop import AgentLoopManager
     from verl.protocol import DataProto
 
-    from tasks.rollout.verl_loop import DRAW_KEY, CleanerAgentLoopManager
+    from tasks.training.verl_loop import DRAW_KEY, CleanerAgentLoopManager
 
     seen = []
 
@@ -344,11 +344,11 @@ def test_a_row_without_draw_tags_is_an_error_naming_the_setting(verl_config, cha
 def test_gen_output_maps_every_stop_reason(reason, ids_end, expect, chat, verl_config):
     from verl.workers.rollout.replica import TokenOutput
 
-    from tasks.rollout.verl_loop import CleanerAgentLoop
+    from tasks.training.verl_loop import CleanerAgentLoop
 
     loop = object.__new__(CleanerAgentLoop)
     loop.chat = chat
-    from tasks.rollout.verl_loop import stop_ids
+    from tasks.training.verl_loop import stop_ids
 
     loop.stop_ids = stop_ids(chat)
     end = {"eos": [chat.eos_id], "endoftext": [chat.tokenizer.convert_tokens_to_ids("<|endoftext|>")], "text": []}
@@ -365,7 +365,7 @@ def test_gen_output_maps_every_stop_reason(reason, ids_end, expect, chat, verl_c
 def test_gen_output_refuses_what_it_cannot_trust(reason, ids, lps, match, chat):
     from verl.workers.rollout.replica import TokenOutput
 
-    from tasks.rollout.verl_loop import CleanerAgentLoop, stop_ids
+    from tasks.training.verl_loop import CleanerAgentLoop, stop_ids
 
     loop = object.__new__(CleanerAgentLoop)
     loop.chat, loop.stop_ids = chat, stop_ids(chat)
@@ -376,7 +376,7 @@ def test_gen_output_refuses_what_it_cannot_trust(reason, ids, lps, match, chat):
 def test_paper_config_composes_with_verl_defaults():
     from hydra import compose, initialize_config_dir
 
-    from tasks.rollout.verl_loop import rollout_config
+    from tasks.training.verl_loop import rollout_config
 
     with initialize_config_dir(config_dir=f"{ROOT}/configs/verl", version_base=None):
         cfg = compose(config_name="cleaner_grpo")
@@ -385,7 +385,7 @@ def test_paper_config_composes_with_verl_defaults():
     assert (actor.loss_agg_mode, actor.grad_clip) == ("token-mean", 1.0)
     assert (cfg.data.train_batch_size, rollout.n, rollout.response_length) == (128, 16, 20480)
     assert (rollout.name, rollout.mode, rollout.agent.default_agent_loop) == ("sglang", "async", "cleaner_agent")
-    assert rollout.agent.agent_loop_manager_class == "tasks.rollout.verl_loop.CleanerAgentLoopManager"
+    assert rollout.agent.agent_loop_manager_class == "tasks.training.verl_loop.CleanerAgentLoopManager"
     assert cfg.algorithm.adv_estimator == "grpo" and cfg.algorithm.rollout_correction.bypass_mode is False
     # the paper's reward: reward_manager=dapo with the overlong buffer of 4096 tokens, factor 1.0
     assert cfg.reward.reward_manager.name == "dapo"
@@ -407,7 +407,7 @@ def test_paper_reward_applies_the_overlong_penalty(chat):
     from verl.protocol import DataProto
     from verl.trainer.ppo.reward import get_custom_reward_fn
 
-    from tasks.rollout.verl_loop import close_sandboxes
+    from tasks.training.verl_loop import close_sandboxes
 
     with initialize_config_dir(config_dir=f"{ROOT}/configs/verl", version_base=None):
         cfg = compose(config_name="cleaner_grpo", overrides=["cleaner.sandbox.backend=local",
@@ -433,8 +433,8 @@ def test_paper_reward_applies_the_overlong_penalty(chat):
 
 
 def test_reward_adapter_uses_our_graders_and_the_configured_sandbox(monkeypatch):
-    from tasks.rollout import verl_loop
-    from tasks.rollout.verl_loop import close_sandboxes, compute_score
+    from tasks.training import verl_loop
+    from tasks.training.verl_loop import close_sandboxes, compute_score
 
     made = []
     real = verl_loop.shared_sandbox

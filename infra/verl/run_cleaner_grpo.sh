@@ -5,7 +5,7 @@
 #   MODEL=/ckpt/Qwen3-4B TRAIN=data/verl/train.parquet VAL=data/verl/val.parquet GPUS=8 infra/verl/run_cleaner_grpo.sh
 #
 # Needs a CUDA node with `pip install -e '.[verl,gpu]'` (verl + SGLang), run from the repo root so
-# Ray workers import `tasks.rollout.verl_loop`. Data: verl RL parquet (`cleaner data ...` writes it).
+# Ray workers import `tasks.training.verl_loop`. Data: verl RL parquet (`cleaner data ...` writes it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODEL=${MODEL:-Qwen/Qwen3-4B}
@@ -22,6 +22,6 @@ exec python -m verl.trainer.main_ppo \
   actor_rollout_ref.model.path="$MODEL" \
   data.train_files="$TRAIN" data.val_files="$VAL" \
   actor_rollout_ref.rollout.agent.agent_loop_config_path="$PWD/configs/verl/agent_loops.yaml" \
-  reward.custom_reward_function.path="$PWD/tasks/rollout/verl_loop.py" \
+  reward.custom_reward_function.path="$PWD/tasks/training/verl_loop.py" \
   trainer.n_gpus_per_node="$GPUS" trainer.nnodes="$NNODES" \
   "$@"

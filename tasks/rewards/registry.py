@@ -296,11 +296,17 @@ def choice_reward(solution_str: str, ground_truth, extra_info: dict, *, sandbox=
 
 
 _LOADED = False
+_PLUGINS = ("tasks.rewards.code",)
+"""Modules whose graders register themselves on import (``livecodebench*`` / ``*code*``), imported by name on
+first use: this module stays light and never imports a grader module back (no import cycle)."""
 
 
 def _load_builtin_graders() -> None:
-    """Import the code grader lazily (it registers ``livecodebench*`` / ``*code*``), keeping this module light."""
+    """Import the grader modules of ``_PLUGINS`` once."""
     global _LOADED
     if not _LOADED:
         _LOADED = True
-        import tasks.rewards.code  # noqa: F401
+        import importlib
+
+        for module in _PLUGINS:
+            importlib.import_module(module)

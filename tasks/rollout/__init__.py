@@ -1,1 +1,1 @@
-"""Rollout: the agent loop that joins the policy with the sandbox, SAAR's rules, and SAAR as a verl agent loop."""
+"""Rollout: the agent loop that joins the policy with the sandbox (state machine, its data types) and SAAR's rules."""

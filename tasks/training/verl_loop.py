@@ -207,7 +207,7 @@ class CleanerAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         if DRAW_KEY not in kwargs:
             raise RuntimeError("cleaner_agent: the rows carry no raw-draw key; set actor_rollout_ref.rollout.agent."
-                               "agent_loop_manager_class=tasks.rollout.verl_loop.CleanerAgentLoopManager")
+                               "agent_loop_manager_class=tasks.training.verl_loop.CleanerAgentLoopManager")
         traj = self.new_trajectory(prompt_item(kwargs), kwargs[DRAW_KEY])
         request_id = uuid4().hex
 
