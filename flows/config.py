@@ -244,13 +244,16 @@ class RunConfig(BaseModel):
     def hash(self) -> str:
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
 
-    def setups(self) -> StepSetups:
-        """Each stage's setup: the slices and fields it reads (its cache key hashes exactly these)."""
+    def setups(self, start: str | None = None) -> StepSetups:
+        """Each stage's setup: the slices and fields it reads (its cache key hashes exactly these). ``start`` is
+        the run's version-0 checkpoint when it differs from ``model.path`` (a LoRA adapter linked to
+        ``model.base`` in the run folder): the KL reference."""
         eval_setup = EvalSetup(seed=self.seed, chat=self.model.chat, eval_path=self.data.eval_path,
                                rollout=self.rollout, engine=self.engine, sandbox=self.sandbox, reward=self.reward,
                                eval=self.eval, tracking=self.tracking, env=self.env)
         return StepSetups(
             start_policy=self.model.path,
+            base=self.model.base,
             rollout=RolloutSetup(seed=self.seed, chat=self.model.chat, train_path=self.data.train_path,
                                  prompts_per_step=self.data.prompts_per_step, refill_rounds=self.data.refill_rounds,
                                  dynamic_sampling=self.mix.dynamic_sampling,
@@ -260,7 +263,7 @@ class RunConfig(BaseModel):
                              sandbox=self.sandbox, env=self.env),
             mix=MixSetup(mix=self.mix, mini_batches=self.trainer.mini_batches),
             advantage=AdvantageSetup(mix=self.mix),
-            update=UpdateSetup(trainer=self.trainer, seed=self.seed, reference=self.model.path),
+            update=UpdateSetup(trainer=self.trainer, seed=self.seed, reference=start or self.model.path),
             log=LogSetup(tracking=self.tracking),
             eval=eval_setup,
             final_eval=(eval_setup.model_copy(update={"eval": self.eval.final()})

@@ -30,6 +30,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.config import RunConfig, load_config
+from flows.warmup import ensure_base
 from tasks.data.loader import ensure_files
 from tasks.stores import db, links, registry, tracking
 from tasks.stores.registry import ModelRef
@@ -79,18 +80,6 @@ def prepare_run(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run
         mlrun = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, run_id, config, tags)
         db.upsert_run(con, run_id, cfg.name, config, mlrun, "running")
     return RunInfo(run_id, str(run_dir), mlrun, start_policy(cfg, cfg.model.path, run_dir / "start-policy"))
-
-
-def ensure_base(cfg: RunConfig) -> None:
-    """Create the frozen base ``model.base`` of a LoRA policy when missing, as ``model.build`` says."""
-    base = Path(cfg.model.base or "")
-    if (base / "config.json").exists():
-        return
-    if cfg.model.build != "smollm2":
-        raise FileNotFoundError(f"model.base: {base} does not exist (and model.build is {cfg.model.build!r})")
-    from models.smollm2 import convert
-
-    convert(base)
 
 
 def start_policy(cfg: RunConfig, ckpt: str, folder: Path) -> str:
@@ -353,7 +342,7 @@ def train(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = 
 def _steps(cfg: RunConfig, info: RunInfo, artifacts: links.FlowArtifacts) -> tuple[str, dict[int, float]]:
     """The evaluations and RL steps of a run (each stage a task); returns the final checkpoint and step times."""
     ckpt = info.start_ckpt
-    setups = cfg.setups()
+    setups = cfg.setups(info.start_ckpt)
     tags, model = trace_tags(cfg, info), ModelRef(name=model_name(cfg))
 
     def evaluate(version: int, policy: str) -> dict:

@@ -60,11 +60,21 @@ def build_task(cfg: RunConfig, corpus: str) -> str:
     return str(out)
 
 
+def ensure_base(cfg: RunConfig) -> None:
+    """Create the frozen base ``model.base`` of a LoRA policy when missing, as ``model.build`` says."""
+    base = Path(cfg.model.base or "")
+    if (base / "config.json").exists():
+        return
+    if cfg.model.build != "smollm2":
+        raise FileNotFoundError(f"model.base: {base} does not exist (and model.build is {cfg.model.build!r})")
+    from models.smollm2 import convert
+
+    convert(base)
+
+
 @task(name="base-model", cache_policy=NO_CACHE)
 def base_task(cfg: RunConfig) -> str:
     """The frozen base a LoRA warm-up trains on: ``model.base``, converted when missing (``model.build``)."""
-    from flows.train import ensure_base
-
     if not cfg.model.base:
         raise ValueError("warmup.lora is set but model.base is not: the adapter needs a base model folder")
     ensure_base(cfg)

@@ -140,6 +140,7 @@ def test_copy_checkpoint_keeps_the_adapter_and_records_the_state(adapters, tmp_p
 
 def test_a_step_with_no_informative_group_logs_a_count_not_a_loss(adapters, tmp_path, capsys):
     from flows.train import _summary
+    from tasks.training.setups import UpdateSetup
     from tasks.training.stages import update_stage
 
     a, _ = adapters
@@ -154,7 +155,7 @@ def test_a_step_with_no_informative_group_logs_a_count_not_a_loss(adapters, tmp_
     pl.DataFrame({**keys, "reward": [1.0] * 4}).write_parquet(step_dir / "scores.parquet")
     pl.DataFrame({**keys, "kept": [False] * 4}).write_parquet(step_dir / "mix.parquet")
     (step_dir / "mix.metrics.json").write_text(json.dumps({"mix/groups": 2, "mix/groups_kept": 0}))
-    out = update_stage(step_dir, str(a), tmp_path / "policy_000005", TrainerConfig(), seed=0)
+    out = update_stage(step_dir, str(a), tmp_path / "policy_000005", UpdateSetup(trainer=TrainerConfig(), seed=0))
     metrics = json.loads((step_dir / "update.metrics.json").read_text())
     assert metrics["train/skipped"] == 1 and metrics["train/no_informative_groups"] == 2
     assert "train/loss" not in metrics

@@ -8,15 +8,15 @@ identity), so its cache key hashes only the configuration it reads::
     score      reward, score, rollout.max_response_tokens, sandbox, env
     mix        mix, trainer.mini_batches
     advantage  mix
-    update     trainer, seed, model.path (the KL reference)
+    update     trainer, seed, the start policy (the KL reference)
     log        tracking
     eval       seed, model.chat, data.eval_path, rollout, engine, sandbox, reward, eval, tracking, env
 
 Stages of one step hand each other files, so a stage's key also covers every stage before it
 in the step (a new reward recomputes score, mix, advantage, update and log; not the rollout).
 A policy after step 0 is the product of the whole training chain, so every key at step > 0
-(and the evaluation of a trained version) also covers ``model.path`` and the rollout..update
-setups. Fields no stage reads — ``train.*``, ``name``, ``output_dir``, ``compare.*``,
+(and the evaluation of a trained version) also covers ``model.path``, ``model.base`` and the
+rollout..update setups. Fields no stage reads — ``train.*``, ``name``, ``output_dir``, ``compare.*``,
 ``tiny.*``, ``warmup.*`` — change no key: extending ``train.steps`` of a finished run reuses
 every finished stage. The run's last evaluation uses ``eval.final()`` (a larger one when
 ``eval.final_prompts`` / ``final_samples`` are set): extending such a run evaluates the old last
@@ -131,7 +131,8 @@ class UpdateSetup(_Setup):
     """Run seed (the update of step s is seeded with ``seed * 100_003 + s``)."""
 
     reference: str | None = None
-    """``model.path``: the KL reference policy (read only when ``trainer.kl_coef > 0``)."""
+    """The run's start policy (``model.path``, or its copy linked to ``model.base``): the KL reference, read
+    only when ``trainer.kl_coef > 0``."""
 
 
 class LogSetup(_Setup):
@@ -177,6 +178,9 @@ class StepSetups(_Setup):
     start_policy: str
     """``model.path``: the policy of version 0."""
 
+    base: str | None = None
+    """``model.base``: the frozen base a LoRA adapter policy runs on (None: ``start_policy`` is a full model)."""
+
     rollout: RolloutSetup
     score: ScoreSetup
     mix: MixSetup
@@ -203,9 +207,10 @@ class StepSetups(_Setup):
 
     def policy_hash(self, version: int) -> str:
         """Identity of policy ``version``: the start policy, plus the training chain once trained."""
+        start = [self.start_policy] if self.base is None else [self.start_policy, self.base]
         if version == 0:
-            return digest(self.start_policy)
-        return digest(self.start_policy, *(getattr(self, name).digest() for name in CHAIN))
+            return digest(*start)
+        return digest(*start, *(getattr(self, name).digest() for name in CHAIN))
 
     def key(self, run_id: str, step: int, stage: str, policy: str | Path, final: bool = False) -> str:
         """Cache key of ``stage`` at ``step`` starting from ``policy`` (policy version ``step``; for ``eval``,
