@@ -256,7 +256,8 @@ class RunConfig(BaseModel):
             base=self.model.base,
             rollout=RolloutSetup(seed=self.seed, chat=self.model.chat, train_path=self.data.train_path,
                                  prompts_per_step=self.data.prompts_per_step, refill_rounds=self.data.refill_rounds,
-                                 dynamic_sampling=self.mix.dynamic_sampling,
+                                 # read by partial rollouts only: a plain rollout's key ignores it
+                                 dynamic_sampling=self.mix.dynamic_sampling or not self.rollout.partial.enabled,
                                  rollout=self.rollout, engine=self.engine, sandbox=self.sandbox, reward=self.reward,
                                  env=self.env),
             score=ScoreSetup(reward=self.reward, score=self.score, max_response_tokens=self.rollout.max_response_tokens,

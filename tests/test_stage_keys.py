@@ -88,3 +88,9 @@ def test_setups_are_frozen():
     setups = load_config(TINY).setups()
     with pytest.raises(Exception, match="frozen"):
         setups.update.seed = 3
+
+
+def test_partial_rollouts_read_dynamic_sampling_in_the_rollout_stage():
+    partial = ["rollout.partial.enabled=true", "rollout.scheduling=continuous"]
+    base, new = keys(partial, 0), keys([*partial, "mix.dynamic_sampling=false"], 0)
+    assert {stage for stage in STAGES if base[stage] != new[stage]} == TRAIN

@@ -3,8 +3,8 @@
 A stage reads only its setup (plus the step folder, the policy it starts from and the run
 identity), so its cache key hashes only the configuration it reads::
 
-    rollout    seed, model.chat, data.train_path / prompts_per_step / refill_rounds, mix.dynamic_sampling,
-               rollout, engine, sandbox, reward, env
+    rollout    seed, model.chat, data.train_path / prompts_per_step / refill_rounds, rollout, engine,
+               sandbox, reward, env (and mix.dynamic_sampling with rollout.partial)
     score      reward, score, rollout.max_response_tokens, sandbox, env
     mix        mix, trainer.mini_batches
     advantage  mix
@@ -75,7 +75,8 @@ class RolloutSetup(_Setup):
     """DAPO dynamic-sampling refill rounds."""
 
     dynamic_sampling: bool = True
-    """``mix.dynamic_sampling``: partial rollouts count a group as passed only when its rewards differ."""
+    """``mix.dynamic_sampling`` (with ``rollout.partial``, else always True): partial rollouts count a group as
+    passed only when its rewards differ."""
 
     rollout: RolloutConfig
     """Agent loop and SAAR."""
