@@ -318,7 +318,7 @@ def test_reference_metrics_hand_computed():
                      similarities=[0.8, 0.3])
     saar.failure_reasons.update({"NameError": 2})
     raw = TrajStats(tool_calls=3, tool_success=1, first_attempt_total=3, first_attempt_success=1, tool_rounds=3,
-                    errors_kept=2, retry_loops=2)
+                    errors_kept=2, retry_loops=1)
     raw.failure_reasons.update({"NameError": 1, "ZeroDivisionError": 1})
     gave_up = TrajStats(rollbacks_triggered=1, rollbacks_failed=1)
     m = aggregate_stats([saar, raw, gave_up], [False, True, False])

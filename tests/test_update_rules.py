@@ -55,9 +55,10 @@ def test_mix_and_advantage_stages_on_files(tmp_path):
     mix = pl.read_parquet(tmp_path / "mix.parquet").sort("traj_id")
     assert mix["kept"].to_list() == [True] * 4 + [False] * 2 and mix.columns[:4] == ["run_id", "step", "traj_id", "kept"]
     m = advantage_step(tmp_path, MixConfig())
-    adv = pl.read_parquet(tmp_path / "advantages.parquet").sort("traj_id")["advantage"].to_list()
-    assert adv == pytest.approx([1.5, -0.5, -0.5, -0.5, 0.0, 0.0], rel=1e-5)
-    assert m["train/advantage_abs_mean"] == pytest.approx(0.75, rel=1e-5)
+    written = pl.read_parquet(tmp_path / "advantages.parquet").sort("traj_id")
+    assert written["advantage"].to_list() == pytest.approx([1.5, -0.5, -0.5, -0.5, 0.0, 0.0], rel=1e-5)
+    assert written["dropped"].to_list() == [False] * 6  # GRPO drops no row; rows not kept are not "dropped"
+    assert m["train/advantage_abs_mean"] == pytest.approx(0.75, rel=1e-5) and m["train/dropped_rows"] == 0
 
 
 def test_mix_metrics_and_singleton_groups_hand_computed():
