@@ -4,7 +4,8 @@ Each snippet runs the judge program (``tasks.rewards.judge``: compiled here once
 with its source as a fallback for another Python) and ends in one verdict line. How a pass is decided, per format:
 
 - **stdin/stdout** and **functional**: the snippet reports the output / return value the solution
-  produced; *this* side compares it with the expected answer, which never enters the sandbox.
+  produced; *this* side compares it with the expected answer (``tasks.rewards.answers``), which never
+  enters the sandbox.
   Long answers travel as the sha256 of a canonical form (``INLINE_CHARS``); they are then compared
   exactly (whitespace-normalised lines / canonical JSON) instead of with the 1e-6 number tolerance.
 - **assert** (``check(candidate)``): the test code must run in the sandbox; it runs in a judge
@@ -30,13 +31,13 @@ import builtins
 import functools
 import json
 import marshal
-import math
 import signal
 import zlib
 from dataclasses import dataclass
 from enum import Enum
 
 from sandbox.result import ExecutionResult, SandboxInfraError
+from tasks.rewards.answers import answer_matches, outputs_match, values_match
 from tasks.rewards.judge import PROGRAM_MODULES, program_source
 from tasks.rewards.judge import wire as judge
 from tasks.rewards.judge.wire import CHANNEL_EXIT, TIMEOUT_EXIT, VERDICT_MARK
@@ -121,82 +122,6 @@ class CodeTest:
     snippet: str
     mode: str
     expected: str | None = None
-
-
-# ------------------------------------------------------------------------------ comparisons
-
-
-def tokens_equal(got: str, want: str) -> bool:
-    """Two whitespace-free tokens are equal as text, or as numbers within 1e-6."""
-    if got == want:
-        return True
-    try:
-        return math.isclose(float(got), float(want), rel_tol=1e-6, abs_tol=1e-6)
-    except ValueError:
-        return False
-
-
-def outputs_match(got: str, want: str) -> bool:
-    """Stdout vs expected: same lines once each is stripped and trailing blank lines dropped; numbers within 1e-6."""
-    got_lines = [ln.strip() for ln in got.strip().splitlines()]
-    want_lines = [ln.strip() for ln in want.strip().splitlines()]
-    if got_lines == want_lines:
-        return True
-    if len(got_lines) != len(want_lines):
-        return False
-    for g, w in zip(got_lines, want_lines):
-        gt, wt = g.split(), w.split()
-        if len(gt) != len(wt) or not all(tokens_equal(x, y) for x, y in zip(gt, wt)):
-            return False
-    return True
-
-
-def same_value(got, want) -> bool:
-    """JSON values equal, floats within 1e-6 (recursively through lists and dicts); bools only equal bools."""
-    if isinstance(got, bool) or isinstance(want, bool):
-        return got is want
-    if isinstance(got, (int, float)) and isinstance(want, (int, float)):
-        return got == want or math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-6)
-    if isinstance(got, list) and isinstance(want, list):
-        return len(got) == len(want) and all(same_value(a, b) for a, b in zip(got, want))
-    if isinstance(got, dict) and isinstance(want, dict):
-        return got.keys() == want.keys() and all(same_value(got[k], want[k]) for k in got)
-    return got == want
-
-
-def _expected_value(want_text: str):
-    try:
-        return json.loads(want_text)
-    except ValueError:
-        return want_text
-
-
-def values_match(value, want_text: str) -> bool:
-    """A decoded return value vs the expected JSON text, as LiveCodeBench compares them: after a JSON
-    round trip (tuples count as lists; sets never match)."""
-    try:
-        got = judge.json_plain(value)
-    except judge.Unencodable:
-        return False
-    return same_value(got, _expected_value(want_text))
-
-
-def _answer_matches(test: CodeTest, verdict: dict) -> bool | None:
-    """Does the reported output / value equal the expected one; None when the report is malformed."""
-    sha = verdict.get("sha256")
-    if test.mode == "stdin":
-        if isinstance(verdict.get("out"), str):
-            return outputs_match(verdict["out"], test.expected)
-        return sha == judge.digest(judge.normal_lines(test.expected)) if isinstance(sha, str) else None
-    if "value" in verdict:
-        try:
-            return values_match(judge.decode(verdict["value"]), test.expected)
-        except (ValueError, TypeError, RecursionError):
-            return None
-    if not isinstance(sha, str):
-        return None
-    canonical = judge.dump(judge.json_plain(_expected_value(test.expected)), sort=True)
-    return sha == judge.digest(canonical)
 
 
 # ------------------------------------------------------------------------------ snippets
@@ -396,7 +321,7 @@ def _program_outcome(test: CodeTest, verdict: dict) -> Outcome:
         return Outcome(_hinted(verdict, False) or Kind.SYSTEM_EXIT, f"code {verdict.get('code')}")
     if end != "ok" and not exited:
         return Outcome(Kind.FORGED_VERDICT, "unknown end")
-    matched = _answer_matches(test, verdict)
+    matched = answer_matches(test.mode, test.expected, verdict)
     if matched is None:
         return Outcome(Kind.FORGED_VERDICT, "malformed report")
     if matched:
