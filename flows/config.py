@@ -248,9 +248,11 @@ class RunConfig(BaseModel):
         """Each stage's setup: the slices and fields it reads (its cache key hashes exactly these). ``start`` is
         the run's version-0 checkpoint when it differs from ``model.path`` (a LoRA adapter linked to
         ``model.base`` in the run folder): the KL reference."""
+        sizes = {"final_prompts": None, "final_samples": None}  # an evaluation reads its own size only
+        ordinary, final = self.eval.model_copy(update=sizes), self.eval.final().model_copy(update=sizes)
         eval_setup = EvalSetup(seed=self.seed, chat=self.model.chat, eval_path=self.data.eval_path,
                                rollout=self.rollout, engine=self.engine, sandbox=self.sandbox, reward=self.reward,
-                               eval=self.eval, tracking=self.tracking, env=self.env)
+                               eval=ordinary, tracking=self.tracking, env=self.env)
         return StepSetups(
             start_policy=self.model.path,
             base=self.model.base,
@@ -267,8 +269,7 @@ class RunConfig(BaseModel):
             update=UpdateSetup(trainer=self.trainer, seed=self.seed, reference=start or self.model.path),
             log=LogSetup(tracking=self.tracking),
             eval=eval_setup,
-            final_eval=(eval_setup.model_copy(update={"eval": self.eval.final()})
-                        if self.eval.final() != self.eval else None),
+            final_eval=eval_setup.model_copy(update={"eval": final}) if final != ordinary else None,
         )
 
 

@@ -4,7 +4,9 @@ Stage cache keys hash only what each stage reads (``tasks.training.setups``); ``
 is read by none, so the second call reuses every finished stage and evaluation and continues
 from the last checkpoint. Checked three ways: the stage functions called (counted by wrapping
 them), the step files on disk (untouched), and both stores (DuckDB rows and MLflow metrics of
-steps 0-5, once each, with steps 0-3 as logged the first time).
+steps 0-5, once each, with steps 0-3 as logged the first time). Before the per-stage keys every stage key
+hashed the whole run config (``RunConfig.hash()``, ``train.steps`` included), so this rerun recomputed
+every finished step and evaluation.
 
 Run: ``pytest tests/test_extend_run.py``.
 """
@@ -14,12 +16,14 @@ from __future__ import annotations
 from collections import Counter
 
 import duckdb
+import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.stores.tracking import RUN_TAG
 from tests.flowrun import tiny_overrides
 
 STAGE_FUNCS = ("rollout_stage", "score_stage", "mix_stage", "advantage_stage", "update_stage", "log_stage")
+pytestmark = pytest.mark.slow  # two tiny flow runs, 4 + 2 steps (~2-3 min on 2 busy cores)
 EVAL = ["train.eval_every=2", "eval.n_prompts=2", "eval.samples=1", "eval.ks=[1]", "eval.modes=[saar_off]"]
 
 

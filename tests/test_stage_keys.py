@@ -94,3 +94,13 @@ def test_partial_rollouts_read_dynamic_sampling_in_the_rollout_stage():
     partial = ["rollout.partial.enabled=true", "rollout.scheduling=continuous"]
     base, new = keys(partial, 0), keys([*partial, "mix.dynamic_sampling=false"], 0)
     assert {stage for stage in STAGES if base[stage] != new[stage]} == TRAIN
+
+
+def test_the_final_evaluation_is_keyed_by_its_own_size():
+    """``eval.final_prompts`` changes only the last evaluation's key; without final sizes it equals an ordinary one
+    (extending such a run reuses the old last evaluation)."""
+    plain, bigger = load_config(TINY).setups(), load_config(TINY, ["eval.final_prompts=99"]).setups()
+    assert plain.key("run", 4, "eval", "p", final=True) == plain.key("run", 4, "eval", "p")
+    assert bigger.key("run", 4, "eval", "p") == plain.key("run", 4, "eval", "p")
+    assert bigger.key("run", 4, "eval", "p", final=True) != plain.key("run", 4, "eval", "p", final=True)
+    assert bigger.eval_setup(final=True).eval.n_prompts == 99 and bigger.eval_setup().eval.n_prompts == 32
