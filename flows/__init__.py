@@ -1,0 +1,6 @@
+"""Prefect flows (``train``, ``evaluate``, ``warmup``, ``compare``), the run config tree and the ``cleaner`` CLI.
+
+The top layer: flows import ``tasks`` (and through it ``models``, ``sandbox``); nothing imports ``flows``.
+Flow modules import only config modules and light store helpers at the top (torch is loaded inside the
+tasks), so Prefect workers and ``cleaner --help`` start fast (``tests/test_light_imports.py``).
+"""

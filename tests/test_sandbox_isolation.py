@@ -2,6 +2,9 @@
 
 Every probe runs on a pool of one worker (so consecutive snippets share the worker, which is
 what an attack on persistence needs), with small scratch caps so that fills are quick.
+
+Over ~400 lines on purpose: every guarantee of ``sandbox/THREAT_MODEL.md`` about forgetting and isolation
+has its probe here, run on both backends (``tests/test_threat_model.py`` checks that each named probe exists).
 """
 
 from __future__ import annotations

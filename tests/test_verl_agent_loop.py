@@ -9,6 +9,9 @@ must be identical, scenario by scenario — with half the samples drawn raw, and
 awkward stops: a turn ending on ``<|endoftext|>`` (SGLang ``stop``), a turn the server cut short
 (``length`` below ``max_new_tokens``) and vLLM's ``completed`` for both. No token the policy did
 not sample is ever trained (mask 1).
+
+Over ~400 lines on purpose: one scenario table, the two scripted servers and the parity check belong
+together (split, each part would need the others to be read).
 """
 
 from __future__ import annotations

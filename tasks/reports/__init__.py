@@ -1,1 +1,1 @@
-"""Reports: the HTML trajectory viewer, metric plots and the compare report."""
+"""Reports: the HTML trajectory viewer, metric plots and the compare report (with its plots)."""
