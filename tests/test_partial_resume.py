@@ -4,6 +4,7 @@ over was trained in exactly one later step (or is still carried at the end), non
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -41,6 +42,15 @@ def test_kill_inside_a_partial_rollout_step_then_resume_trains_each_carried_grou
                                                                                      warm_model_dir, tmp_path):
     proc = _run(tmp_path, warm_model_dir, "in_partial_rollout@1")
     assert proc.returncode == -9, proc.stderr[-3000:]
+    # Carrying needs a policy that fits the task: groups pass the filter only when their rewards differ, and a
+    # step carries only what was unjudged when the 4th group passed. The previous warm-up (another tokenizer,
+    # trained before the bound-input prompts) measured step 0: 0 of 32 groups passed in 4 submissions, all
+    # judged, nothing carried in any step -- "no carried group was ever resumed" further down. The committed
+    # tiny-warm measured step 0: 4 passed, 4 filtered, 8 carried (2 submissions); step 1 drained 8, carried 10.
+    step0 = json.loads((tmp_path / "runs" / "pr" / "steps" / "000000" / "rollout.metrics.json").read_text())
+    counts = {k: v for k, v in step0.items() if k.startswith("partial/")}
+    assert counts["partial/passed_groups"] == 4 and counts["partial/buffer_groups"] > 0, (
+        f"step 0 carried nothing ({counts}): does the model at {warm_model_dir} fit the synthetic task?")
     step1 = tmp_path / "runs" / "pr" / "steps" / "000001"
     assert (step1 / "partial_buffer.parquet").exists() and not (step1 / "rollout.metrics.json").exists()
     done = _run(tmp_path, warm_model_dir, None)

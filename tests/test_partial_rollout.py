@@ -30,9 +30,10 @@ SCRIPTS = {
     "p7": [["yes " * 3], ["no"]],                          # step 1, second submission: passes
 }
 # Turn lengths in tokens with the committed tokenizer (text + end-of-turn id), pinned so that the timeline
-# below is computed by hand: p0 4/3, p1 3/3, p2 20/14, p3 92/62, p4 3/3, p5 25+122/82, p6 3/3, p7 11/3.
-LENGTHS = {"p0": [[4], [3]], "p1": [[3], [3]], "p2": [[20], [14]], "p3": [[92], [62]], "p4": [[3], [3]],
-           "p5": [[25, 122], [82]], "p6": [[3], [3]], "p7": [[11], [3]]}
+# below is computed by hand: p0 3/3, p1 3/3, p2 14/9, p3 62/33, p4 3/3, p5 26+82/43, p6 3/3, p7 8/3.
+# (Re-pinned for the bound-input tiny-warm, whose tokenizer differs from the previous warm-up's.)
+LENGTHS = {"p0": [[3], [3]], "p1": [[3], [3]], "p2": [[14], [9]], "p3": [[62], [33]], "p4": [[3], [3]],
+           "p5": [[26, 82], [43]], "p6": [[3], [3]], "p7": [[8], [3]]}
 
 
 class Box:
@@ -221,26 +222,26 @@ def test_the_scripts_have_the_pinned_lengths(setup):
 def test_hand_computed_timeline_of_two_steps(setup):
     """One token per row per decoding step; over-sampling 4 groups, target 2 passed groups, 2 samples each.
 
-    Step 0 submits p0-p3 (8 rows). t=3: p1 ends (rewards equal: filtered); t=4: p0 ends (passes); p2 and p3
-    are in flight = the target, so nothing more is submitted; t=20: p2 passes = the target: p3's 2 rows are
-    aborted after 20 tokens each (2 aborted requests, 40 tokens, all of policy version 0).
-    Step 1 drains p3 first (each row continues after its 20 carried ids, 96 - 20 = 76 tokens left), then fresh
-    p4, p5, p6. t=3: p4, p6 filtered (in flight: p3, p5 = the target); t=72: p3 passes (92 - 20 tokens more);
-    1 group in flight < 2: a second submission takes the only fresh prompt left, p7; t=72+11=83: p7 passes,
-    stop. p5's second sample ended at t=82; its first is in its second turn (after a tool call): 1 aborted.
-    Step 1's batch: p3 (92+62), p7 (11+3), p4 (3+3), p6 (3+3) = 180 policy tokens, 40 of them sampled at
-    version 0: off-policy 40, ratio 40/180 — APRIL's off / (tokens generated this step 140 + off 40)."""
+    Step 0 submits p0-p3 (8 rows). t=3: p0 ends (passes) and p1 ends (rewards equal: filtered); p2 and p3
+    are in flight = the target, so nothing more is submitted; t=14: p2 passes = the target: p3's 2 rows are
+    aborted after 14 tokens each (2 aborted requests, 28 tokens, all of policy version 0).
+    Step 1 drains p3 first (each row continues after its 14 carried ids, 96 - 14 = 82 tokens left), then fresh
+    p4, p5, p6. t=3: p4, p6 filtered (in flight: p3, p5 = the target); t=48: p3 passes (62 - 14 tokens more);
+    1 group in flight < 2: a second submission takes the only fresh prompt left, p7; t=48+8=56: p7 passes,
+    stop. p5's second sample ended at t=43; its first is in its second turn (after a tool call): 1 aborted.
+    Step 1's batch: p3 (62+33), p7 (8+3), p4 (3+3), p6 (3+3) = 118 policy tokens, 28 of them sampled at
+    version 0: off-policy 28, ratio 28/118 — APRIL's off / (tokens generated this step 90 + off 28)."""
     from tasks.training.partial_stage import partial_metrics
 
     engine, runner, grade = setup
     fresh = in_order(items())
     r0 = run(runner, grade, [], fresh, step=0)
     assert r0.counts == {"submissions": 1, "submitted_groups": 4, "resumed_groups": 0, "passed_groups": 2,
-                         "filtered_groups": 1, "aborted_requests": 2, "aborted_tokens": 40}
+                         "filtered_groups": 1, "aborted_requests": 2, "aborted_tokens": 28}
     p3 = r0.buffer[0].trajs
-    assert [t.carry.ids for t in p3] == [engine.turn_ids(("p3", k), 0)[:20] for k in (0, 1)]
-    assert [t.carry.versions for t in p3] == [[0] * 20] * 2
-    assert [t.carry.logprobs for t in p3] == [pytest.approx([-0.001 * i for i in range(1, 21)])] * 2
+    assert [t.carry.ids for t in p3] == [engine.turn_ids(("p3", k), 0)[:14] for k in (0, 1)]
+    assert [t.carry.versions for t in p3] == [[0] * 14] * 2
+    assert [t.carry.logprobs for t in p3] == [pytest.approx([-0.001 * i for i in range(1, 15)])] * 2
 
     r1 = run(runner, grade, r0.buffer, fresh, step=1)
     c = r1.counts
@@ -249,11 +250,11 @@ def test_hand_computed_timeline_of_two_steps(setup):
         "submissions": 2, "submitted_groups": 5, "resumed_groups": 1, "passed_groups": 2, "filtered_groups": 2,
         "aborted_requests": 1}
     assert [g.key for g in r1.batch] == ["p3", "p7", "p4", "p6"]
-    assert [engine.requests[("p3", k)][-1].max_new_tokens for k in (0, 1)] == [76, 76]
-    assert [t.versions for t in r1.batch[0].trajs] == [[0] * 20 + [1] * 72, [0] * 20 + [1] * 42]
+    assert [engine.requests[("p3", k)][-1].max_new_tokens for k in (0, 1)] == [82, 82]
+    assert [t.versions for t in r1.batch[0].trajs] == [[0] * 14 + [1] * 48, [0] * 14 + [1] * 19]
     p5 = r1.buffer[0].trajs[0]
-    assert 55 <= c["aborted_tokens"] == len(p5.carry.ids) <= 58  # t=83 minus the start of its second turn (25-27)
+    assert 27 <= c["aborted_tokens"] == len(p5.carry.ids) <= 30  # t=56 minus the start of its second turn (26-29)
     m = partial_metrics(r1, [t for g in r1.batch for t in g.trajs], 1, dropped=0)
-    assert (m["partial/off_policy_tokens"], m["partial/version_lag/0"], m["partial/version_lag/1"]) == (40, 140, 40)
-    assert m["partial/off_policy_ratio"] == pytest.approx(40 / 180)
-    assert m["partial/version_lag_mean"] == pytest.approx(40 / 180) and m["partial/buffer_groups"] == 1
+    assert (m["partial/off_policy_tokens"], m["partial/version_lag/0"], m["partial/version_lag/1"]) == (28, 90, 28)
+    assert m["partial/off_policy_ratio"] == pytest.approx(28 / 118)
+    assert m["partial/version_lag_mean"] == pytest.approx(28 / 118) and m["partial/buffer_groups"] == 1
