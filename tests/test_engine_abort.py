@@ -137,8 +137,9 @@ def test_partial_rollout_over_the_sglang_engine_aborts_on_the_server_and_resumes
     48 tokens to go, are aborted on the server (its counter moves by 2) and carried with version 1. Step 2 resumes
     them through HTTP to 48 tokens: versions 1 for the carried ids, 2 for the rest."""
     from tasks.rollout.config import PartialConfig, RolloutConfig
-    from tasks.rollout.machine import Carry, PromptItem, Rollout, State
+    from tasks.rollout.machine import Rollout
     from tasks.rollout.partial import Group, PartialRollout
+    from tasks.rollout.types import Carry, PromptItem, State
 
     eng = make_engine(EngineConfig(kind="sglang", server_urls=[server], temperature=3.0, max_retries=0),
                       warm_model_dir, NEVER, 0)
