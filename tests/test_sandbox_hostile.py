@@ -83,8 +83,10 @@ def leftover_processes(pool) -> int:
     count = 0
     for worker in list(pool._idle.queue):
         if isinstance(worker, LocalWorker):
-            procs = [p for p in _descendants(worker.pid) if _stat(p)[0] not in ("bwrap", FORKER)]
-            count += _outside_executor_session([(p, *_stat(p)[1:]) for p in procs])
+            # one read of /proc per process; one that exited meanwhile (ppid -1) is no leftover
+            stats = [(p, *_stat(p)) for p in _descendants(worker.pid)]
+            count += _outside_executor_session([(p, ppid, sid) for p, comm, ppid, sid in stats
+                                                if comm not in ("bwrap", FORKER) and ppid != -1])
     return count
 
 
