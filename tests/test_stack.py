@@ -51,7 +51,13 @@ class Stack:
         return json.loads((self.folder / "pids.json").read_text())
 
     def api(self, method: str, path: str, **kw) -> httpx.Response:
-        resp = httpx.request(method, f"{self.state['prefect_api']}{path}", timeout=30, **kw)
+        # a served Prefect on SQLite answers 503 while its database is locked (Prefect's own client retries
+        # 429/503 the same way); any other error, or a 503 that lasts, fails the test
+        for wait in (0.5, 1, 2, 4, 8, 0):
+            resp = httpx.request(method, f"{self.state['prefect_api']}{path}", timeout=30, **kw)
+            if resp.status_code not in (429, 503) or not wait:
+                break
+            time.sleep(wait)
         resp.raise_for_status()
         return resp
 
