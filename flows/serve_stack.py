@@ -268,9 +268,12 @@ class Supervisor:
                 if request.exists():
                     request.unlink(missing_ok=True)
                     self.echo(f"{name}: restart requested")
+                    flows = self._flow_groups(name)
                     self._stop_one(name)
+                    self._end_orphaned_flows(name, flows)
                     self._respawn(name, crashed=False)
                 elif not self.alive(name):
+                    self._end_orphaned_flows(name)
                     self._after_exit(name, now)
                 elif now - self.started[name] > STABLE_S:
                     self.crashes[name] = 0
@@ -281,9 +284,9 @@ class Supervisor:
             self.stopping.wait(poll_s)
 
     def _reconcile(self) -> None:
-        """Flow runs Prefect shows Running whose process, once below us, is gone: the worker that started them
-        died or was restarted (it streams their output, so they end with it). Mark them Crashed, so their slot is
-        released and a Retry resumes them."""
+        """Flow runs Prefect shows Running whose process, once below us, is gone (the worker that started them
+        died or was restarted, and we ended what it left). Mark them Crashed: their slot is released and a
+        Retry resumes them."""
         self.seen |= set(descendants(os.getpid()))
         if not self.alive("prefect"):
             return
@@ -298,6 +301,30 @@ class Supervisor:
                     self.echo(f"flow run {run['name']}: process {pid} is gone; marked Crashed (a retry resumes it)")
         except httpx.HTTPError as err:
             self.echo(f"could not check flow runs: {err}")
+
+    def _flow_groups(self, name: str) -> set[int]:
+        """Process groups of the flow runs below the worker (each run is a session of its own)."""
+        if name != "worker" or name not in self.procs:
+            return set()
+        below = descendants(self.procs[name].pid)
+        self.seen |= set(below)
+        return {pgid for pgid in below.values() if pgid != self.procs[name].pid}
+
+    def _end_orphaned_flows(self, name: str, flows: set[int] = frozenset()) -> None:
+        """Flow processes whose worker is gone (``flows``, or re-parented to us). Prefect starts each in a session
+        of its own, so they outlive the worker's group, cut off from the worker that streamed their output (a
+        later print fails at a random point). End them, and have their runs marked Crashed at once."""
+        if name != "worker":
+            return
+        servers = {p.pid for p in self.procs.values()}
+        orphans = set(flows) | {pgid for pid, (ppid, pgid, state) in _proc_table().items()
+                                if ppid == os.getpid() and state != "Z" and pgid not in servers}
+        orphans = {pg for pg in orphans if group_alive(pg)}
+        if orphans:
+            self.seen |= set(descendants(os.getpid()))
+            self.echo(f"stopping {len(orphans)} flow process group(s) the worker left: {sorted(orphans)}")
+            stop_groups({f"flow-{pg}": pg for pg in orphans}, grace_s=10.0)
+            self.next_reconcile = 0.0
 
     def _after_exit(self, name: str, now: float) -> None:
         if name not in self.due:

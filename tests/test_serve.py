@@ -190,6 +190,38 @@ def test_a_crashing_server_is_restarted_with_backoff(tmp_path):
     assert sup.state["restarts"]["worker"] == len([m for _, m in said if m.startswith("worker restarted")]) >= 3
 
 
+class _WorkerWithAFlow(_Crashing):
+    """A 'worker' that starts a 'flow process' in a session of its own (as Prefect's process worker does)."""
+
+    def argv(self, name):
+        return ["sh", "-c", f"setsid sleep 300 & echo $! > {self.base.folder}/flow.pid; sleep 300"]
+
+
+def test_a_worker_restart_ends_the_flow_processes_it_left(tmp_path):
+    import threading
+
+    from flows.serve_stack import Supervisor, pid_alive
+
+    said: list[str] = []
+    sup = Supervisor(_WorkerWithAFlow(tmp_path), echo=said.append)
+    sup.spawn("worker")
+    while not (tmp_path / "flow.pid").exists() or not (tmp_path / "flow.pid").read_text().strip():
+        time.sleep(0.05)
+    flow, old = int((tmp_path / "flow.pid").read_text()), sup.procs["worker"].pid
+    assert os.getsid(flow) == flow != old and pid_alive(flow)
+    (tmp_path / "restart-worker").touch()
+    watcher = threading.Thread(target=sup.watch, kwargs={"poll_s": 0.1})
+    watcher.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(m.startswith("worker restarted") for m in said):
+        time.sleep(0.1)
+    sup.stopping.set()
+    watcher.join(timeout=10)
+    sup.stop_servers(grace_s=1.0)
+    assert f"stopping 1 flow process group(s) the worker left: [{flow}]" in said, said
+    assert not pid_alive(flow) and sup.procs["worker"].pid != old and flow in sup.seen
+
+
 ORPHAN = """
 import os, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
