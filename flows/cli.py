@@ -3,7 +3,8 @@
     cleaner demo                     build + warm up the tiny model if absent, train, show where results are
     cleaner build-tiny               build the untrained tiny model (tokenizer + Qwen2) from the corpus
     cleaner warmup                   warm-up SFT of the tiny model into model.path, then its gate
-    cleaner warmup-gate [--model D]  measure a warmed-up policy against the warm-up gate (≥ 500 trajectories)
+    cleaner warmup-gate [--model D]  measure a warmed-up policy (or LoRA adapter) against the warm-up gate (≥ 500
+                                     trajectories; --set gate.start=.. runs a part, --combine merges parts)
     cleaner train [--set k=v]        the Prefect training flow
     cleaner resume RUN               rerun a crashed run: finished stages are skipped
     cleaner eval [--checkpoint DIR | --model models:/NAME@best]
@@ -95,21 +96,32 @@ def warmup(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt) -> No
 def warmup_gate_cmd(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
                     model: Path | None = typer.Option(None, help="Policy folder (default: model.path)."),
                     write: bool = typer.Option(False, help="Write gate.json and the model card's gate section "
-                                                           "beside the model (default: only under output_dir).")) -> None:
+                                                           "beside the model (default: only under output_dir)."),
+                    combine: list[Path] | None = typer.Option(None, help="Gate part reports (JSON) to merge instead "
+                                                                         "of rolling out.")) -> None:
     """Measure first-call failure, recovery and P(correct | clean / recovered) on held-out prompts."""
     import json
 
-    from tasks.training.gate import gate_table, log_gate, run_gate, write_gate
+    from flows.train import start_policy
+    from models.lora import is_adapter
+    from tasks.training.gate import combine_reports, gate_table, log_gate, run_gate, write_gate
 
     cfg = _load(config, overrides)
     _check_tracking(cfg)
     folder = Path(model or cfg.model.path)
-    if not (folder / "config.json").exists():
+    if not (folder / "config.json").exists() and not is_adapter(folder):
         console.print(f"[red]model {folder} does not exist[/red] (run `cleaner warmup` or pass --model)")
         raise typer.Exit(2)
     committed = json.loads((folder / "gate.json").read_text()) if (folder / "gate.json").exists() else None
-    report = run_gate(folder, cfg.gate, cfg.rollout, cfg.engine, cfg.sandbox)
-    out = Path(cfg.output_dir) / "gate" / f"{folder.name}.json"
+    if combine:
+        report = combine_reports([json.loads(p.read_text()) for p in combine])
+    else:
+        policy = start_policy(cfg, str(folder), Path(cfg.output_dir) / "gate-policies" / folder.name)
+        report = run_gate(policy, cfg.gate, cfg.rollout, cfg.engine, cfg.sandbox, chat_cfg=cfg.model.chat)
+    report["model"] = str(folder)
+    bar = report["bar"]
+    part = f"-from{bar['start']}" if bar.get("start") else ""
+    out = Path(cfg.output_dir) / "gate" / f"{folder.name}{part}-to{bar['n_prompts']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     if write:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tasks.envs.config import GroupFilterConfig
 
@@ -88,7 +88,11 @@ class GateConfig(BaseModel):
     """Held-out prompts (``eval`` split, drawn with ``seed``)."""
 
     samples: int = Field(4, ge=1)
-    """Samples per prompt (trajectories = ``n_prompts × samples``)."""
+    """Samples per prompt (trajectories = ``(n_prompts − start) × samples``)."""
+
+    start: int = Field(0, ge=0)
+    """First prompt of the draw to run: a gate measured in parts runs ``start``..``n_prompts`` − 1 per part
+    (``tasks.training.gate.combine_reports`` merges them)."""
 
     seed: int = 0
     """Seed of the prompt draw and of sampling."""
@@ -104,3 +108,9 @@ class GateConfig(BaseModel):
 
     max_gap: float = 0.1
     """Largest allowed |P(correct | recovered) − P(correct | clean)|."""
+
+    @model_validator(mode="after")
+    def _start_before_end(self) -> GateConfig:
+        if self.start >= self.n_prompts:
+            raise ValueError(f"gate.start ({self.start}) must be below gate.n_prompts ({self.n_prompts})")
+        return self

@@ -17,6 +17,8 @@ checks of ``GateConfig`` (the issue's bar: failure 30–50 %, recovery ≥ 70 %,
 ``run_gate`` rolls out and returns the report; ``write_gate`` writes it as JSON beside the model
 (``gate.json``) and into the model card (between ``<!-- gate -->`` markers); ``log_gate`` logs
 it to MLflow (rates overall and per kind, the JSON and the card section as artifacts).
+A long gate runs in parts (``gate.start``/``gate.n_prompts`` ranges, each report keeps its rows) that
+``combine_reports`` merges (``cleaner warmup-gate --combine a.json --combine b.json``).
 Run: ``cleaner warmup-gate --model assets/tiny-warm`` (config: ``tasks.training.config.GateConfig``).
 """
 
@@ -93,20 +95,35 @@ def gate_figures(rows: list[dict], cfg: GateConfig) -> dict:
 
 
 def gate_items(cfg: GateConfig):
-    """The gate's fixed held-out prompts as ``PromptItem`` (eval split, bound inputs in ``extra_info``)."""
+    """The gate's fixed held-out prompts ``start``..``n_prompts`` − 1 as ``PromptItem`` (eval split, bound
+    inputs in ``extra_info``); the draw is prefix-stable, so parts of one gate cover disjoint prompts."""
     from tasks.data.synthetic import make_problems, task_rows
     from tasks.rollout.machine import PromptItem
 
-    rows = task_rows(make_problems(cfg.n_prompts, cfg.seed, "eval"), "eval")
+    rows = task_rows(make_problems(cfg.n_prompts, cfg.seed, "eval"), "eval")[cfg.start:]
     return [PromptItem(f"gate/{r['extra_info']['index']}", r["prompt"], r["data_source"],
                        r["reward_model"]["ground_truth"], r["extra_info"]) for r in rows]
 
 
-def run_gate(model_dir: str | Path, cfg: GateConfig, rollout, engine, sandbox_cfg, progress: bool = True) -> dict:
-    """Roll the model out on the gate prompts (SAAR on, raw share 0, T = 1) and measure it."""
+def tokenizer_dir(model_dir: str | Path) -> Path:
+    """Where the tokenizer of a policy folder is: the folder, or for a compacted LoRA adapter (no tokenizer
+    files) its base."""
+    from models.lora import TOKENIZER_PREFIXES, base_of, is_adapter
+
+    folder = Path(model_dir)
+    if is_adapter(folder) and not any(f.name.startswith(TOKENIZER_PREFIXES) for f in folder.iterdir()):
+        return base_of(folder)
+    return folder
+
+
+def run_gate(model_dir: str | Path, cfg: GateConfig, rollout, engine, sandbox_cfg, progress: bool = True,
+             chat_cfg=None) -> dict:
+    """Roll the model out on the gate prompts (SAAR on, raw share 0, T = 1) and measure it; ``chat_cfg``
+    (``models.config.ChatConfig``, the run's ``model.chat``) frames the prompts as in training."""
     from transformers import AutoTokenizer
 
     from models.chat import ChatFormat
+    from models.config import ChatConfig
     from models.engine import make_engine
     from sandbox.base import make_sandbox
     from tasks.rewards.config import RewardConfig
@@ -115,19 +132,45 @@ def run_gate(model_dir: str | Path, cfg: GateConfig, rollout, engine, sandbox_cf
 
     saar = rollout.saar.model_copy(update={"enabled": True, "raw_share": 0.0})
     roll_cfg = rollout.model_copy(update={"saar": saar, "n_samples": cfg.samples})
-    chat = ChatFormat(AutoTokenizer.from_pretrained(str(model_dir)))
-    eng = make_engine(engine.model_copy(update={"temperature": 1.0, "top_p": 1.0}), model_dir, chat.eos_id,
-                      chat.tokenizer.pad_token_id)
+    chat_cfg = chat_cfg or ChatConfig()
+    chat = ChatFormat(AutoTokenizer.from_pretrained(str(tokenizer_dir(model_dir))), chat_cfg.system_prompt,
+                      fewshot=chat_cfg.fewshot)
+    pad = chat.tokenizer.pad_token_id if chat.tokenizer.pad_token_id is not None else chat.eos_id
+    eng = make_engine(engine.model_copy(update={"temperature": 1.0, "top_p": 1.0}), model_dir, chat.eos_id, pad)
     t0 = time.perf_counter()
     with make_sandbox(sandbox_cfg) as box:
         trajs = Rollout(roll_cfg, eng, chat, box).run(gate_items(cfg), cfg.seed, step=0, progress=progress)
     reward = RewardConfig()
-    rows = [trajectory_facts(t, compute_reward(t.item.data_source, chat.decode(t.response_ids), t.item.ground_truth,
-                                               t.item.extra_info, cfg=reward).correct) for t in trajs]
+    rows = [{**trajectory_facts(t, compute_reward(t.item.data_source, chat.decode(t.response_ids),
+                                                  t.item.ground_truth, t.item.extra_info, cfg=reward).correct),
+             "prompt": t.item.prompt_id} for t in trajs]
     report = gate_figures(rows, cfg)
-    report["model"] = str(model_dir)
-    report["rollout_s"] = round(time.perf_counter() - t0, 1)
+    report.update(model=str(model_dir), rollout_s=round(time.perf_counter() - t0, 1), rows=rows)
     return report
+
+
+def combine_reports(reports: list[dict]) -> dict:
+    """One report from gate parts run on disjoint prompts of one draw (``start`` = the previous part's
+    ``n_prompts``): the figures of all their trajectories, as if measured in one run."""
+    if not reports:
+        raise ValueError("combine_reports: no reports given")
+    bars = [r["bar"] for r in reports]
+    same = {k: v for k, v in bars[0].items() if k not in ("start", "n_prompts")}
+    for r, bar in zip(reports, bars):
+        if "rows" not in r:
+            raise ValueError(f"gate report of {r.get('model')} has no rows (made before rows were kept)")
+        if {k: v for k, v in bar.items() if k not in ("start", "n_prompts")} != same:
+            raise ValueError(f"gate parts differ in their bar or sampling: {same} vs {bar}")
+    spans = sorted((b["start"], b["n_prompts"]) for b in bars)
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        if start != end:
+            raise ValueError(f"gate parts must cover adjacent prompt ranges; got {spans}")
+    rows = [row for r in reports for row in r["rows"]]
+    cfg = GateConfig(**{**same, "start": spans[0][0], "n_prompts": spans[-1][1]})
+    out = gate_figures(rows, cfg)
+    out.update(model=reports[0]["model"], rollout_s=round(sum(r["rollout_s"] for r in reports), 1), rows=rows,
+               parts=len(reports))
+    return out
 
 
 def card_section(report: dict) -> str:
@@ -140,7 +183,8 @@ def card_section(report: dict) -> str:
     verdict = "**passes**" if report["passed"] else "**does not pass**"
     bar = report["bar"]
     lines = [CARD_START, "## Warm-up gate", "",
-             f"{o['trajectories']} held-out trajectories ({bar['n_prompts']} `eval` prompts × {bar['samples']}, seed "
+             f"{o['trajectories']} held-out trajectories ({bar['n_prompts'] - bar.get('start', 0)} `eval` prompts × "
+             f"{bar['samples']}, seed "
              f"{bar['seed']}, T = 1, SAAR on, raw share 0); the model {verdict} the gate. Figures: `gate.json`.", "",
              "| measure | value ± s.e. | bar | ok |", "| --- | --- | --- | --- |",
              f"| first-call failure | {pct(o['first_call_failure'])} | {bar['first_call_failure'][0]:.2f}–"
