@@ -35,6 +35,7 @@ def test_rates_and_checks_by_hand():
     o = rep["overall"]
     # 7 trajectories call a tool; 3 first calls fail; 2 of them recover; clean: 3 of 4 right; recovered: 1 of 2
     assert o["first_call_failure"]["rate"] == pytest.approx(3 / 7) and o["first_call_failure"]["n"] == 7
+    assert o["tool_call"]["rate"] == pytest.approx(7 / 8) and o["tool_call"]["se"] == pytest.approx((7 / 64 / 8) ** 0.5)
     assert o["recovery"]["rate"] == pytest.approx(2 / 3)
     assert o["p_correct_clean"]["rate"] == pytest.approx(0.75) and o["p_correct_clean"]["n"] == 4
     assert o["p_correct_recovered"]["rate"] == pytest.approx(0.5)
@@ -74,6 +75,7 @@ def test_card_section_is_replaced_not_appended(tmp_path):
     text = card.read_text()
     assert text.count("## Warm-up gate") == 1 and text.startswith("# model\n\ntext\n")
     assert "does not pass" in card_section(rep) and "| recovery | 66.7 % ± 27.2 (n = 3) |" in text
+    assert "| tool-call rate | 87.5 % ± 11.7 (n = 8) |" in text
 
 
 @pytest.mark.slow

@@ -5,7 +5,8 @@ sees the error, and whose fixed trajectories end as often right as clean ones. T
 measures that on held-out prompts (``eval`` split, bound inputs), sampling at temperature 1
 with SAAR on and no raw share, ``n_prompts × samples`` trajectories (≥ 500 by default):
 
-* **first-call failure rate**: the trajectory's first tool call failed;
+* **tool-call rate**: the trajectory calls the tool at all;
+* **first-call failure rate**: of those, the first tool call failed;
 * **recovery rate**: of those, the failed position was fixed (a regenerated call ran);
 * **P(correct | clean)**: the answer is right when the first call ran;
 * **P(correct | recovered)**: the answer is right when the first call failed and was fixed;
@@ -58,6 +59,7 @@ def _rates(rows: list[dict]) -> dict:
     return {
         "trajectories": len(rows),
         "accuracy": _rate(sum(r["correct"] for r in rows), len(rows)),
+        "tool_call": _rate(len(called), len(rows)),
         "no_call": _rate(len(rows) - len(called), len(rows)),
         "first_call_failure": _rate(len(failed), len(called)),
         "recovery": _rate(len(recovered), len(failed)),
@@ -187,6 +189,7 @@ def card_section(report: dict) -> str:
              f"{bar['samples']}, seed "
              f"{bar['seed']}, T = 1, SAAR on, raw share 0); the model {verdict} the gate. Figures: `gate.json`.", "",
              "| measure | value ± s.e. | bar | ok |", "| --- | --- | --- | --- |",
+             f"| tool-call rate | {pct(o['tool_call'])} | | |",
              f"| first-call failure | {pct(o['first_call_failure'])} | {bar['first_call_failure'][0]:.2f}–"
              f"{bar['first_call_failure'][1]:.2f} | {_ok(c['first_call_failure'])} |",
              f"| recovery | {pct(o['recovery'])} | ≥ {bar['min_recovery']:.2f} | {_ok(c['recovery'])} |",
@@ -271,12 +274,12 @@ def gate_table(report: dict, committed: dict | None = None):
     table = Table(title=f"warm-up gate: {report['model']} ({report['overall']['trajectories']} trajectories)")
     for col in ("measure", "value ± s.e.", "ok", *(["committed"] if committed else [])):
         table.add_column(col)
-    for name in ("first_call_failure", "recovery", "p_correct_clean", "p_correct_recovered", "accuracy"):
+    for name in ("tool_call", "first_call_failure", "recovery", "p_correct_clean", "p_correct_recovered", "accuracy"):
         x = report["overall"][name]
         ok = report["checks"].get(name if name != "p_correct_recovered" else "gap", "")
         row = [name, "-" if x["rate"] is None else f"{x['rate']:.3f} ± {x['se']:.3f}", str(ok)]
         if committed:
-            c = committed["overall"][name]
+            c = committed["overall"].get(name, {"rate": None})
             row.append("-" if c["rate"] is None else f"{c['rate']:.3f} ± {c['se']:.3f}")
         table.add_row(*row)
     return table
