@@ -332,7 +332,7 @@ def test_reference_metrics_hand_computed():
     assert (m["rollback/rollback_full_turn_count"], m["rollback/rollback_tool_call_only_count"]) == (1, 1)
     ours = {k: v for k, v in m.items() if not k.startswith(("tool_calls/", "rollback/"))}
     assert ours == pytest.approx({
-        "tools/calls": 7, "tools/success_rate": 3 / 7, "tools/first_attempt_total": 5,
+        "tools/calls": 7, "tools/call_rate": 2 / 3, "tools/success_rate": 3 / 7, "tools/first_attempt_total": 5,
         "tools/first_attempt_success_rate": 2 / 5, "tools/failures/NameError": 3, "tools/failures/ZeroDivisionError": 1,
         "saar/rollbacks_triggered": 2, "saar/rollbacks_recovered": 1, "saar/rollbacks_failed": 1,
         "saar/global_recovery_rate": 0.5, "saar/shallow": 1, "saar/deep": 1, "saar/similarity_mean": 0.55,
@@ -341,6 +341,7 @@ def test_reference_metrics_hand_computed():
     assert len(m) == len(ours) + 10  # the reference's keys: 8 + 2 failure reasons
     empty = aggregate_stats([], [])
     assert empty["saar/similarity_mean"] == empty["rollout/raw_share"] == empty["rollout/tool_rounds_mean"] == 0.0
+    assert empty["tools/call_rate"] == 0.0
 
 
 def test_reference_metrics_edge_rules():

@@ -123,6 +123,7 @@ def aggregate_stats(stats: list[TrajStats], raw_flags: list[bool]) -> dict[str, 
         sims.extend(s.similarities)
     out = {
         "tools/calls": tot["tool_calls"],
+        "tools/call_rate": _rate(sum(s.tool_calls > 0 for s in stats), len(stats)),
         "tools/success_rate": _rate(tot["tool_success"], tot["tool_calls"]),
         "tools/first_attempt_total": tot["first_attempt_total"],
         "tools/first_attempt_success_rate": _rate(tot["first_attempt_success"], tot["first_attempt_total"]),
