@@ -124,3 +124,12 @@ def test_plots_write_pngs(tmp_path):
     assert [p.name for p in panels] == [k.replace(" ", "_").lower() + ".png" for k in PLOTS]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in panels)
     assert plot_run(_metrics().clear(), tmp_path / "empty.png", "r").exists()
+
+
+def test_a_plot_of_chosen_panels(tmp_path):
+    png = plot_run(_metrics(), tmp_path / "three.png", "r", panels=["reward", "tool calls", "loss"])
+    head = png.read_bytes()
+    assert int.from_bytes(head[16:20], "big") == 3 * 4 * 110  # 3 panels of 4 in at 110 dpi
+    assert int.from_bytes(plot_run(_metrics(), tmp_path / "all.png", "r").read_bytes()[16:20], "big") == len(PLOTS) * 440
+    with pytest.raises(ValueError, match="unknown \\['rewards'\\]; valid: \\['reward', 'tool calls'"):
+        plot_run(_metrics(), tmp_path / "x.png", "r", panels=["rewards"])

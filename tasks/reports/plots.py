@@ -2,8 +2,8 @@
 
 ``sample_texts`` picks a few raw trajectories that met a tool error and a few SAAR
 trajectories that were purified (a rollback recovered) and renders them as Markdown and JSON
-artifacts, so the MLflow UI shows what SAAR cut. ``plot_run`` draws reward, accuracy, tool
-success, rollback rates (rollbacks per tool call, recovery and failure rates) and shallow/deep
+artifacts, so the MLflow UI shows what SAAR cut. ``plot_run`` draws reward, tool-call rate, policy
+loss, accuracy, tool success, rollback rates (rollbacks per tool call, recovery and failure rates) and shallow/deep
 counts against the step from the DuckDB metrics in one summary PNG; ``plot_panels`` writes the
 same panels as one PNG each. The HTML trajectory viewer lives in ``tasks/reports/viewer.py``.
 """
@@ -48,6 +48,8 @@ def sample_texts(trajs: pl.DataFrame, step: int, n: int) -> dict[str, str]:
 
 PLOTS = {
     "reward": ["rollout/reward_mean"],
+    "tool calls": ["tools/call_rate"],
+    "loss": ["train/loss"],
     "accuracy": ["rollout/accuracy", "mix/purified_accuracy", "mix/raw_accuracy"],
     "tool success": ["tools/first_attempt_success_rate", "tools/success_rate"],
     "rollback rates": ["saar/rollback_rate", "saar/global_recovery_rate", "saar/failed_rate"],
@@ -95,12 +97,17 @@ def _figure():
     return plt
 
 
-def plot_run(metrics: pl.DataFrame, out_png: Path, title: str) -> Path:
-    """One PNG with a panel per ``PLOTS`` entry; ``metrics`` has columns step, key, value."""
+def plot_run(metrics: pl.DataFrame, out_png: Path, title: str, panels: list[str] | None = None) -> Path:
+    """One PNG with a panel per ``PLOTS`` entry (or per name in ``panels``); ``metrics`` has columns step, key,
+    value."""
+    unknown = sorted(set(panels or []) - set(PLOTS))
+    if unknown:
+        raise ValueError(f"panels: unknown {unknown}; valid: {list(PLOTS)}")
     plt = _figure()
     metrics = with_rates(metrics)
-    fig, axes = plt.subplots(1, len(PLOTS), figsize=(4.0 * len(PLOTS), 3.4))
-    for ax, (name, keys) in zip(axes, PLOTS.items()):
+    chosen = {name: PLOTS[name] for name in panels} if panels else PLOTS
+    fig, axes = plt.subplots(1, len(chosen), figsize=(4.0 * len(chosen), 3.4), squeeze=False)
+    for ax, (name, keys) in zip(axes[0], chosen.items()):
         _draw(ax, metrics, name, keys)
     fig.suptitle(title)
     fig.tight_layout()
