@@ -84,7 +84,7 @@ def base_task(cfg: RunConfig) -> str:
 @task(name="sft", cache_policy=NO_CACHE)
 def sft_task(cfg: RunConfig, init_dir: str, corpus: str) -> dict:
     from models.sft import warmup
-    from tasks.data.synthetic import read_sft_corpus
+    from tasks.data.synthetic import read_sft_corpus, read_sft_types
     from tasks.stores import tracking
 
     transcripts = read_sft_corpus(Path(corpus))
@@ -95,7 +95,8 @@ def sft_task(cfg: RunConfig, init_dir: str, corpus: str) -> dict:
                               cfg.model_dump(mode="json"), {"cleaner.kind": "warmup"})
     load = os.getloadavg()[0]
     result = warmup(Path(init_dir), transcripts, cfg.warmup, Path(cfg.model.path), cfg.model.chat,
-                    state_dir=work / "sft-state", on_log=lambda step, m: tracking.log_step(cfg.tracking, mlrun, step, m, {}))
+                    state_dir=work / "sft-state", on_log=lambda step, m: tracking.log_step(cfg.tracking, mlrun, step, m, {}),
+                    kinds=read_sft_types(Path(corpus)))
     result.update(load_start=load, load_end=os.getloadavg()[0], corpus=corpus, transcripts=len(transcripts))
     tracking.log_step(cfg.tracking, mlrun, result["steps"], {"warmup/final_loss": result["final_loss"],
                                                              "warmup/seconds": result["seconds"]}, {})

@@ -29,6 +29,7 @@ Simplifies: single process, float32, no gradient accumulation. Run:
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -40,6 +41,7 @@ from models.config import ChatConfig, WarmupConfig
 
 IGNORE = -100
 POOL_BATCHES = 32
+log = logging.getLogger(__name__)
 
 
 def lr_at(step: int, progress: float, cfg: WarmupConfig) -> float:
@@ -95,6 +97,37 @@ def batches(transcripts: list[list[dict]], chat, cfg: WarmupConfig, skipped: lis
         chunks = [pool[i : i + cfg.batch_size] for i in range(0, len(pool), cfg.batch_size)]
         rng.shuffle(chunks)
         yield from (c for c in chunks if c)
+
+
+def length_census(transcripts: list[list[dict]], chat, max_len: int, kinds: list[str] | None = None) -> dict:
+    """Per kind of transcript (``kinds[i]`` names transcript ``i``; one kind ``all`` without them):
+    ``{"n": count, "too_long": count longer than max_len, "longest": tokens}``, built as training builds them."""
+    from models.chat import build_sft_example
+
+    if kinds is not None and len(kinds) != len(transcripts):
+        raise ValueError(f"warmup: {len(kinds)} kinds for {len(transcripts)} transcripts")
+    build = getattr(chat, "sft_example", None) or (lambda messages: build_sft_example(chat, messages))
+    out: dict[str, dict] = {}
+    for i, messages in enumerate(transcripts):
+        n = len(build(messages)[0])
+        row = out.setdefault(kinds[i] if kinds else "all", {"n": 0, "too_long": 0, "longest": 0})
+        row["n"] += 1
+        row["too_long"] += n > max_len
+        row["longest"] = max(row["longest"], n)
+    return out
+
+
+def check_lengths(census: dict, max_len: int) -> None:
+    """Say how many transcripts of each kind the warm-up will skip as longer than ``max_len`` (a warning),
+    and refuse (``ValueError``) when a kind would be skipped whole: the model would never see it."""
+    for kind, row in census.items():
+        if row["too_long"]:
+            log.warning("warmup: %d of %d %r transcripts are longer than max_len %d tokens (longest %d) and are "
+                        "skipped", row["too_long"], row["n"], kind, max_len, row["longest"])
+    lost = [f"{k} ({r['n']}, shortest > {max_len})" for k, r in census.items() if r["n"] and r["too_long"] == r["n"]]
+    if lost:
+        raise ValueError(f"warmup: every transcript of kind {', '.join(lost)} is longer than max_len {max_len} "
+                         "tokens: the model would never see that kind; shorten them or raise warmup.max_len")
 
 
 def save_atomic(model, tokenizer, out_dir: Path) -> Path:
@@ -226,14 +259,18 @@ def _after_step(st: dict, cfg: WarmupConfig, lr: float, bar, on_log) -> None:
 
 
 def warmup(model_dir: Path, transcripts: list[list[dict]], cfg: WarmupConfig, out_dir: Path,
-           chat_cfg: ChatConfig | None = None, state_dir: Path | None = None, on_log=None) -> dict:
+           chat_cfg: ChatConfig | None = None, state_dir: Path | None = None, on_log=None,
+           kinds: list[str] | None = None) -> dict:
     """Fine-tune ``model_dir`` on ``transcripts`` (each a list of chat messages); save to ``out_dir``.
 
     With ``cfg.lora`` the base stays frozen and ``out_dir`` is a LoRA adapter folder (``models.lora``)
     pointing at ``model_dir``; otherwise every weight trains and ``out_dir`` is a full model. Transcripts
     are framed by ``chat_cfg`` (system prompt, few-shot turns) as rollouts will be. ``state_dir`` and
     ``on_log``: see ``train_loop``. Returns ``final_loss`` (mean of the last ``log_every`` steps),
-    ``steps``, ``seconds``, ``tokens``, ``skipped_too_long`` and ``loss_curve`` ([step, mean loss, lr]).
+    ``steps``, ``seconds``, ``tokens``, ``skipped_too_long``, ``lengths`` (``length_census`` per kind,
+    ``kinds[i]`` naming transcript ``i``) and ``loss_curve`` ([step, mean loss, lr]). Before training, the
+    transcripts longer than ``cfg.max_len`` are counted per kind and warned about; a kind with none that
+    fits is an error (``check_lengths``).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -246,13 +283,16 @@ def warmup(model_dir: Path, transcripts: list[list[dict]], cfg: WarmupConfig, ou
     torch.manual_seed(cfg.seed)
     chat_cfg = chat_cfg or ChatConfig()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    chat = ChatFormat(tokenizer, chat_cfg.system_prompt, fewshot=chat_cfg.fewshot)
+    census = length_census(transcripts, chat, cfg.max_len, kinds)
+    check_lengths(census, cfg.max_len)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if cfg.lora is not None:
         from models.lora import add_lora
 
         model = add_lora(model, cfg.lora)
-    chat = ChatFormat(tokenizer, chat_cfg.system_prompt, fewshot=chat_cfg.fewshot)
     result = train_loop(model, chat, transcripts, cfg, state_dir, on_log)
+    result["lengths"] = census
     model.eval()
     save_atomic(model, tokenizer, out_dir)
     return result

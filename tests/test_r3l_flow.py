@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from flows.config import ARM_PRESETS
 from flows.train import train
 from models.engine import GenOutput, make_engine, register_engine
-from tasks.r3l.prompts import REFLECTION_USER_HEAD
+from tasks.r3l.prompts import REFLECTION_PROMPT_COMPACT
 from tests.flowrun import tiny_overrides
 
 REPORT = {"trajectory_summary": "s", "root_cause_analysis": "Why? Because.", "trajectory_outcome": "failure",
@@ -40,7 +40,7 @@ class ReflectingEngine:
     def generate(self, requests, seed):
         out = self.inner.generate(requests, seed)
         for i, req in enumerate(requests):
-            if REFLECTION_USER_HEAD.strip() in self.tok.decode(req.input_ids):
+            if REFLECTION_PROMPT_COMPACT in self.tok.decode(req.input_ids):
                 self.reflections += 1
                 ids = self.tok.encode(json.dumps(REPORT), add_special_tokens=False) + [self.eos_id]
                 out[i] = GenOutput(ids, [-0.1] * len(ids), "stop")

@@ -53,9 +53,27 @@ def test_format_trajectory_layout_matches_the_reference():
     assert count_steps(ATTEMPT) == 3
 
 
-def test_format_trajectory_rejects_unknown_roles():
-    with pytest.raises(ValueError, match="role 'function'"):
-        format_trajectory([{"role": "function", "content": "x"}])
+def test_compact_log_layout_and_request():
+    fb = outcome_feedback(0.0)
+    log = format_trajectory([*ATTEMPT, {"role": "user", "content": fb}], "compact")
+    assert log == ("System: Use the tool.\n"
+                   "Step 0\nUser: What is 6*7?\nYou: Compute it. <tool_call>A</tool_call>\n"
+                   "Step 1\nTool: NameError: name 'prnt' is not defined\nYou: <tool_call>B</tool_call>\n"
+                   "Step 2\nTool: 42\nYou: \\boxed{41}\n"
+                   "Step 3\nUser: " + fb)
+    req = reflection_request(ATTEMPT, REFLECTION_PROMPT_COMPACT, fb, "compact")
+    assert req == [{"role": "system", "content": REFLECTION_PROMPT_COMPACT}, {"role": "user", "content": log}]
+    full = reflection_messages(ATTEMPT, REFLECTION_PROMPT_COMPACT, REPORT, fb, style="compact")
+    assert full == [*req, {"role": "assistant", "content": json.dumps(REPORT)}]
+    assert len(log) < len(format_trajectory([*ATTEMPT, {"role": "user", "content": fb}])) / 2
+
+
+def test_format_trajectory_rejects_unknown_roles_and_styles():
+    for style in ("full", "compact"):
+        with pytest.raises(ValueError, match="role 'function'"):
+            format_trajectory([{"role": "function", "content": "x"}], style)
+    with pytest.raises(ValueError, match="log style 'short'.*full.*compact"):
+        format_trajectory(ATTEMPT, "short")
 
 
 def test_reflection_request_and_transcript():

@@ -161,7 +161,7 @@ def test_plan_draws_from_the_mix():
     assert rows[1]["extra_info"] == {"split": "rl", "index": 1, "kind": problems[1].kind, "setup": problems[1].setup}
 
 
-def test_r3l_transcripts_carry_the_right_diagnosis(tmp_path, box):
+def test_r3l_transcripts_carry_the_right_diagnosis_and_fit(tmp_path, box):
     from tasks.r3l import check_report, parse_reflection
 
     mix = CorpusMix(wrong_share=0.4, mistake_share=0.5, reflect_share=0.5, retry_share=0.5)
@@ -173,9 +173,9 @@ def test_r3l_transcripts_carry_the_right_diagnosis(tmp_path, box):
     assert {r["meta"]["outcome"] for r in refl} == {"success", "success_but_inefficient", "failure"}
     for row in refl:
         msgs = row["messages"]
-        assert [m["role"] for m in msgs] == ["system", "user", "assistant"] and "**Step 0**" in msgs[1]["content"]
+        assert [m["role"] for m in msgs] == ["system", "user", "assistant"] and msgs[1]["content"].startswith("Step 0\n")
         report, _ = parse_reflection(msgs[2]["content"])
-        steps = msgs[1]["content"].count("Assistant Thought & Action")
+        steps = msgs[1]["content"].count("\nYou: ")
         check = check_report(report, steps)
         assert check.valid and check.perfect == (row["meta"]["outcome"] == "success")
         assert check.pivot in (None, 0) and report["trajectory_outcome"] == row["meta"]["outcome"]
@@ -188,6 +188,30 @@ def test_r3l_transcripts_carry_the_right_diagnosis(tmp_path, box):
         p = sft[msgs[1]["content"]]
         assert parse_tool_call(msgs[2]["content"]).code in [q.code for q in p.right]
         assert msgs[4]["content"] == f"The answer is \\boxed{{{p.answer}}}." and row["meta"]["outcome"] != "success"
+    _r3l_transcripts_fit_the_warm_up(path)
+
+
+def _r3l_transcripts_fit_the_warm_up(path):
+    """Issue 18: every reflection used to be longer than the warm-up's max_len and was skipped, unseen."""
+    from transformers import AutoTokenizer
+
+    from models.chat import ChatFormat
+    from models.config import WarmupConfig
+    from models.sft import check_lengths, length_census
+    from tasks.data.synthetic import read_sft_corpus, read_sft_types
+
+    transcripts, kinds = read_sft_corpus(path), read_sft_types(path)
+    chat = ChatFormat(AutoTokenizer.from_pretrained("assets/tiny-warm"), None)
+    max_len = WarmupConfig().max_len
+    census = length_census(transcripts, chat, max_len, kinds)
+    assert set(census) == {"solve", "reflection", "retry"} and census["reflection"]["n"] >= 25
+    fit = {k: 1 - r["too_long"] / r["n"] for k, r in census.items()}
+    assert fit["solve"] == 1.0 and fit["retry"] >= 0.9 and fit["reflection"] >= 0.7, census
+    check_lengths(census, max_len)
+    outcomes = {json.loads(line)["meta"].get("outcome") for line, msgs, kind in
+                zip(path.read_text().splitlines(), transcripts, kinds)
+                if kind == "reflection" and length_census([msgs], chat, max_len)["all"]["too_long"] == 0}
+    assert outcomes == {"success", "success_but_inefficient", "failure"}, "a reflection outcome that never fits"
 
 
 def test_answers_do_not_depend_on_who_owns_print(monkeypatch):

@@ -10,7 +10,7 @@ import torch
 
 from models.chat import ChatFormat, build_sft_example, render_call
 from models.config import TinyModelConfig, WarmupConfig
-from models.sft import collate, lr_at, warmup
+from models.sft import check_lengths, collate, length_census, lr_at, warmup
 from models.tiny import SPECIAL_TOKENS, TOOL_TOKENS, build_tiny, make_model, render_text
 from tasks.data.synthetic import make_problems, read_sft_corpus
 
@@ -131,3 +131,33 @@ def test_warmup_saves_a_loadable_checkpoint(tiny_dir, tmp_path):
     assert result["steps"] == 3 and result["final_loss"] > 0
     assert AutoModelForCausalLM.from_pretrained(out) is not None and len(AutoTokenizer.from_pretrained(out)) > 0
     assert not list(tmp_path.glob(".warm.*"))
+
+
+def test_warmup_counts_and_refuses_what_it_would_skip(tiny_dir, tmp_path, caplog):
+    """Issue 18: a whole kind of transcript (R3L reflections) once vanished silently as longer than max_len."""
+    transcripts = [_fake_transcript(p) for p in make_problems(6, 5, "sft")]
+    long = [{**t[0], "content": t[0]["content"] + " filler" * 200} for t in transcripts[:2]]
+    long = [[lg, *t[1:]] for lg, t in zip(long, transcripts[:2])]
+    from transformers import AutoTokenizer
+
+    chat = ChatFormat(AutoTokenizer.from_pretrained(tiny_dir), None)
+    n_short = [len(build_sft_example(chat, t)[0]) for t in transcripts]
+    max_len = max(n_short)
+    kinds = ["solve"] * 6 + ["reflection"] * 2
+    census = length_census([*transcripts, *long], chat, max_len, kinds)
+    assert census["solve"] == {"n": 6, "too_long": 0, "longest": max_len}
+    assert census["reflection"]["n"] == 2 and census["reflection"]["too_long"] == 2
+    with pytest.raises(ValueError, match=r"every transcript of kind reflection \(2, shortest > \d+\)"):
+        check_lengths(census, max_len)
+    cfg = WarmupConfig(max_steps=1, batch_size=2, warmup_steps=0, max_len=max_len)
+    with pytest.raises(ValueError, match="reflection"):
+        warmup(tiny_dir, [*transcripts, *long], cfg, tmp_path / "never", kinds=kinds)
+    assert not (tmp_path / "never").exists()
+    census = length_census([*transcripts, long[0], transcripts[0], long[1]], chat, max_len,
+                           ["solve"] * 6 + ["reflection"] * 3)
+    with caplog.at_level("WARNING", logger="models.sft"):
+        check_lengths(census, max_len)
+    assert "2 of 3 'reflection' transcripts are longer than max_len" in caplog.text
+    result = warmup(tiny_dir, [*transcripts, *long], cfg.model_copy(update={"max_len": max(n_short) * 10}),
+                    tmp_path / "ok", kinds=kinds)
+    assert result["lengths"]["reflection"]["too_long"] == 0 and result["steps"] == 1

@@ -20,6 +20,11 @@ class R3LConfig(BaseModel):
     ``compact`` (``REFLECTION_PROMPT_COMPACT``, for tiny-context models) or the prompt text itself.
     Use the one the policy's warm-up corpus used."""
 
+    log_style: str = Field("full", pattern="^(full|compact)$")
+    """How the reflection call renders the attempt: ``full`` (the reference's log between its head and
+    tail) or ``compact`` (``Step k`` / ``User:`` / ``Tool:`` / ``You:`` lines, ~4x fewer tokens; pair it
+    with ``reflection_prompt=compact``). Use the one the policy's warm-up corpus used."""
+
     guidance_template: str = "full"
     """Guidance text around the report: ``full`` (the reference's self-correction text), ``compact``,
     or a text containing ``{report}``."""

@@ -178,7 +178,8 @@ class R3LRollout:
                 continue
             answered = r.base.finish_reason == "stop"
             r.messages = reflection_request(attempt_messages(r.base, self.chat), system,
-                                            outcome_feedback(r.r1, self.cfg.success_threshold, answered))
+                                            outcome_feedback(r.r1, self.cfg.success_threshold, answered),
+                                            self.cfg.log_style)
             r.prompt_ids = self.chat.prompt_ids(r.messages)
             if self.cfg.max_reflect_prompt_tokens and len(r.prompt_ids) > self.cfg.max_reflect_prompt_tokens:
                 r.check = ReportCheck(False, False, "too_long")

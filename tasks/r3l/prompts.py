@@ -39,8 +39,22 @@ Reference behaviour (seed-methods.md §1, R3L ``utils.format_trajectory_for_refl
   same text is appended to the system prompt instead. The **distill** copy
   (``distill_messages``) is the same conversation without the guidance.
 
-The reflection prompt is written here in our own words (``REFLECTION_PROMPT``); a compact
-variant (``REFLECTION_PROMPT_COMPACT``) keeps tiny-context models inside their window.
+The reflection prompt is written here in our own words (``REFLECTION_PROMPT``). For tiny-context
+models there is a compact variant of everything: ``REFLECTION_PROMPT_COMPACT`` (names no keys: a model
+that uses it learnt the report from its warm-up corpus) and the **compact log** (``log_style="compact"``,
+no head or tail around it)::
+
+    Step 0
+    User: <user question>
+    You: <assistant turn 0>
+    Step 1
+    Tool: <tool response 0>
+    You: <assistant turn 1>
+    ...
+
+The full layout costs ~55 tokens per step plus ~55 for the head and tail with the tiny model's
+tokenizer, the compact one ~15 per step (issue 18: the full one made every warm-up reflection longer
+than the warm-up's 512 tokens).
 """
 
 from __future__ import annotations
@@ -87,22 +101,27 @@ from; 0 when the initial strategy was wrong. null if the outcome is 'success'."
 }"""
 """Default reflection system prompt (same keys and rules as the reference's, in our words)."""
 
-REFLECTION_PROMPT_COMPACT = (
-    "Review the attempt log below. Answer with one JSON object with the keys trajectory_summary, "
-    "root_cause_analysis (why-chain to the root cause), trajectory_outcome (success, success_but_inefficient or "
-    "failure), improvement_suggestion (the fix as a reusable rule; null on success) and retry_from_step (the first "
-    "step where the cause shows, 0..N-1; null on success)."
-)
-"""A short reflection prompt for models with a small context window (the tiny model)."""
+REFLECTION_PROMPT_COMPACT = "Reflect on the attempt as a JSON report: root cause, fix, step to retry from."
+"""A short reflection prompt for models with a small context window (the tiny model, whose warm-up corpus
+teaches the report's keys and rules by example); use it with ``log_style="compact"``."""
+
+LOG_STYLES = ("full", "compact")
+"""Renderings of the attempt in the reflection call (``format_trajectory``)."""
+
+_COMPACT_ROLES = {"user": "User", "tool": "Tool", "assistant": "You", "system": "System"}
 
 
-def format_trajectory(messages: list[dict]) -> str:
-    """The trajectory log a reflection reads (layout in the module docstring).
+def format_trajectory(messages: list[dict], style: str = "full") -> str:
+    """The trajectory log a reflection reads (layouts in the module docstring).
 
     ``messages``: the attempt's conversation (system, user, assistant, tool, ..., final
     feedback), without few-shot examples. ``user`` and ``tool`` messages open a step,
-    ``assistant`` messages close it.
+    ``assistant`` messages close it. ``style``: ``full`` (the reference's) or ``compact``.
     """
+    if style == "compact":
+        return _format_compact(messages)
+    if style != "full":
+        raise ValueError(f"log style {style!r}: expected one of {LOG_STYLES}")
     lines: list[str] = []
     step = 0
     for msg in messages:
@@ -117,6 +136,22 @@ def format_trajectory(messages: list[dict]) -> str:
             step += 1
         else:
             raise ValueError(f"trajectory message with role {role!r}: expected system, user, tool or assistant")
+    return "\n".join(lines)
+
+
+def _format_compact(messages: list[dict]) -> str:
+    lines: list[str] = []
+    step, opened = 0, False
+    for msg in messages:
+        role, content = msg["role"], str(msg.get("content") or "").strip()
+        if role not in _COMPACT_ROLES:
+            raise ValueError(f"trajectory message with role {role!r}: expected system, user, tool or assistant")
+        if role in ("user", "tool") and not opened:
+            lines.append(f"Step {step}")
+            opened = True
+        elif role == "assistant":
+            step, opened = step + 1, False
+        lines.append(f"{_COMPACT_ROLES[role]}: {content}")
     return "\n".join(lines)
 
 
@@ -136,13 +171,14 @@ def outcome_feedback(reward: float, success_threshold: float = 1.0, answered: bo
     return f"Feedback: {verdict} (reward {reward:g}/{success_threshold:g})."
 
 
-def reflection_user_text(log: str) -> str:
-    """The user message of the reflection call around a formatted trajectory log."""
-    return REFLECTION_USER_HEAD + log + REFLECTION_USER_TAIL
+def reflection_user_text(log: str, style: str = "full") -> str:
+    """The user message of the reflection call around a formatted trajectory log (the compact log alone)."""
+    return log if style == "compact" else REFLECTION_USER_HEAD + log + REFLECTION_USER_TAIL
 
 
-def reflection_request(trajectory_messages: list[dict], system: str, feedback: str | None = None) -> list[dict]:
-    """The reflection call: ``system`` = the reflection prompt, user = the formatted attempt.
+def reflection_request(trajectory_messages: list[dict], system: str, feedback: str | None = None,
+                       style: str = "full") -> list[dict]:
+    """The reflection call: ``system`` = the reflection prompt, user = the attempt formatted in ``style``.
 
     ``feedback`` (e.g. ``outcome_feedback(...)``) is appended to the attempt as a last ``user``
     message before formatting, as the reference logs its final feedback.
@@ -150,7 +186,8 @@ def reflection_request(trajectory_messages: list[dict], system: str, feedback: s
     attempt = list(trajectory_messages)
     if feedback is not None:
         attempt.append({"role": "user", "content": feedback})
-    return [{"role": "system", "content": system}, {"role": "user", "content": reflection_user_text(format_trajectory(attempt))}]
+    log = format_trajectory(attempt, style)
+    return [{"role": "system", "content": system}, {"role": "user", "content": reflection_user_text(log, style)}]
 
 
 def report_text(report: dict, indent: int | None = None) -> str:
@@ -159,9 +196,9 @@ def report_text(report: dict, indent: int | None = None) -> str:
 
 
 def reflection_messages(trajectory_messages: list[dict], system: str, report: dict, feedback: str | None = None,
-                        indent: int | None = None) -> list[dict]:
+                        indent: int | None = None, style: str = "full") -> list[dict]:
     """A complete reflection transcript (for SFT): the reflection call plus the report as the assistant turn."""
-    return [*reflection_request(trajectory_messages, system, feedback),
+    return [*reflection_request(trajectory_messages, system, feedback, style),
             {"role": "assistant", "content": report_text(report, indent)}]
 
 

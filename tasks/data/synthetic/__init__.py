@@ -6,7 +6,7 @@ message names the fix) and ``corpus`` (sandbox-checked SFT transcripts and their
 """
 
 from tasks.data.synthetic import arith, lists, numbers, sequences  # noqa: F401  (register the kinds)
-from tasks.data.synthetic.corpus import CorpusMix, read_sft_corpus, write_sft_corpus
+from tasks.data.synthetic.corpus import CorpusMix, read_sft_corpus, read_sft_types, write_sft_corpus
 from tasks.data.synthetic.problems import (
     KINDS,
     SPLITS,
@@ -18,4 +18,4 @@ from tasks.data.synthetic.problems import (
     write_task_parquet,
 )
 
-__all__ = ["CorpusMix", "read_sft_corpus", "write_sft_corpus", "KINDS", "SPLITS", "Problem", "Program", "make_problems", "split_of", "task_rows", "write_task_parquet"]
+__all__ = ["CorpusMix", "read_sft_corpus", "read_sft_types", "write_sft_corpus", "KINDS", "SPLITS", "Problem", "Program", "make_problems", "split_of", "task_rows", "write_task_parquet"]

@@ -249,3 +249,9 @@ def read_sft_corpus(path: Path) -> list[list[dict]]:
     """The message lists of a corpus written by ``write_sft_corpus``."""
     with Path(path).open() as fh:
         return [json.loads(line)["messages"] for line in fh if line.strip()]
+
+
+def read_sft_types(path: Path) -> list[str]:
+    """The ``meta.type`` of each row of a corpus (``solve``, ``reflection``, ``retry``), in file order."""
+    with Path(path).open() as fh:
+        return [json.loads(line).get("meta", {}).get("type", "solve") for line in fh if line.strip()]

@@ -13,11 +13,13 @@ wrong program (with or without slip)   ``failure``                 the confusabl
 
 (every mistake and every program choice sits in the first assistant turn, so the pivot is 0).
 ``reflection_transcript`` is the R3L reflection call (``tasks.r3l.reflection_messages`` with the
-compact prompt; the attempt as the R3L driver formats it, with the outcome feedback) plus the
+compact prompt and the compact log; the attempt as the R3L driver formats it, with the outcome feedback) plus the
 report as the assistant turn; ``retry_transcript`` is a guided retry from the pivot
 (``tasks.r3l.guided_retry_messages``, compact guidance) that solves the problem with a right
 program. RL runs of the tiny model in R3L mode must use the same variants
-(``rollout.r3l.reflection_prompt=compact``, ``guidance_template=compact``, ``guidance_indent=null``).
+(``rollout.r3l.reflection_prompt=compact``, ``log_style=compact``, ``guidance_template=compact``,
+``guidance_indent=null``: ``configs/tiny.yaml``). With the committed tokenizer a reflection transcript is
+~250-500 tokens (``tests/test_synthetic.py`` pins that they fit the warm-up's ``max_len``).
 """
 
 from __future__ import annotations
@@ -49,31 +51,32 @@ GOALS = {
 
 
 def report_for(plan, messages: list[dict]) -> dict:
-    """The report a correct reflection gives on the attempt ``messages`` that ``plan`` produced."""
+    """The report a correct reflection gives on the attempt ``messages`` that ``plan`` produced.
+
+    Short on purpose (the tiny tokenizer spends ~1.7 characters per token and the keys alone cost
+    ~90 tokens): a reflection transcript must fit the warm-up's ``max_len``."""
     p, answer = plan.problem, messages[-2]["content"]
-    calls = sum(m["role"] == "assistant" for m in messages) - 1
-    summary = f"I called the tool {'twice' if calls == 2 else 'once'} and answered {answer}."
     if plan.correct and plan.mistake is None:
-        return {"trajectory_summary": summary + " The answer is right.", "root_cause_analysis": None,
+        return {"trajectory_summary": f"Answered {answer}: right.", "root_cause_analysis": None,
                 "trajectory_outcome": "success", "improvement_suggestion": None, "retry_from_step": None}
     if plan.correct:
-        error = messages[2]["content"]
-        return {"trajectory_summary": summary + " The first call failed; the fix worked.",
-                "root_cause_analysis": f"Why did step 0 fail? Because of {error} Why? {plan.reason}",
+        return {"trajectory_summary": f"Step 0 failed, step 1 fixed it. Answered {answer}: right.",
+                "root_cause_analysis": f"Why did step 0 fail? {plan.reason}",
                 "trajectory_outcome": "success_but_inefficient",
-                "improvement_suggestion": f"Check the code before running it: {plan.reason}", "retry_from_step": 0}
+                "improvement_suggestion": f"Check the code first: {plan.reason}", "retry_from_step": 0}
     right = p.right[0]
-    return {"trajectory_summary": summary + " The answer is wrong.",
-            "root_cause_analysis": f"Why is the answer wrong? Because the code did this: {plan.program.plan} "
-                                   f"Why? Because I misread the question: it asks for {GOALS[p.kind]}.",
+    return {"trajectory_summary": f"Answered {answer}: wrong.",
+            "root_cause_analysis": f"Why wrong? The code did: {plan.program.plan} Why? The question asks for "
+                                   f"{GOALS[p.kind]}.",
             "trajectory_outcome": "failure",
-            "improvement_suggestion": f"When a question asks for {GOALS[p.kind]}: {right.plan}", "retry_from_step": 0}
+            "improvement_suggestion": f"For {GOALS[p.kind]}: {right.plan}", "retry_from_step": 0}
 
 
 def reflection_transcript(plan, messages: list[dict]) -> list[dict]:
     """The reflection call on the attempt (as the R3L driver asks it) with the right report as the answer."""
     feedback = outcome_feedback(1.0 if plan.correct else 0.0, 1.0, answered=True)
-    return reflection_messages(messages, REFLECTION_PROMPT_COMPACT, report_for(plan, messages), feedback, indent=None)
+    return reflection_messages(messages, REFLECTION_PROMPT_COMPACT, report_for(plan, messages), feedback, indent=None,
+                               style="compact")
 
 
 def retry_transcript(plan, messages: list[dict], r: random.Random) -> list[dict]:
