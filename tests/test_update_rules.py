@@ -121,3 +121,18 @@ def test_gradient_norm_is_clipped(batch, warm_model_dir, chat, tmp_path):
     update(warm_model_dir, batch, TrainerConfig(lr=1e-3, mini_batches=1, grad_clip=1e6), tmp_path / "free", pad, seed=0)
     assert max_change(warm_model_dir, tmp_path / "free") > 0.9e-3
 
+
+
+def test_old_logprobs_ordered_by_length_come_back_in_row_order(batch, warm_model_dir, chat):
+    """The old-log-prob pass batches rows by length (long first here would be reordered) and hands each row its
+    own log-probs: equal to the row computed alone, and the ordering is shortest first."""
+    from models.trainer import _old_logprobs, by_length, response_logprobs
+
+    rows = [batch[1], batch[0], batch[1]]
+    assert by_length(rows, range(3)) == [1, 0, 2]
+    model, pad = load_causal_lm(warm_model_dir), chat.tokenizer.pad_token_id
+    got = _old_logprobs(model, rows, pad, TrainerConfig(micro_batch=2))
+    for row, lp in zip(rows, got):
+        alone, _ = response_logprobs(model, [row], pad)
+        assert lp.shape == (len(row.response_ids),)
+        assert (lp - alone[0]).abs().max().item() < 1e-5
