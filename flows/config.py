@@ -230,6 +230,22 @@ class RunConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _critic_with_gae(self) -> RunConfig:
+        """``mix.advantage: gae`` turns the critic on; the critic without it, with OPOB or with a loss-scaling
+        group filter (which would scale the value targets) is refused."""
+        critic = self.trainer.critic
+        if self.mix.advantage == "gae" and not critic.enabled:
+            self.trainer = self.trainer.model_copy(update={"critic": critic.model_copy(update={"enabled": True})})
+        elif critic.enabled and self.mix.advantage != "gae":
+            raise ValueError(f"trainer.critic.enabled is set by mix.advantage=gae (got {self.mix.advantage!r})")
+        if self.mix.advantage == "gae" and self.trainer.opob:
+            raise ValueError("mix.advantage=gae (the critic) and trainer.opob exclude each other")
+        if self.mix.advantage == "gae" and self.mix.group_filter.loss_scaling != "none":
+            raise ValueError(f"mix.advantage=gae: mix.group_filter.loss_scaling must be none (got "
+                             f"{self.mix.group_filter.loss_scaling!r}): it would scale the critic's value targets")
+        return self
+
+    @model_validator(mode="after")
     def _filter_fills_minibatches(self) -> RunConfig:
         if self.env is None:
             return self

@@ -204,6 +204,34 @@ class EngineConfig(BaseModel):
     """``sglang``: extra stop strings (generation always stops at the end-of-turn token)."""
 
 
+class CriticConfig(BaseModel):
+    """The critic of ``mix.advantage: gae`` (``models.critic``): a value head on the policy, GAE advantages."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    enabled: bool = False
+    """Train a value head and use GAE advantages per token; set by ``mix.advantage: gae`` (never by hand)."""
+
+    gamma: float = Field(1.0, ge=0, le=1)
+    """GAE discount γ over the trained (mask-1) tokens; RAGEN's critic variant: 1."""
+
+    lam: float = Field(1.0, ge=0, le=1)
+    """GAE λ; RAGEN's critic variant: 1 (then A_t = return − V_t)."""
+
+    value_coef: float = Field(0.1, ge=0)
+    """Weight of the value loss ½(V − return)², token-mean over the trained tokens, added to the policy loss;
+    with a shared trunk its gradient also moves the policy's body."""
+
+    lr: float = Field(1e-3, gt=0)
+    """AdamW learning rate of the value head itself (the trunk keeps ``trainer.lr``)."""
+
+    detach_trunk: bool = False
+    """Value head on detached hidden states: the value loss trains the head only, never the policy's body."""
+
+    whiten: bool = True
+    """Normalise the GAE advantages to mean 0, std 1 over the batch's trained tokens (verl's ``masked_whiten``)."""
+
+
 class TrainerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -281,3 +309,6 @@ class TrainerConfig(BaseModel):
 
     device: str = "cpu"
     """Torch device for the update."""
+
+    critic: CriticConfig = CriticConfig()
+    """Value head and GAE (``mix.advantage: gae``); off otherwise."""

@@ -15,6 +15,9 @@ One call of ``update`` is one RL step on the policy side:
    and, with ``lr_scale``, scales that step's learning rate (restored after); ``opob`` replaces the
    advantages by reward minus the optimal off-policy baseline (per-row gradients, whole groups per
    mini-batch);
+   With the critic (``trainer.critic.enabled``, set by ``mix.advantage: gae``; ``models.critic``) a value
+   head on the policy gives per-token GAE advantages (from the values before the update, like the old
+   log-probs) and adds ``value_coef`` × its value loss; the head and its optimizer live in ``critic.pt``;
 4. write the next checkpoint folder (weights, tokenizer, optimizer, trainer state) to a
    temporary folder and rename it, so a crash never leaves a half-written checkpoint.
 
@@ -36,6 +39,7 @@ from pathlib import Path
 import torch
 
 from models.config import TrainerConfig
+from models.critic import load_critic, save_critic, token_gae, whiten
 from models.engine import load_causal_lm
 from models.lora import copy_tokenizer, is_adapter, trainable_parameters, trainable_policy
 from models.losses import LossBatch, get_loss, kl_penalty
@@ -81,19 +85,35 @@ def response_logprobs(model, samples: list[Sample], pad_id: int, device: str = "
 
 def response_logprobs_entropy(model, samples: list[Sample], pad_id: int, device: str = "cpu"):
     """``response_logprobs`` plus the policy's entropy at each response position (``[B, R]``, no grad)."""
+    lp, mask, ent, _ = _response_forward(model, samples, pad_id, device)
+    return lp, mask, ent
+
+
+def _response_forward(model, samples: list[Sample], pad_id: int, device: str = "cpu", head=None,
+                      detach_trunk: bool = False):
+    """Log-probs, mask, entropy and — with a value ``head`` (``models.critic``) — values ``[B, R]`` of the
+    response tokens, each read at the position that predicts the token (values None without a head)."""
     ids, attn, resp_mask, starts, rlen = _pad_batch(samples, pad_id, device)
-    logits = model(input_ids=ids, attention_mask=attn).logits.float()
+    out_model = model(input_ids=ids, attention_mask=attn, output_hidden_states=head is not None)
+    logits = out_model.logits.float()
     log_p = torch.log_softmax(logits[:, :-1], dim=-1)
     lp_all = log_p.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
         ent_all = -(log_p.exp() * log_p).sum(-1)
+    v_all = None
+    if head is not None:
+        hidden = out_model.hidden_states[-1][:, :-1]
+        v_all = head(hidden.detach() if detach_trunk else hidden)
     out = torch.zeros((len(samples), rlen), device=lp_all.device)
     ent = torch.zeros_like(out)
+    values = torch.zeros_like(out) if v_all is not None else None
     for i, (s, st) in enumerate(zip(samples, starts)):
         n = len(s.response_ids)
         out[i, :n] = lp_all[i, st - 1 : st - 1 + n]
         ent[i, :n] = ent_all[i, st - 1 : st - 1 + n]
-    return out, resp_mask, ent
+        if values is not None:
+            values[i, :n] = v_all[i, st - 1 : st - 1 + n]
+    return out, resp_mask, ent, values
 
 
 def dapo_loss(new_lp, old_lp, adv, mask, clip_low: float, clip_high: float, n_tokens: float):
@@ -120,11 +140,15 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
     if opt_path.exists():
         opt.load_state_dict(torch.load(opt_path, weights_only=True))
     get_loss(cfg.loss)
+    critic = load_critic(ckpt_dir, model, cfg.critic.lr, cfg.device) if cfg.critic.enabled else None
+    if critic is not None and cfg.opob:
+        raise ValueError("trainer.opob and the critic (mix.advantage: gae) exclude each other")
     old = _old_logprobs(model, samples, pad_id, cfg)
+    targets = _critic_targets(model, critic[0], samples, pad_id, cfg) if critic is not None else None
     ref = _reference_logprobs(ref_dir, samples, pad_id, cfg) if cfg.kl_coef > 0 else None
     model.train()
     totals = {"loss": 0.0, "grad_norm": 0.0, "clipped": 0.0, "ratio": 0.0, "tokens": 0.0, "kl": 0.0, "entropy": 0.0,
-              "approx_kl": 0.0}
+              "approx_kl": 0.0, "value_loss": 0.0, "value": 0.0}
     log_w = _log_weights(samples, old)
     lr_rule, ess_seen = get_lr_scale(cfg.lr_scale), []
     rng = random.Random(seed)
@@ -135,21 +159,31 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
             scale = lr_rule(rho, cfg.ess_rho_base) if rho is not None else 1.0
             if rho is not None:
                 ess_seen.append((rho, scale))
-            step = _opob_step if cfg.opob else _minibatch_step
-            if not cfg.opob:
+            if cfg.opob:
+                _opob_step(model, opt, [samples[i] for i in mb], [old[i] for i in mb],
+                           [ref[i] for i in mb] if ref is not None else None, cfg, pad_id, totals,
+                           log_w[mb] if log_w is not None else None, scale)
+            else:
                 mb = by_length(samples, mb)
-            step(model, opt, [samples[i] for i in mb], [old[i] for i in mb],
-                 [ref[i] for i in mb] if ref is not None else None, cfg, pad_id, totals,
-                 log_w[mb] if log_w is not None else None, scale)
+                _minibatch_step(model, opt, [samples[i] for i in mb], [old[i] for i in mb],
+                                [ref[i] for i in mb] if ref is not None else None, cfg, pad_id, totals,
+                                log_w[mb] if log_w is not None else None, scale,
+                                critic=critic, targets=[targets[i] for i in mb] if targets is not None else None)
             n_steps += 1
             if on_step is not None:
                 on_step()
     model.eval()
-    save_checkpoint(model, ckpt_dir, out_dir, opt, state)
+    save_checkpoint(model, ckpt_dir, out_dir, opt, state, critic=critic)
     tokens = max(totals["tokens"], 1.0)
+    critic_metrics = {}
+    if targets is not None:
+        trained = max(sum(sum(s.response_mask) for s in samples), 1)
+        returns = sum(float((r * torch.tensor(s.response_mask, dtype=r.dtype)).sum()) for s, (_, r) in zip(samples, targets))
+        critic_metrics = {"train/value_loss": totals["value_loss"] / max(n_steps, 1),
+                          "train/value_mean": totals["value"] / tokens, "train/return_mean": returns / trained}
     ess = ({"train/ess_ratio": sum(r for r, _ in ess_seen) / len(ess_seen), "train/ess_ratio_min": min(r for r, _ in ess_seen),
             "train/lr_scale": sum(f for _, f in ess_seen) / len(ess_seen)} if ess_seen else {})
-    return {**ess,
+    return {**ess, **critic_metrics,
         "train/loss": totals["loss"] / max(n_steps, 1),
         "train/grad_norm": totals["grad_norm"] / max(n_steps, 1),
         "train/clip_frac": totals["clipped"] / tokens,
@@ -224,6 +258,25 @@ def by_length(samples: list[Sample], idx) -> list[int]:
 
 
 @torch.no_grad()
+def _critic_targets(model, head, samples: list[Sample], pad_id: int, cfg: TrainerConfig):
+    """Per sample (advantages, returns) ``[len(response)]``: GAE on the values before the update, the sample's
+    ``advantage`` (the ``gae`` estimator's outcome reward) on its last trained token; whitened with
+    ``critic.whiten``."""
+    model.eval()
+    values: list[torch.Tensor] = []
+    for lo in range(0, len(samples), cfg.micro_batch):
+        chunk = samples[lo : lo + cfg.micro_batch]
+        _, _, _, v = _response_forward(model, chunk, pad_id, cfg.device, head)
+        values.extend(v[i, : len(s.response_ids)].detach() for i, s in enumerate(chunk))
+    masks = [torch.tensor(s.response_mask, dtype=v.dtype, device=v.device) for s, v in zip(samples, values)]
+    pairs = [token_gae(s.advantage, v, m, cfg.critic.gamma, cfg.critic.lam) for s, v, m in zip(samples, values, masks)]
+    adv = [a for a, _ in pairs]
+    if cfg.critic.whiten:
+        adv = whiten(adv, masks)
+    return [(a, r) for a, (_, r) in zip(adv, pairs)]
+
+
+@torch.no_grad()
 def _reference_logprobs(ref_dir: Path | None, samples: list[Sample], pad_id: int, cfg: TrainerConfig):
     if ref_dir is None:
         raise ValueError("trainer.kl_coef > 0 needs a reference policy, but update() got no ref_dir")
@@ -239,18 +292,33 @@ def _stack(rows: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
 
 def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: list[torch.Tensor] | None,
                     cfg: TrainerConfig, pad_id: int, totals: dict, log_w: torch.Tensor | None = None,
-                    lr_scale: float = 1.0):
+                    lr_scale: float = 1.0, critic=None, targets: list | None = None):
+    """One optimizer step on a mini-batch; with a ``critic`` (head, optimizer) the advantages are the per-token
+    GAE ``targets`` (advantage, return) and the value loss is added."""
     n_tokens = float(sum(sum(s.response_mask) for s in mb)) or 1.0
     loss_fn = get_loss(cfg.loss)
     opt.zero_grad(set_to_none=True)
+    if critic is not None:
+        critic[1].zero_grad(set_to_none=True)
     loss_sum = 0.0
     for lo in range(0, len(mb), cfg.micro_batch):
         chunk = mb[lo : lo + cfg.micro_batch]
-        new_lp, mask, entropy = response_logprobs_entropy(model, chunk, pad_id, cfg.device)
-        batch = LossBatch(new_lp, _stack(old[lo : lo + cfg.micro_batch], new_lp),
-                          torch.tensor([s.advantage for s in chunk], device=new_lp.device), mask, n_tokens,
+        new_lp, mask, entropy, values = _response_forward(model, chunk, pad_id, cfg.device,
+                                                          critic[0] if critic is not None else None,
+                                                          cfg.critic.detach_trunk)
+        if targets is None:
+            adv = torch.tensor([s.advantage for s in chunk], device=new_lp.device)
+        else:
+            adv = _stack([t[0] for t in targets[lo : lo + cfg.micro_batch]], new_lp)
+        batch = LossBatch(new_lp, _stack(old[lo : lo + cfg.micro_batch], new_lp), adv, mask, n_tokens,
                           _stack(ref[lo : lo + cfg.micro_batch], new_lp) if ref is not None else None)
         loss, stats = loss_fn(batch, cfg)
+        if values is not None:
+            returns = _stack([t[1] for t in targets[lo : lo + cfg.micro_batch]], new_lp)
+            value_loss = batch.token_mean(0.5 * (values - returns).square())
+            loss = loss + cfg.critic.value_coef * value_loss
+            totals["value_loss"] += value_loss.item()
+            totals["value"] += float((values.detach() * mask).sum())
         if ref is not None:
             kl = kl_penalty(batch, cfg.kl_estimator)
             loss = loss + cfg.kl_coef * kl
@@ -262,6 +330,9 @@ def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: 
         totals["entropy"] += float((entropy * mask).sum())
         totals["approx_kl"] += float(((batch.old_lp - new_lp.detach()) * mask).sum())
     totals["grad_norm"] += _optimizer_step(model, opt, cfg, lr_scale)
+    if critic is not None:
+        torch.nn.utils.clip_grad_norm_(critic[0].parameters(), cfg.grad_clip)
+        critic[1].step()
     totals["loss"] += loss_sum
     totals["tokens"] += n_tokens
 
@@ -324,7 +395,7 @@ def _kl_backward(model, mb: list[Sample], old, ref, cfg: TrainerConfig, pad_id: 
         totals["kl"] += kl.item()
 
 
-def save_checkpoint(model, src_dir: Path, out_dir: Path, opt=None, extra: dict | None = None) -> Path:
+def save_checkpoint(model, src_dir: Path, out_dir: Path, opt=None, extra: dict | None = None, critic=None) -> Path:
     """Write ``out_dir`` atomically: weights (only the adapter's for a peft model: the base is shared),
     tokenizer files of ``src_dir``, optimizer state.
 
@@ -338,6 +409,8 @@ def save_checkpoint(model, src_dir: Path, out_dir: Path, opt=None, extra: dict |
     copy_tokenizer(src_dir, tmp)
     if opt is not None:
         torch.save(opt.state_dict(), tmp / "optimizer.pt")
+    if critic is not None:
+        save_critic(critic[0], critic[1], tmp)
     (tmp / "trainer_state.json").write_text(json.dumps({"source": str(src_dir), **(extra or {})}, indent=1))
     return _swap_in(tmp, out_dir)
 

@@ -45,9 +45,14 @@ def test_grpo_reweight_adv():
     assert adv("grpo_reweight_adv") == pytest.approx([z[0], 3 * z[1], 1.0, z[3], 1.0, 1.0, 0.0, 0.0])
 
 
+def test_gae_writes_the_outcome_return():
+    """The critic variant's advantage stage passes each row's reward on (the trainer turns it into GAE per token)."""
+    assert adv("gae") == pytest.approx([0.0, 0.5, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0])  # unkept rows: 0
+
+
 def test_unknown_estimator_lists_the_registered_ones():
-    with pytest.raises(ValueError, match="unknown estimator 'gae'; registered: grpo, grpo_reweight_adv, mc_grpo, mean, opmd_"):
-        get_estimator("gae")
+    with pytest.raises(ValueError, match="unknown estimator 'ppo'; registered: gae, grpo, grpo_reweight_adv, mc_grpo, mean, opmd_"):
+        get_estimator("ppo")
 
 
 def test_registry_extends_with_a_group_rule():

@@ -52,3 +52,19 @@ def test_collapse_panel_is_an_mlflow_artifact(env_run):
                              f"tags.`{RUN_TAG}` = 'envflow'")[0]
     assert "plots/collapse.png" in [a.path for a in client.list_artifacts(run.info.run_id, "plots")]
     assert len(client.get_metric_history(run.info.run_id, "rollout/in_group_std")) == 2
+
+
+def test_critic_variant_through_the_train_flow(prefect_harness, tmp_path):
+    """``mix.advantage=gae``: 2 env steps train the value head; its loss is logged every step, critic.pt is saved."""
+    overrides = [
+        f"model.path={ENV_MODEL}", "model.build=none", f"output_dir={tmp_path / 'runs'}", "train.steps=2",
+        "env.groups=2", "rollout.n_samples=4", "env.mi_every=0", "train.eval_every=0", "mix.advantage=gae",
+        "mix.group_filter.kind=none", f"tracking.mlflow_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        f"tracking.artifact_root={tmp_path / 'mlartifacts'}", f"tracking.duckdb_path={tmp_path / 'cleaner.duckdb'}",
+    ]
+    train("configs/bandit.yaml", overrides, "envgae")
+    con = duckdb.connect(str(tmp_path / "cleaner.duckdb"), read_only=True)
+    for step in (0, 1):
+        keys = {r[0] for r in con.execute(f"SELECT key FROM metrics WHERE run_id='envgae' AND step={step}").fetchall()}
+        assert {"train/value_loss", "train/value_mean", "train/return_mean", "rollout/in_group_std"} <= keys
+    assert list((tmp_path / "runs").rglob("critic.pt"))

@@ -19,6 +19,11 @@ Registered:
   advantages (|A| > 1e-6) are multiplied by (G+1) / #non-zero; the pivot — the first sample in the group
   whose reward is the median — is dropped (it never trains), so G samples carry gradients. No std division.
 
+* ``gae``: the critic variant (RAGEN's PPO with GAE, γ = λ = 1 by default): the row's outcome reward is
+  written as its "advantage" — it is the return — and the update computes per-token GAE advantages from a
+  value head on the policy and trains the head (``models.critic``; ``trainer.critic`` holds γ, λ, the value
+  loss coefficient, the head's learning rate). Selecting it turns ``trainer.critic.enabled`` on.
+
 An estimator may return ``None`` for a row: the row is **dropped** (``dropped`` column, advantage 0): it is
 kept by the group filters but never reaches the update, not even as zero-advantage tokens in the token-mean.
 
@@ -97,6 +102,13 @@ def mc_grpo(rewards: list[float], eps: float, zero_atol: float = 1e-6) -> list[f
 
 
 register_advantage("mc_grpo")(per_group(lambda rewards, cfg: mc_grpo(rewards, cfg.mc_eps)))
+
+
+@register_advantage("gae")
+def outcome_return(kept: pl.DataFrame, cfg) -> list[float]:
+    """The critic variant: each row's outcome reward (its return, on the last trained token); the update turns it
+    into per-token GAE advantages with the policy's value head (``models.critic``), no group baseline."""
+    return [float(r) for r in kept["reward"].to_list()]
 
 
 def compute_advantages(df: pl.DataFrame, cfg) -> pl.DataFrame:

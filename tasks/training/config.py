@@ -29,7 +29,8 @@ class MixConfig(BaseModel):
     advantage: str = "grpo"
     """Registered advantage estimator (``tasks.training.advantages``): ``grpo``, ``mean`` (r − group mean, RAGEN's
     ``reward_normalization: mean``), ``opmd_reweight_adv`` (R3L's positive amplification), ``grpo_reweight_adv`` or
-    ``mc_grpo`` (MC-GRPO: median baseline, MAD scale, the pivot sample dropped; set ``rollout.n_samples`` to G+1)."""
+    ``mc_grpo`` (MC-GRPO: median baseline, MAD scale, the pivot sample dropped; set ``rollout.n_samples`` to G+1) or
+    ``gae`` (the critic variant: a value head on the policy and per-token GAE; options in ``trainer.critic``)."""
 
     reweight_alpha: float = Field(3.0, ge=0)
     """Reweighted estimators: factor on positive scores of partial-reward rows (R3L: 3)."""
