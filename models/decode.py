@@ -25,6 +25,11 @@ Sampling: temperature, optional nucleus (``top_p``), one uniform draw per row an
 a generator seeded by (seed, key, turn), so what a row samples does not depend on which other
 rows share its batch (up to floating-point noise of different batch shapes). The log-prob of a
 sampled token is under the temperature-scaled distribution, as the static engine reports.
+
+Attention: the stream switches its model from ``sdpa`` to ``decode_gqa`` (``gqa_decode_attention``):
+a one-token decode step attends with each key/value head's query heads stacked as queries,
+instead of copying the whole cache once per query head (transformers' ``repeat_kv``); prefill
+and training-size inputs run transformers' ``sdpa`` unchanged.
 """
 
 from __future__ import annotations
@@ -55,6 +60,35 @@ class _Pending:
     budget: int
 
 
+def gqa_decode_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                         is_causal=None, **kwargs):
+    """transformers' ``sdpa`` attention, except for a one-token query with grouped key/value heads: query head
+    ``h`` reads key/value head ``h // groups`` (``repeat_kv``'s layout), so the ``groups`` query heads of a key/value
+    head become ``groups`` queries of one SDPA call over the uncopied cache — same scores, same softmax, no copy.
+    The mask (``[B, 1, 1, W]``, one query position) is the same for all of them."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    if query.shape[2] != 1 or groups == 1 or dropout:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    b, heads, _, dim = query.shape
+    q = query.reshape(b, key.shape[1], groups, dim)
+    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(b, heads, 1, dim).transpose(1, 2).contiguous(), None
+
+
+def _use_decode_attention(model) -> None:
+    """Register ``decode_gqa`` (attention + sdpa's mask) once and switch an ``sdpa`` model to it."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register("decode_gqa", gqa_decode_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register("decode_gqa", sdpa_mask)
+    if getattr(model.config, "_attn_implementation", None) == "sdpa":
+        model.config._attn_implementation = "decode_gqa"
+
+
 def _row_seed(seed: int, key: object, n_ids: int) -> int:
     digest = hashlib.blake2b(f"{seed}:{key!r}:{n_ids}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & (2**63 - 1)
@@ -70,6 +104,7 @@ class DecodeStream:
         self.temperature, self.top_p = temperature, top_p
         self.max_batch, self.seed, self.keep_prefix = max_batch, seed, keep_prefix
         self.device = next(model.parameters()).device
+        _use_decode_attention(model)
         self.queue: deque[_Pending] = deque()
         self.rows: list[_Row] = []
         self.keys: list[torch.Tensor] = []
