@@ -45,13 +45,16 @@ def test_env_steps_and_collapse_metrics_every_step(env_run):
     assert {"eval/bandit_test/success", "eval/bandit_test/hi_arm_rate"} <= evals
 
 
-def test_collapse_panel_is_an_mlflow_artifact(env_run):
+def test_collapse_panel_and_env_viewer_are_mlflow_artifacts(env_run):
     work, result = env_run
     client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
     run = client.search_runs(client.get_experiment_by_name("bandit").experiment_id,
                              f"tags.`{RUN_TAG}` = 'envflow'")[0]
     assert "plots/collapse.png" in [a.path for a in client.list_artifacts(run.info.run_id, "plots")]
     assert len(client.get_metric_history(run.info.run_id, "rollout/in_group_std")) == 2
+    page = open(client.download_artifacts(run.info.run_id, "viewer/step_000001.html", str(work))).read()
+    assert "bandit episodes turn by turn" in page and "SAAR (purified)" not in page
+    assert page.count("<table class='turns'>") == 4 and "actions (asked → ran)" in page
 
 
 def test_critic_variant_through_the_train_flow(prefect_harness, tmp_path):

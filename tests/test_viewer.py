@@ -133,3 +133,34 @@ def test_a_plot_of_chosen_panels(tmp_path):
     assert int.from_bytes(plot_run(_metrics(), tmp_path / "all.png", "r").read_bytes()[16:20], "big") == len(PLOTS) * 440
     with pytest.raises(ValueError, match="unknown \\['rewards'\\]; valid: \\['reward', 'tool calls'"):
         plot_run(_metrics(), tmp_path / "x.png", "r", panels=["rewards"])
+
+
+def test_env_step_shows_episodes_turn_by_turn():
+    """An environment step: episodes of one start state (success beside failure), each turn's observation, thought,
+    actions asked → run, reward and penalty; no SAAR pairs; model text escaped."""
+    grid = "_ _ G\n_ O _\nP _ _"
+    msgs = [{"role": "user", "content": grid}, {"role": "assistant", "content": "x"}, {"role": "user", "content": "END"}]
+    trajs = pl.DataFrame([
+        {"traj_id": f"t{i}", "prompt_id": "frozen_lake:7", "data_source": "frozen_lake", "ground_truth": "7",
+         "messages": json.dumps(msgs), "env_success": i == 1, "env_score": float(i == 1), "env_penalty": -0.1 * (i == 0),
+         "env_actions": 2, "num_turns": 2, "reward": float(i == 1), "advantage": 0.5 - (i == 0)} for i in range(2)])
+    step = {"run_id": "r", "step": 3, "env": "frozen_lake", "seed": 7, "effective": True, "actions_left": 8}
+    env_steps = pl.DataFrame([
+        {**step, "traj_id": "t0", "turn_idx": 0, "state": grid, "response": "?", "think": EVIL, "parsed": False,
+         "actions": "[]", "executed": "[]", "invalid": "[]", "reward": 0.0, "penalty": -0.1, "done": False},
+        {**step, "traj_id": "t0", "turn_idx": 1, "state": grid, "response": "", "think": "go", "parsed": True,
+         "actions": json.dumps(["Up", "Jump"]), "executed": json.dumps(["Up"]), "invalid": json.dumps(["Jump"]),
+         "reward": 0.0, "penalty": 0.0, "done": True},
+        {**step, "traj_id": "t1", "turn_idx": 0, "state": grid, "response": "", "think": "The goal is up.",
+         "parsed": True, "actions": json.dumps(["Up", "Right"]), "executed": json.dumps(["Up", "Right"]),
+         "invalid": "[]", "reward": 1.0, "penalty": 0.0, "done": True},
+    ])
+    html = render_step_viewer(trajs, pl.DataFrame(), 3, 4, {"frozen_lake/success": 0.5, "tools/success_rate": 1.0},
+                              env_steps=env_steps)
+    assert "frozen_lake episodes turn by turn" in html and "SAAR (purified)" not in html
+    assert EVIL not in html and "&lt;script&gt;" in html
+    assert html.index("data-traj='t1'") < html.index("data-traj='t0'")  # the success first, then the failure
+    assert "unparsable: no-op" in html and "<span class='inv'>Jump</span>" in html and "Up ‖ Right" in html
+    assert html.count("<pre class='state'>_ _ G\n_ O _\nP _ _</pre>") == 3 and "END" in html
+    assert "frozen_lake/success <b>0.5</b>" in html and "tools/success_rate" not in html
+    assert "success" in html and "advantage 0.5" in html and "advantage -0.5" in html

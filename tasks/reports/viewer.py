@@ -6,6 +6,9 @@ At each position where SAAR rolled back, the cut attempts are drawn where they w
 failed call, its error, the similarity and the shallow/deep decision, and how the position
 ended (recovered, exhausted, no call). Raw trajectories mark their error-and-retry turns.
 
+Environment steps (``env_steps`` rows given) use their own layout instead of the SAAR pairs: episodes grouped by
+start state, each turn's observation, thought, actions asked → run, reward and penalty (``tasks.envs.view``).
+
 In R3L steps a section below the pairs draws base attempt → reflection → guided retry, with the
 masked prefix and the guidance marked (``tasks.r3l.view``).
 
@@ -25,6 +28,7 @@ from html import escape
 
 import polars as pl
 
+from tasks.envs.view import ENV_CSS, env_summary, render_env_section
 from tasks.r3l.view import R3L_CSS, render_r3l_section
 
 CUTS = ("shallow", "deep")
@@ -174,16 +178,49 @@ def _card(row: dict | None, evs: list[dict], side: str) -> str:
             f"<span class='tag {kind}'>{label}</span></h2><div>{facts}</div>{_conversation(row, evs)}</div>")
 
 
+ENV_HEADER = ("rollout/in_group_std", "rollout/in_group_std_max", "rollout/chosen_in_group_std", "train/entropy",
+              "train/grad_norm", "train/approx_kl", "response_length")
+
+
+def _page(step: int, title: str, head: str, bar: str, body: str) -> str:
+    return (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; style-src 'unsafe-inline'; "
+        "script-src 'unsafe-inline'\">"
+        f"<title>CLEANER step {step}: trajectories</title><style>{CSS}{R3L_CSS}{ENV_CSS}</style><script>{JS}</script>"
+        "</head><body>"
+        f"<header><h1>Step {step}: {title}</h1><div class='metrics'>{head}</div></header>{bar}{body}</body></html>"
+    )
+
+
+def render_env_viewer(trajs: pl.DataFrame, env_steps: pl.DataFrame, step: int, n: int,
+                      metrics: dict[str, float] | None = None) -> str:
+    """The viewer page of an environment step: ``n`` episodes turn by turn (``tasks.envs.view``)."""
+    env = str(trajs["data_source"][0]) if trajs.height and "data_source" in trajs.columns else "environment"
+    figures: dict[str, float] = env_summary(trajs)
+    if metrics:
+        figures.update({k: v for k, v in metrics.items() if k.startswith(f"{env}/") or k in ENV_HEADER})
+    head = "".join(f"<span>{escape(k)} <b>{escape(_num(v))}</b></span>" for k, v in figures.items())
+    bar = ("<div class='bar'><button onclick='setAll(true)'>expand all</button>"
+           "<button onclick='setAll(false)'>collapse all</button></div>")
+    body = render_env_section(trajs, env_steps, n) or "<p class=none>no episodes in this step</p>"
+    return _page(step, f"{escape(env)} episodes turn by turn", head, bar, body)
+
+
 def render_step_viewer(trajs: pl.DataFrame, events: pl.DataFrame, step: int, n: int,
-                       metrics: dict[str, float] | None = None, reflections: pl.DataFrame | None = None) -> str:
+                       metrics: dict[str, float] | None = None, reflections: pl.DataFrame | None = None,
+                       env_steps: pl.DataFrame | None = None) -> str:
     """The viewer page of one step: ``n`` SAAR trajectories beside raw ones, with their SAAR events.
 
     ``trajs``: the step's trajectory rows (``messages``, ``raw``, ``prompt_id``, SAAR counters;
     ``reward``/``correct`` when scored); ``events``: its ``saar_events`` rows; ``metrics``:
     the logged step metrics shown in the header (else figures computed from ``trajs``);
     ``reflections``: the step's ``r3l_reflections`` rows, drawn as base → reflection → retry
-    (``tasks.r3l.view``) below the pairs, which show first attempts only.
+    (``tasks.r3l.view``) below the pairs, which show first attempts only; ``env_steps``: the step's
+    ``env_steps`` rows — an environment step gets the episode layout (``render_env_viewer``) instead.
     """
+    if env_steps is not None:
+        return render_env_viewer(trajs, env_steps, step, n, metrics)
     r3l = render_r3l_section(trajs, reflections, n) if reflections is not None else ""
     if "kind" in trajs.columns:
         trajs = trajs.filter(pl.col("kind").is_in(["rollout", "base"]))
@@ -200,15 +237,8 @@ def render_step_viewer(trajs: pl.DataFrame, events: pl.DataFrame, step: int, n: 
         f"<div class='pair'>{_card(s, by_traj.get(s['traj_id'], []) if s else [], 'saar')}"
         f"{_card(r, by_traj.get(r['traj_id'], []) if r else [], 'raw')}</div>"
         for s, r in pick_pairs(trajs, n))
-    return (
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-        "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; style-src 'unsafe-inline'; "
-        "script-src 'unsafe-inline'\">"
-        f"<title>CLEANER step {step}: trajectories</title><style>{CSS}{R3L_CSS}</style><script>{JS}</script>"
-        "</head><body>"
-        f"<header><h1>Step {step}: SAAR (purified) beside raw trajectories</h1><div class='metrics'>{head}</div>"
-        "</header><div class='bar'><button onclick='setAll(true)'>expand all</button>"
-        "<button onclick='setAll(false)'>collapse all</button><label><input type='checkbox' "
-        "onchange='onlyCuts(this.checked)'> only trajectories with rollbacks</label></div>"
-        f"{rows or '<p class=none>no trajectories in this step</p>'}{r3l}</body></html>"
-    )
+    bar = ("<div class='bar'><button onclick='setAll(true)'>expand all</button>"
+           "<button onclick='setAll(false)'>collapse all</button><label><input type='checkbox' "
+           "onchange='onlyCuts(this.checked)'> only trajectories with rollbacks</label></div>")
+    return _page(step, "SAAR (purified) beside raw trajectories", head, bar,
+                 f"{rows or '<p class=none>no trajectories in this step</p>'}{r3l}")

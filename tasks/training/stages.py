@@ -242,7 +242,8 @@ def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, set
     texts = sample_texts(trajs, step, tracking_cfg.sample_trajectories)
     if tracking_cfg.sample_trajectories:
         texts[f"viewer/step_{step:06d}.html"] = render_step_viewer(
-            trajs, read_table(step_dir, "saar_events"), step, tracking_cfg.sample_trajectories, metrics, reflections)
+            trajs, read_table(step_dir, "saar_events"), step, tracking_cfg.sample_trajectories, metrics, reflections,
+            env_steps=frames.get("env_steps"))
     tracking.log_step(tracking_cfg, mlrun, step, metrics, texts)
     (Path(step_dir) / "logged.json").write_text(json.dumps({"checkpoint": ckpt}))
     maybe_crash("after_log", step)
