@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.reports.compare import ACC, GRADED, TOOL, summarize, write_report
+from tasks.reports.compare import ACC, GRADED, TOOL, markdown, summarize, write_report
 from tasks.rollout.saar import TrajStats, aggregate_stats
 from tasks.stores.tracking import RUN_TAG
 from tasks.training.evaluation import summarize as eval_summary
@@ -203,3 +203,16 @@ def test_compare_checks_every_arm_before_training(prefect_harness, warm_model_di
     with pytest.raises(ConfigError, match="trainer.lrr"):
         compare_flow("configs/tiny.yaml", overrides, compare_id="bad")
     assert not (tmp_path / "runs" / "bad-cleaner-s0").exists()
+
+
+def test_compare_report_names_environment_metrics():
+    """An environment comparison (eval/<env>/success, valid-action rate) is reported in those words, not as pass@1."""
+    succ, valid = "eval/frozen_lake/success", "eval/frozen_lake/valid_action_rate"
+    acc = {"all_groups": {0: [0.2, 0.2], 10: [0.25, 0.3]}, "starpo_s": {0: [0.2, 0.2], 10: [0.3, 0.4]}}
+    evals = pl.DataFrame(_evals(acc, succ) + _evals({a: {0: [1.0] * 2, 10: [0.99] * 2} for a in acc}, valid))
+    s = summarize(evals, {a: [f"{a}-s0", f"{a}-s1"] for a in acc}, "all_groups", "starpo_s",
+                  acc_key=succ, tool_key=valid)
+    page = markdown(s)
+    assert page.startswith("# starpo_s vs all_groups on frozen_lake (held-out episodes)")
+    assert "final success (± seed std) | final valid-action rate (± std) |" in page and "pass@1" not in page
+    assert "first-attempt" not in page and s["verdict"].startswith("starpo_s − all_groups final success = +0.075")

@@ -190,14 +190,27 @@ def _std(xs: list[float]) -> float | None:
     return mean_se_ci(xs).get("sd") if len(xs) > 1 else (0.0 if xs else None)
 
 
+def labels(s: dict) -> dict[str, str]:
+    """What the two compared metrics are called: tool use (pass@1, first-attempt tool success) or an environment
+    (``eval/<env>/success``: success, valid-action rate), and the report's title."""
+    key = (s.get("metrics") or {}).get("accuracy", ACC)
+    if key == ACC or not key.endswith("/success"):
+        return {"acc": "pass@1", "tool": "first-attempt success", "tool_long": "first-attempt tool success",
+                "title": "CLEANER vs DAPO baseline"}
+    env = key.split("/")[1]
+    return {"acc": "success", "tool": "valid-action rate", "tool_long": "valid-action rate",
+            "title": f"{s['treatment']} vs {s['baseline']} on {env} (held-out episodes)"}
+
+
 def verdict(s: dict) -> str:
     """The result in words: the paired difference, its interval, what the run could have detected."""
     t, b = s["treatment"], s["baseline"]
+    name = labels(s)
     d, g = s["paired_pass_at_1"].get(t, {}), s["gain_pass_at_1"][b]
     if not d or d.get("se") is None:
         return f"{t} − {b}: too few paired seeds for a standard error."
     lo, hi = d["ci95"]
-    words = (f"{t} − {b} final pass@1 = {d['mean']:+.3f} ± {d['se']:.3f} (s.e., {d['n']} paired seeds, "
+    words = (f"{t} − {b} final {name['acc']} = {d['mean']:+.3f} ± {d['se']:.3f} (s.e., {d['n']} paired seeds, "
              f"95 % CI [{lo:+.3f}, {hi:+.3f}]): ")
     if lo > 0:
         words += f"{t} ends higher."
@@ -211,16 +224,18 @@ def verdict(s: dict) -> str:
     if tool.get("se") is not None:
         lo, hi = tool["ci95"]
         sign = "higher" if lo > 0 else "lower" if hi < 0 else "not different"
-        words += f" First-attempt tool success: {tool['mean']:+.3f} ± {tool['se']:.3f} ({sign})."
+        words += f" {name['tool_long'].capitalize()}: {tool['mean']:+.3f} ± {tool['se']:.3f} ({sign})."
     return words
 
 
 def markdown(s: dict) -> str:
     b, t = s["baseline"], s["treatment"]
-    lines = ["# CLEANER vs DAPO baseline", "", f"**Verdict.** {s['verdict']}", "",
-             f"Baseline `{b}` pass@1 (seed mean): **{s['baseline_initial_pass_at_1']:.3f}** at step 0 (shared initial "
+    name = labels(s)
+    acc, tool = name["acc"], name["tool"]
+    lines = [f"# {name['title']}", "", f"**Verdict.** {s['verdict']}", "",
+             f"Baseline `{b}` {acc} (seed mean): **{s['baseline_initial_pass_at_1']:.3f}** at step 0 (shared initial "
              f"evaluation), **{s['baseline_final_pass_at_1']:.3f}** at the end.", "",
-             "| arm | seeds | steps to baseline final | final pass@1 (± seed std) | final first-attempt success (± std) |",
+             f"| arm | seeds | steps to baseline final | final {acc} (± seed std) | final {tool} (± std) |",
              "| --- | --- | --- | --- | --- |"]
     for arm, f in s["final"].items():
         steps = s["steps_to_baseline_final"][arm]
@@ -230,7 +245,7 @@ def markdown(s: dict) -> str:
     if noise["se"] is not None:
         lines += ["", f"Evaluation sampling noise of one final evaluation ({noise['trajectories']} trajectories): "
                       f"s.e. ≤ {noise['se']:.3f}; the training-seed spread is the std column."]
-    lines += ["", "Per seed:", "", "| arm | seed | final pass@1 | first-attempt success | change from step 0 | "
+    lines += ["", "Per seed:", "", f"| arm | seed | final {acc} | {tool} | change from step 0 | "
               "steps to baseline final |", "| --- | --- | --- | --- | --- | --- |"]
     for arm, rows in s["per_seed"].items():
         for r in rows:
@@ -238,10 +253,10 @@ def markdown(s: dict) -> str:
             lines.append(f"| {arm} | {r['seed']} | {_f(r['final_pass_at_1'])} | {_f(r['final_first_attempt_success'])} | "
                          f"{_f(r['gain_pass_at_1'], '+.3f')} | {'never' if steps is None else steps} |")
     lines += ["", f"Paired differences against `{b}` (same seed = same data order), mean ± s.e. [95 % CI]:", "",
-              "| arm | pairs | final pass@1 | first-attempt success |", "| --- | --- | --- | --- |"]
+              f"| arm | pairs | final {acc} | {tool} |", "| --- | --- | --- | --- |"]
     for arm, d in s["paired_pass_at_1"].items():
         lines.append(f"| {arm} − {b} | {d['n']} | {_pm(d)} | {_pm(s['paired_first_attempt_success'][arm])} |")
-    lines += ["", "Change from the initial evaluation (mean over seeds ± s.e.):", "", "| arm | pass@1 |", "| --- | --- |"]
+    lines += ["", "Change from the initial evaluation (mean over seeds ± s.e.):", "", f"| arm | {acc} |", "| --- | --- |"]
     lines += [f"| {arm} | {_pm(g)} |" for arm, g in s["gain_pass_at_1"].items()]
     if s.get("trained_by_kind"):
         lines += ["", "Trained trajectories by kind (what credit each kind carried into the update):", "",
@@ -249,8 +264,8 @@ def markdown(s: dict) -> str:
         for arm, rows in s["trained_by_kind"].items():
             lines += [f"| {arm} | {r['kind']} | {r['n']} | {r['reward']:.3f} | {r['advantage']:+.3f} |" for r in rows]
     half = s["claim_half_the_steps"]
-    lines += ["", f"- {t} reaches the baseline's final pass@1 in at most half the steps: **{_VERDICT[half]}**",
-              f"- {t} ends with a higher first-attempt tool success (seed means): "
+    lines += ["", f"- {t} reaches the baseline's final {acc} in at most half the steps: **{_VERDICT[half]}**",
+              f"- {t} ends with a higher {name['tool_long']} (seed means): "
               f"**{'yes' if s['claim_higher_first_attempt_success'] else 'no'}**", "",
               "![curves](compare.png)", "", "![per seed](compare_seeds.png)"]
     return "\n".join(lines) + "\n"
