@@ -46,8 +46,8 @@ def box():
         yield b
 
 
-def run(chat, box, script, **saar) -> object:
-    cfg = RolloutConfig(n_samples=1, max_turns=4, saar=SAARConfig(raw_share=0.0, **saar),
+def run(chat, box, script, max_turns=4, **saar) -> object:
+    cfg = RolloutConfig(n_samples=1, max_turns=max_turns, saar=SAARConfig(raw_share=0.0, **saar),
                         scheduling=SCHEDULING["mode"])
     engine = ScriptedEngine(chat, [script])
     traj = Rollout(cfg, engine, chat, box).run([ITEM], seed=0, step=0, progress=False)[0]
@@ -190,3 +190,36 @@ def test_aggregate_counts_failures_not_trajectories(chat, box):
 def test_similarity_is_difflib_ratio():
     assert similarity("abcd", "abcd") == 1.0
     assert similarity("abcd", "wxyz") == 0.0
+
+
+def test_turn_cap_positions_and_transcript(chat, box):
+    """max_turns=4: the fourth turn's call is never run (finish "turn_cap"); a retry keeps its position
+    with attempt 1; the transcript holds the spliced turns, not the failed ones; counters add up."""
+    a, b, b2 = ("A. " + render_call("print(1)"), "B. " + render_call("pritn(2)"), "B. " + render_call("print(2)"))
+    c, c2, d = ("C. " + render_call("pritn(3)"), "C. " + render_call("print(3)"), "D. " + render_call("print(4)"))
+    traj, _ = run(chat, box, [a, b, b2, c, c2, d, "never asked"])
+    assert traj.finish_reason == "turn_cap" and traj.assistant_turns == 4 and traj.pending is None
+    assert [(x.position, x.attempt, x.code) for x in traj.executions] == [
+        (0, 0, "print(1)"), (1, 0, "pritn(2)"), (1, 1, "print(2)"), (2, 0, "pritn(3)"), (2, 1, "print(3)")]
+    assert [(e.position, e.attempt, e.kind) for e in traj.events] == [
+        (1, 0, "triggered"), (1, 1, "shallow"), (1, 1, "recovered"), (2, 0, "triggered"), (2, 1, "shallow"),
+        (2, 1, "recovered")]
+    s = traj.stats
+    assert (s.tool_calls, s.tool_success, s.first_attempt_total, s.first_attempt_success) == (5, 3, 3, 1)
+    assert (s.rollbacks_triggered, s.rollbacks_recovered, s.shallow, s.errors_kept) == (2, 2, 2, 0)
+    turns = traj.messages[-7:]
+    assert [m["role"] for m in turns] == ["assistant", "tool"] * 3 + ["assistant"]
+    end = "<|im_end|>"  # a turn's text is its sampled ids decoded, the end-of-turn id included
+    assert [m["content"] for m in turns] == [a + end, "1", b2 + end, "2", c2 + end, "3", d + end]
+
+
+def test_raw_counters_add_up_over_a_retry_loop(chat, box):
+    """Raw: fail, fail, succeed. Every call after a kept error is a retry loop (2); all three are first attempts."""
+    cfg = RolloutConfig(n_samples=1, saar=SAARConfig(raw_share=1.0))
+    script = ["Go. " + render_call("pritn(1)"), "Again. " + render_call("prnt(1)"), "Fix. " + render_call("print(1)"),
+              "\\boxed{1}"]
+    traj = Rollout(cfg, ScriptedEngine(chat, [script]), chat, box).run([ITEM], 0, 0, progress=False)[0]
+    s = traj.stats
+    assert (s.retry_loops, s.errors_kept, s.tool_calls, s.tool_success) == (2, 2, 3, 1)
+    assert (s.first_attempt_total, s.first_attempt_success, s.failure_reasons["NameError"]) == (3, 1, 2)
+    assert [(x.position, x.attempt) for x in traj.executions] == [(0, 0), (1, 0), (2, 0)]
