@@ -70,7 +70,7 @@ def tool_spans(chat, traj):
 
 
 def check_bookkeeping(chat, traj):
-    assert len(traj.response_ids) == len(traj.response_mask) == len(traj.logprobs)
+    assert len(traj.response_ids) == len(traj.response_mask) == len(traj.logprobs) == len(traj.versions)
     tool_msgs = [m["content"] for m in traj.messages if m["role"] == "tool"]
     spans = tool_spans(chat, traj)
     assert len(spans) == len(tool_msgs)
@@ -123,7 +123,9 @@ def test_exhausted_keeps_last_error_with_note(chat, box):
     text = chat.decode(traj.response_ids)
     assert text.count("ZeroDivisionError") == 1 and "attempted 3 times" in text
     assert text.count("<tool_call>") == 1 and "print(1/0 + 3)" in text
-    assert [e.kind for e in traj.events][-1] == "exhausted"
+    last = traj.events[-1]
+    assert (last.position, last.attempt, last.kind, last.error_kind) == (0, 3, "exhausted", "ZeroDivisionError")
+    assert "division by zero" in last.error_text
     assert not traj.saar_on
 
 
@@ -134,6 +136,10 @@ def test_regeneration_without_call_keeps_everything(chat, box):
     text = chat.decode(traj.response_ids)
     assert "undefined_name" in text and "NameError" in text and text.endswith("\\boxed{56088}.<|im_end|>")
     assert traj.stats.rollbacks_failed == 1 and traj.events[-1].kind == "no_call"
+    end = "<|im_end|>"
+    assert traj.messages[-3:] == [{"role": "assistant", "content": failed + end},
+                                  {"role": "tool", "content": traj.events[-1].error_text},
+                                  {"role": "assistant", "content": "The answer is \\boxed{56088}." + end}]
 
 
 def test_raw_trajectory_keeps_error_and_retry_loop(chat, box):
@@ -198,12 +204,19 @@ def test_turn_cap_positions_and_transcript(chat, box):
     a, b, b2 = ("A. " + render_call("print(1)"), "B. " + render_call("pritn(2)"), "B. " + render_call("print(2)"))
     c, c2, d = ("C. " + render_call("pritn(3)"), "C. " + render_call("print(3)"), "D. " + render_call("print(4)"))
     traj, _ = run(chat, box, [a, b, b2, c, c2, d, "never asked"])
+    check_bookkeeping(chat, traj)
     assert traj.finish_reason == "turn_cap" and traj.assistant_turns == 4 and traj.pending is None
     assert [(x.position, x.attempt, x.code) for x in traj.executions] == [
         (0, 0, "print(1)"), (1, 0, "pritn(2)"), (1, 1, "print(2)"), (2, 0, "pritn(3)"), (2, 1, "print(3)")]
     assert [(e.position, e.attempt, e.kind) for e in traj.events] == [
         (1, 0, "triggered"), (1, 1, "shallow"), (1, 1, "recovered"), (2, 0, "triggered"), (2, 1, "shallow"),
         (2, 1, "recovered")]
+    triggered = [e for e in traj.events if e.kind == "triggered"]
+    assert [e.error_kind for e in triggered] == ["NameError"] * 2
+    assert "pritn" in triggered[0].error_text and "pritn" in triggered[1].error_text
+    shallow = traj.events[1]
+    assert (shallow.error_kind, shallow.failed_turn, shallow.new_turn) == ("NameError", b + "<|im_end|>", b2 + "<|im_end|>")
+    assert shallow.error_text == triggered[0].error_text
     s = traj.stats
     assert (s.tool_calls, s.tool_success, s.first_attempt_total, s.first_attempt_success) == (5, 3, 3, 1)
     assert (s.rollbacks_triggered, s.rollbacks_recovered, s.shallow, s.errors_kept) == (2, 2, 2, 0)

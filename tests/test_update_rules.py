@@ -136,3 +136,17 @@ def test_old_logprobs_ordered_by_length_come_back_in_row_order(batch, warm_model
         alone, _ = response_logprobs(model, [row], pad)
         assert lp.shape == (len(row.response_ids),)
         assert (lp - alone[0]).abs().max().item() < 1e-5
+
+
+def test_two_mini_batches_are_two_steps_whose_metrics_average(batch, warm_model_dir, chat, tmp_path):
+    """mini_batches=2 on the two rows: one step each. At lr≈0 the short row alone has loss −1·3/3 = −1 and
+    the long one −(−1)·9/9 = +1, so the per-step mean is 0; tokens add up to 12; the reported gradient
+    norm is the mean of the two steps' norms, each measured by an update on its row alone."""
+    pad = chat.tokenizer.pad_token_id
+    cfg = TrainerConfig(lr=1e-9, mini_batches=2, epochs=1, micro_batch=2)
+    alone = [update(warm_model_dir, [row], cfg, tmp_path / f"alone{i}", pad, seed=0)["train/grad_norm"]
+             for i, row in enumerate(batch)]
+    m = update(warm_model_dir, batch, cfg, tmp_path / "both", pad, seed=0)
+    assert m["train/optimizer_steps"] == 2 and m["train/tokens"] == 12
+    assert m["train/loss"] == pytest.approx(0.0, abs=1e-4)
+    assert m["train/grad_norm"] == pytest.approx(sum(alone) / 2, rel=1e-3) and alone[0] != pytest.approx(alone[1])
