@@ -137,6 +137,8 @@ def test_regeneration_without_call_keeps_everything(chat, box):
     assert "undefined_name" in text and "NameError" in text and text.endswith("\\boxed{56088}.<|im_end|>")
     assert traj.stats.rollbacks_failed == 1 and traj.stats.errors_kept == 1
     assert (traj.events[-1].position, traj.events[-1].attempt, traj.events[-1].kind) == (0, 1, "no_call")
+    assert traj.events[-1].new_turn == "The answer is \\boxed{56088}.<|im_end|>"
+    assert traj.finish_reason == "stop" and traj.assistant_turns == 2
     # both turns train (mask 1, their sampled end-of-turn ids included); the error between them does not
     n1, n3 = len(chat.encode(failed)) + 1, len(chat.encode("The answer is \\boxed{56088}.")) + 1
     assert traj.response_mask == [1] * n1 + [0] * (len(traj.response_ids) - n1 - n3) + [1] * n3
