@@ -119,7 +119,7 @@ def test_gradient_norm_is_clipped(batch, warm_model_dir, chat, tmp_path):
     assert clipped["train/grad_norm"] > 1e-6  # the norm before clipping is reported
     assert max_change(warm_model_dir, tmp_path / "clipped") < 1e-3 * 1e-4 * 1.01
     update(warm_model_dir, batch, TrainerConfig(lr=1e-3, mini_batches=1, grad_clip=1e6), tmp_path / "free", pad, seed=0)
-    assert max_change(warm_model_dir, tmp_path / "free") > 0.9e-3
+    assert 0.9e-3 < max_change(warm_model_dir, tmp_path / "free") < 1.1e-3  # Adam's first step: at most ≈ lr
 
 
 
