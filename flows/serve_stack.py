@@ -200,6 +200,7 @@ class Supervisor:
         self.stopping = threading.Event()
         self.seen: set[int] = set()
         self.next_reconcile = 0.0
+        self.subreaper = False
         self.state = {"supervisor": os.getpid(), "pids": {}, "prefect_api": cfg.prefect_api,
                       "mlflow_uri": cfg.mlflow_uri, "pool": cfg.pool, "host": cfg.host, "ready": False,
                       "restarts": {}, "log_offsets": {}, "auth_file": cfg.auth.get("file")}
@@ -234,7 +235,7 @@ class Supervisor:
 
     def start(self) -> None:
         """Start Prefect, create the work pool, start MLflow and the worker; raise ServeError if one fails."""
-        _become_subreaper()
+        self.subreaper = _become_subreaper()
         try:
             self.spawn("prefect")
             self.spawn("mlflow")
@@ -316,10 +317,11 @@ class Supervisor:
         later print fails at a random point). End them, and have their runs marked Crashed at once."""
         if name != "worker":
             return
-        servers = {p.pid for p in self.procs.values()}
-        orphans = set(flows) | {pgid for pid, (ppid, pgid, state) in _proc_table().items()
-                                if ppid == os.getpid() and state != "Z" and pgid not in servers}
-        orphans = {pg for pg in orphans if group_alive(pg)}
+        servers, ours = {p.pid for p in self.procs.values()}, os.getpgrp()
+        if self.subreaper:  # re-parented group leaders below us that are not our servers
+            flows = set(flows) | {pid for pid, (ppid, pgid, state) in _proc_table().items()
+                                  if ppid == os.getpid() and pid == pgid and state != "Z" and pid not in servers}
+        orphans = {pg for pg in flows if pg != ours and pg not in servers and group_alive(pg)}
         if orphans:
             self.seen |= set(descendants(os.getpid()))
             self.echo(f"stopping {len(orphans)} flow process group(s) the worker left: {sorted(orphans)}")
@@ -397,7 +399,9 @@ class Supervisor:
             stop_groups({f"flow-{pg}": pg for pg in left}, grace_s)
 
 
-def _become_subreaper() -> None:
+def _become_subreaper() -> bool:
+    """Orphans below us are re-parented to us (Linux); whether that worked."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+            return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    return False

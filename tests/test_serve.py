@@ -203,6 +203,8 @@ def test_a_worker_restart_ends_the_flow_processes_it_left(tmp_path):
     from flows.serve_stack import Supervisor, pid_alive
 
     said: list[str] = []
+    # bystanders below this process, in its own group and in a session of their own: never the supervisor's to stop
+    bystanders = [subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"], start_new_session=True)]
     sup = Supervisor(_WorkerWithAFlow(tmp_path), echo=said.append)
     sup.spawn("worker")
     while not (tmp_path / "flow.pid").exists() or not (tmp_path / "flow.pid").read_text().strip():
@@ -220,6 +222,10 @@ def test_a_worker_restart_ends_the_flow_processes_it_left(tmp_path):
     sup.stop_servers(grace_s=1.0)
     assert f"stopping 1 flow process group(s) the worker left: [{flow}]" in said, said
     assert not pid_alive(flow) and sup.procs["worker"].pid != old and flow in sup.seen
+    assert [b.poll() for b in bystanders] == [None, None]
+    for b in bystanders:
+        b.kill()
+        b.wait()
 
 
 ORPHAN = """
