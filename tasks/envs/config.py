@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 def _known_env(name: str) -> str:
@@ -126,6 +126,26 @@ def env_config(name: str, **fields) -> EnvConfig:
     return EnvConfig(name=name, **{**BUDGETS.get(name, {}), **fields})
 
 
+class LakeTeacherConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    p_path: float = Field(0.5, ge=0, le=1)
+    """Chance that a move is the next step of a shortest path on the non-slippery map (else a random move
+    that stays on the map and out of holes)."""
+
+    min_actions: int = Field(1, ge=1)
+    """Fewest moves the teacher writes in one answer."""
+
+    max_actions: int = Field(3, ge=1)
+    """Most moves in one answer (also capped by the episode's ``max_actions_per_turn`` and what is left)."""
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.min_actions > self.max_actions:
+            raise ValueError(f"lake_teacher: min_actions {self.min_actions} > max_actions {self.max_actions}")
+        return self
+
+
 class EnvWarmupConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -138,6 +158,11 @@ class EnvWarmupConfig(BaseModel):
 
     actions_per_turn: dict[str, int] = {"sokoban": 5}
     """Actions the scripted player puts in one answer (default 1: FrozenLake is slippery, so it re-plans)."""
+
+    lake_teacher: LakeTeacherConfig | None = None
+    """FrozenLake's grid-reading teacher (``tasks.envs.lake_teacher``: positions in the thought, several noisy
+    shortest-path moves per turn; ``explore`` is then not applied to FrozenLake); None: the shortest-path
+    player of ``tasks.envs.solver``."""
 
     seed: int = 0
     """Seed of the corpus (start states, exploration) and of the SFT."""

@@ -96,18 +96,22 @@ def sokoban_expert(env, ep: Episode, rng: random.Random, per_turn: int) -> tuple
     return f"The box is {relative(player, box)}. The target is {relative(box, target)} of the box.", plan[:per_turn]
 
 
-def expert_turn(env: Env, ep: Episode, rng: random.Random, explore: float, per_turn: int) -> str:
-    """One assistant turn's full text (forced ``<think>`` included) from the registered expert."""
-    try:
-        expert = _EXPERTS[env.name]
-    except KeyError:
-        raise ValueError(f"no expert for environment {env.name!r}; experts exist for {sorted(_EXPERTS)}") from None
+def expert_turn(env: Env, ep: Episode, rng: random.Random, explore: float, per_turn: int,
+                expert: Expert | None = None) -> str:
+    """One assistant turn's full text (forced ``<think>`` included) from the registered expert, or from
+    ``expert`` (its thought is then kept as it is: it names what it sees, the answer what it does)."""
+    narrate = expert is None
+    if expert is None:
+        try:
+            expert = _EXPERTS[env.name]
+        except KeyError:
+            raise ValueError(f"no expert for environment {env.name!r}; experts exist for {sorted(_EXPERTS)}") from None
     thought, actions = expert(env, ep, rng, per_turn)
     if rng.random() < explore or not actions:
         actions = [rng.choice(env.actions) for _ in range(max(1, len(actions)))]
     if env.name.startswith("bandit"):
         thought = f"I choose {actions[0]}."
-    elif thought:
+    elif thought and narrate:
         thought += f" I go {' then '.join(actions)}."
     sep = f" {ep.cfg.action_sep} "
     body = f"{thought}</think><answer>{sep.join(actions)}</answer>" if ep.cfg.think else f"<answer>{sep.join(actions)}</answer>"
@@ -115,12 +119,12 @@ def expert_turn(env: Env, ep: Episode, rng: random.Random, explore: float, per_t
 
 
 def expert_episode(cfg: EnvConfig, seed: int, rng: random.Random, explore: float = 0.0,
-                   actions_per_turn: int = 1) -> dict:
-    """Play one episode with the expert; the transcript (messages) and its outcome."""
+                   actions_per_turn: int = 1, expert: Expert | None = None) -> dict:
+    """Play one episode with the expert (``expert`` overrides the registered one); transcript and outcome."""
     ep = Episode(make_env(cfg.name, **cfg.options), cfg, seed)
     messages = ep.messages()
     while not ep.finished:
-        text = expert_turn(ep.env, ep, rng, explore, min(actions_per_turn, cfg.max_actions_per_turn))
+        text = expert_turn(ep.env, ep, rng, explore, min(actions_per_turn, cfg.max_actions_per_turn), expert)
         messages.append({"role": "assistant", "content": text})
         nxt = ep.play(text)
         if nxt is not None:
@@ -130,8 +134,10 @@ def expert_episode(cfg: EnvConfig, seed: int, rng: random.Random, explore: float
 
 
 def write_corpus(path: Path, cfgs: list[EnvConfig], n_per_env: int, seed: int, explore: float,
-                 actions_per_turn: dict[str, int] | None = None) -> dict[str, dict[str, float]]:
-    """Write ``n_per_env`` expert episodes per environment as JSONL; per-env success and mean score."""
+                 actions_per_turn: dict[str, int] | None = None,
+                 experts: dict[str, Expert] | None = None) -> dict[str, dict[str, float]]:
+    """Write ``n_per_env`` expert episodes per environment as JSONL (``experts`` overrides the registered
+    player per environment); per-env success and mean score."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
@@ -143,7 +149,8 @@ def write_corpus(path: Path, cfgs: list[EnvConfig], n_per_env: int, seed: int, e
             per_turn = (actions_per_turn or {}).get(cfg.name, 1)
             wins, total = 0, 0.0
             for i in range(n_per_env):
-                row = expert_episode(cfg, start_seed(env, cfg, "train", seed, i, 0), rng, explore, per_turn)
+                row = expert_episode(cfg, start_seed(env, cfg, "train", seed, i, 0), rng, explore, per_turn,
+                                     (experts or {}).get(cfg.name))
                 wins += row["success"]
                 total += row["score"]
                 fh.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -2,7 +2,8 @@
 
 Stages (each skipped when its output exists under ``work_dir``)::
 
-    corpus.jsonl   scripted episodes per game (``tasks.envs.solver``; ``explore`` share of random turns)
+    corpus.jsonl   scripted episodes per game (``tasks.envs.solver``; ``explore`` share of random turns;
+                   FrozenLake's grid-reading teacher ``tasks.envs.lake_teacher`` when ``lake_teacher`` is set)
     init/          ``models.tiny.build_tiny`` on the corpus text, grid symbols kept one token per cell
     out_dir        SFT on assistant tokens (``models.sft.train_loop`` with ``EnvChat`` ids: exactly the
                    rollout's ids, forced ``<think>`` and observations masked)
@@ -18,10 +19,12 @@ TinyModelConfig(atomic_chars=GRID_CHARS), WarmupConfig(max_len=1024, batch_size=
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 from models.config import TinyModelConfig, WarmupConfig
 from tasks.envs.config import EnvWarmupConfig, env_config
+from tasks.envs.lake_teacher import grid_lake_turn
 from tasks.envs.solver import read_corpus, write_corpus
 
 GRID_CHARS = "_#OXPSG√\n"
@@ -33,7 +36,11 @@ def write_env_corpus(path: Path, cfg: EnvWarmupConfig) -> dict[str, dict[str, fl
     parts, summary = [], {}
     for name, n in cfg.episodes.items():
         part = path.with_name(f".{path.stem}-{name}.jsonl")
-        summary.update(write_corpus(part, [env_config(name)], n, cfg.seed, cfg.explore, cfg.actions_per_turn))
+        experts, explore, per_turn = {}, cfg.explore, cfg.actions_per_turn
+        if name == "frozen_lake" and cfg.lake_teacher is not None:
+            experts = {name: partial(grid_lake_turn, cfg=cfg.lake_teacher)}
+            explore, per_turn = 0.0, {**per_turn, name: cfg.lake_teacher.max_actions}
+        summary.update(write_corpus(part, [env_config(name)], n, cfg.seed, explore, per_turn, experts))
         parts.append(part)
     tmp = path.with_name(f".{path.name}.tmp")
     with tmp.open("w") as fh:
