@@ -140,3 +140,12 @@ def test_mi_probe_on_the_tiny_model(env_chat, warm_model_dir):
     assert m["collapse/valid_thinking_rate"] == 0.75 and m["collapse/num_prompts"] == 2
     assert m["collapse/num_samples"] == 3 and 0 <= m["collapse/retrieval_accuracy"] <= 1
     assert m["collapse/mi_estimate"] <= m["collapse/mi_upper_bound"] + 1e-9
+
+
+def test_summarize_counts_actions_per_turn_and_grid_reading_first_moves(env_chat):
+    # seed 3's map (non-slippery): the player at row 4, column 2; shortest paths start Up or Right
+    engine = ScriptedEngine(env_chat, [["x</think><answer>Up || Left</answer>"], ["x</think><answer>Left</answer>"]])
+    trajs = EnvRollout(_lake_cfg(max_turns=1), engine, env_chat, 2, 64, 2000).run([3], 0, 0, progress=False)
+    assert [t.episode.turns[0].executed for t in trajs] == [["Up", "Left"], ["Left"]]
+    m = summarize(trajs, "x")
+    assert m["x/actions_per_turn"] == 1.5 and m["x/path_agreement"] == 0.5

@@ -3,7 +3,9 @@
 ``evaluate_env`` plays ``samples`` episodes from each of ``n_states`` held-out start states
 (``tasks.envs.states.heldout_seeds``; the evaluation environment ``cfg.eval_name`` when set) with a
 transformers engine and returns ``<prefix>/success``, ``/pass_at_k``, ``/valid_action_rate`` (share of
-turns without a format penalty), ``/score``, ``/turns`` and, for Bandit, ``/hi_arm_rate``.
+turns without a format penalty), ``/score``, ``/turns``, ``/actions_per_turn`` (actions run per turn), for
+FrozenLake ``/path_agreement`` (share of first moves that start a shortest path: how much the policy reads
+the grid; ~0.34 for uniform moves on held-out maps) and, for Bandit, ``/hi_arm_rate``.
 ``summarize`` computes the same figures from finished trajectories (the training rollout uses it).
 
 Run: ``evaluate_env(Path("assets/tiny-env"), env_config("frozen_lake"), n_states=64)``.
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from tasks.envs.base import make_env
 from tasks.envs.config import EnvConfig
+from tasks.envs.lake_teacher import path_agreement
 from tasks.envs.states import heldout_seeds
 
 
@@ -36,6 +39,9 @@ def summarize(trajs, prefix: str) -> dict[str, float]:
         f"{prefix}/turns": statistics.fmean(len(tr.episode.turns) for tr in trajs),
         f"{prefix}/response_length": statistics.fmean(sum(tr.response_mask) for tr in trajs),
     }
+    out[f"{prefix}/actions_per_turn"] = statistics.fmean(len(t.executed) for t in turns) if turns else 0.0
+    if trajs[0].episode.env.name == "frozen_lake":
+        out[f"{prefix}/path_agreement"] = path_agreement(trajs)
     if trajs[0].episode.env.name.startswith("bandit"):
         hi = [tr.episode.turns[-1].executed == [tr.episode.env.hi_name] for tr in trajs if tr.episode.turns]
         out[f"{prefix}/hi_arm_rate"] = statistics.fmean(hi) if hi else 0.0

@@ -8,7 +8,8 @@ variance is falling, gradients spiking, entropy or reasoning-input dependence (M
     gradient norm          train/grad_norm
     clip / KL              train/clip_frac, train/approx_kl
     response length        response_length
-    success                <env>/success, <env>/pass_at_k, <env>/valid_action_rate, <env>/hi_arm_rate
+    success                <env>/success, <env>/pass_at_k, <env>/valid_action_rate, <env>/hi_arm_rate,
+                           <env>/path_agreement
     MI (template collapse) collapse/mi_estimate, collapse/mi_zscore
     retrieval              collapse/retrieval_accuracy, collapse/retrieval_chance_level
 
@@ -27,7 +28,7 @@ PANELS: dict[str, list[str]] = {
     "gradient norm": ["train/grad_norm"],
     "clip fraction / approx KL": ["train/clip_frac", "train/approx_kl"],
     "response length": ["response_length"],
-    "success": ["/success", "/pass_at_", "/valid_action_rate", "/hi_arm_rate"],
+    "success": ["/success", "/pass_at_", "/valid_action_rate", "/hi_arm_rate", "/path_agreement"],
     "MI (template collapse)": ["collapse/mi_estimate", "collapse/mi_zscore"],
     "retrieval": ["collapse/retrieval_accuracy", "collapse/retrieval_chance_level"],
 }

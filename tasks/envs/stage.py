@@ -6,7 +6,8 @@ trajectories; every ``mi_every`` steps it adds RAGEN-2's MI probe (the engine's 
 one in process, else the checkpoint loaded once). ``mi_due`` says when.
 
 Signals (RAGEN's names where they exist): ``<env>/success``, ``<env>/pass_at_k``,
-``<env>/valid_action_rate``, ``<env>/score``, ``<env>/hi_arm_rate`` (Bandit), ``response_length``;
+``<env>/valid_action_rate``, ``<env>/score``, ``<env>/actions_per_turn``, ``<env>/hi_arm_rate`` (Bandit),
+``frozen_lake/path_agreement`` (grid-reading first moves), ``response_length``;
 the group filter adds the reward-std ones in the mix stage, the trainer the entropy, grad norm,
 clip fraction and approx KL.
 """
