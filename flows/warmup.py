@@ -18,6 +18,7 @@ Run: ``cleaner warmup --config configs/tiny.yaml`` or ``--config configs/smollm2
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -134,12 +135,23 @@ def build_and_warm(cfg: RunConfig) -> dict:
     return result
 
 
+def env_work_name(cfg) -> str:
+    """The env warm-up's work folder: ``env-seed<seed>`` for the default corpus, plus a hash of the settings
+    otherwise (a corpus built with other settings is never reused by mistake)."""
+    from tasks.envs.config import EnvWarmupConfig
+
+    name = f"env-seed{cfg.seed}"
+    if cfg.model_copy(update={"seed": 0}) == EnvWarmupConfig():
+        return name
+    return f"{name}-{hashlib.sha256(cfg.model_dump_json().encode()).hexdigest()[:8]}"
+
+
 @task(name="env-warmup", cache_policy=NO_CACHE)
 def env_warm_task(cfg: RunConfig) -> dict:
     from tasks.envs.warmup import GRID_CHARS, build_env_policy
 
     tiny = cfg.tiny if cfg.tiny.atomic_chars else cfg.tiny.model_copy(update={"atomic_chars": GRID_CHARS})
-    work = Path(cfg.output_dir) / "warmup" / f"env-seed{cfg.env_warmup.seed}"
+    work = Path(cfg.output_dir) / "warmup" / env_work_name(cfg.env_warmup)
     return build_env_policy(work, Path(cfg.model.path), cfg.env_warmup, tiny, cfg.warmup)
 
 

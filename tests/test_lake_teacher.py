@@ -112,3 +112,17 @@ def test_warmup_corpus_uses_the_teacher_only_when_set(tmp_path):
     assert first[0].startswith("<think>P at ") and first[1].startswith("<think>The goal is ")
     with pytest.raises(ValueError, match="min_actions 3 > max_actions 2"):
         LakeTeacherConfig(min_actions=3, max_actions=2)
+
+
+def test_rewarm_settings_get_their_own_work_folder_and_a_missing_base_is_named(tmp_path):
+    from flows.warmup import env_work_name
+    from models.config import TinyModelConfig, WarmupConfig
+    from tasks.envs.warmup import build_env_policy
+
+    assert env_work_name(EnvWarmupConfig(seed=2)) == "env-seed2"                  # the default corpus: as before
+    grid = env_work_name(EnvWarmupConfig(lake_teacher=LakeTeacherConfig(), base="assets/tiny-env"))
+    assert grid.startswith("env-seed0-") and grid != env_work_name(EnvWarmupConfig(lake_teacher=LakeTeacherConfig()))
+    with pytest.raises(FileNotFoundError, match="env_warmup.base: no checkpoint at .*nowhere"):
+        build_env_policy(tmp_path, tmp_path / "out", EnvWarmupConfig(base=str(tmp_path / "nowhere")),
+                         TinyModelConfig(), WarmupConfig())
+    assert not (tmp_path / "corpus.jsonl").exists()

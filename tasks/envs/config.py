@@ -164,6 +164,10 @@ class EnvWarmupConfig(BaseModel):
     shortest-path moves per turn; ``explore`` is then not applied to FrozenLake); None: the shortest-path
     player of ``tasks.envs.solver``."""
 
+    base: str | None = None
+    """Checkpoint to continue SFT from (its tokenizer kept, e.g. ``assets/tiny-env`` re-warmed on the grid
+    teacher); None: build a new tiny model and tokenizer on the corpus."""
+
     seed: int = 0
     """Seed of the corpus (start states, exploration) and of the SFT."""
 

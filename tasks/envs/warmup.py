@@ -5,6 +5,7 @@ Stages (each skipped when its output exists under ``work_dir``)::
     corpus.jsonl   scripted episodes per game (``tasks.envs.solver``; ``explore`` share of random turns;
                    FrozenLake's grid-reading teacher ``tasks.envs.lake_teacher`` when ``lake_teacher`` is set)
     init/          ``models.tiny.build_tiny`` on the corpus text, grid symbols kept one token per cell
+                   (or ``cfg.base``: an existing checkpoint, its tokenizer kept, fine-tuned further)
     out_dir        SFT on assistant tokens (``models.sft.train_loop`` with ``EnvChat`` ids: exactly the
                    rollout's ids, forced ``<think>`` and observations masked)
     card.json      held-out figures per game: valid-action rate, success, Bandit's hi-arm rate
@@ -76,7 +77,10 @@ def build_env_policy(work_dir: Path, out_dir: Path, cfg: EnvWarmupConfig, tiny: 
     from tasks.envs.evaluate import evaluate_env
 
     work_dir.mkdir(parents=True, exist_ok=True)
-    corpus, init, card_path = work_dir / "corpus.jsonl", work_dir / "init", work_dir / "card.json"
+    corpus, card_path = work_dir / "corpus.jsonl", work_dir / "card.json"
+    init = Path(cfg.base) if cfg.base else work_dir / "init"
+    if cfg.base and not (init / "config.json").exists():
+        raise FileNotFoundError(f"env_warmup.base: no checkpoint at {init}")
     card = json.loads(card_path.read_text()) if card_path.exists() else {}
     if not corpus.exists():
         card["teacher"] = write_env_corpus(corpus, cfg)
