@@ -1,7 +1,9 @@
 """What ``cleaner serve`` asks its servers: active flow runs (to cancel them at stop) and errors in the logs.
 
-* ``active_runs`` / ``cancel_runs`` / ``wait_terminal`` / ``force_cancel`` talk to the Prefect REST API with httpx
-  (``POST /flow_runs/filter``, ``POST /flow_runs/{id}/set_state``), with the API auth string when the stack has one.
+* ``active_runs`` / ``cancel_runs`` / ``wait_terminal`` / ``force_cancel`` talk to the Prefect REST API
+  (``POST /flow_runs/filter``, ``POST /flow_runs/{id}/set_state``), with the API auth string when the stack has one,
+  through ``client``: Prefect's own httpx client, which retries what a busy server on SQLite answers now and then
+  (429/502/503/408, a read timeout, a dropped connection) the way every Prefect worker and CLI call does.
   Cancelling goes through Prefect's orchestration, so the worker kills the flow process, the flow's
   ``on_cancellation`` hooks run and the deployment's concurrency slot is released.
 * ``log_errors`` reads a Prefect server log (``HH:MM:SS.mmm | LEVEL | logger - message`` lines, a traceback after an
@@ -18,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from prefect.client.base import PrefectHttpxSyncClient
 
 ACTIVE = ("PENDING", "RUNNING", "CANCELLING")
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
@@ -33,11 +35,16 @@ def headers(auth_string: str | None) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(auth_string.encode()).decode()}
 
 
+def client(api: str, auth_string: str | None = None, timeout_s: float = 10.0) -> PrefectHttpxSyncClient:
+    """An API client for ``api`` with Prefect's retries (``PREFECT_CLIENT_MAX_RETRIES``); errors raise."""
+    return PrefectHttpxSyncClient(base_url=api, headers=headers(auth_string), timeout=timeout_s)
+
+
 def active_runs(api: str, auth_string: str | None = None, timeout_s: float = 10.0) -> list[dict]:
     """Flow runs that hold a process or a slot: ``{id, name, state, deployment_id, pid}``."""
     body = {"flow_runs": {"state": {"type": {"any_": list(ACTIVE)}}}, "limit": 200}
-    resp = httpx.post(f"{api}/flow_runs/filter", json=body, headers=headers(auth_string), timeout=timeout_s)
-    resp.raise_for_status()
+    with client(api, auth_string, timeout_s) as http:
+        resp = http.post("/flow_runs/filter", json=body)
     return [{"id": r["id"], "name": r["name"], "state": r["state_type"], "deployment_id": r.get("deployment_id"),
              "pid": _pid(r.get("infrastructure_pid"))} for r in resp.json()]
 
@@ -51,8 +58,8 @@ def _pid(infrastructure_pid: str | None) -> int | None:
 def set_state(api: str, run_id: str, state: str, message: str, force: bool, auth_string: str | None = None) -> str:
     """Propose a state; returns Prefect's answer (``ACCEPT``, ``REJECT``, ``ABORT``, ``WAIT``)."""
     body = {"state": {"type": state, "message": message}, "force": force}
-    resp = httpx.post(f"{api}/flow_runs/{run_id}/set_state", json=body, headers=headers(auth_string), timeout=10.0)
-    resp.raise_for_status()
+    with client(api, auth_string) as http:
+        resp = http.post(f"/flow_runs/{run_id}/set_state", json=body)
     return resp.json()["status"]
 
 
