@@ -61,6 +61,38 @@ def test_mix_and_advantage_stages_on_files(tmp_path):
     assert m["train/advantage_abs_mean"] == pytest.approx(0.75, rel=1e-5) and m["train/dropped_rows"] == 0
 
 
+
+def test_advantage_metric_is_zero_when_nothing_or_only_zeros_train(tmp_path):
+    """A step whose only group is uniform (rewards 1, 1): with dynamic sampling no row trains, without it both
+    train at advantage 0 — the mean |A| is 0.0 either way (not a default of 1, not NaN)."""
+    from tasks.training.mixing import advantage_step, mix_step
+
+    keys = {"run_id": ["r"] * 2, "step": [0] * 2, "traj_id": ["t0", "t1"]}
+    for name, cfg, kept in (("dyn", MixConfig(), 0), ("all", MixConfig(dynamic_sampling=False), 2)):
+        step = tmp_path / name
+        step.mkdir()
+        pl.DataFrame({**keys, "prompt_id": ["b", "b"], "raw": [False, False], "rollbacks_recovered": [0, 0]}
+                     ).write_parquet(step / "trajectories.parquet")
+        pl.DataFrame({**keys, "reward": [1.0, 1.0], "graded": [True, True], "correct": [True, True]}
+                     ).write_parquet(step / "scores.parquet")
+        assert mix_step(step, cfg)["mix/trajectories_kept"] == kept
+        m = advantage_step(step, cfg)
+        assert (m["train/advantage_abs_mean"], m["train/dropped_rows"]) == (0.0, 0), name
+        assert pl.read_parquet(step / "advantages.parquet")["advantage"].to_list() == [0.0, 0.0]
+
+
+def test_with_roles_fills_the_group_and_the_kind():
+    """No ``group_id`` / ``kind`` columns: the prompt id and ``rollout``; null cells are filled the same way and
+    R3L's kinds are kept."""
+    from tasks.training.mixing import with_roles
+
+    out = with_roles(pl.DataFrame({"prompt_id": ["a", "b"]}))
+    assert out["group_id"].to_list() == ["a", "b"] and out["kind"].to_list() == ["rollout", "rollout"]
+    out = with_roles(pl.DataFrame({"prompt_id": ["a", "b", "c"], "group_id": ["r:a", None, None],
+                                   "kind": ["reflect", None, "retry"]}))
+    assert out["group_id"].to_list() == ["r:a", "b", "c"]
+    assert out["kind"].to_list() == ["reflect", "rollout", "retry"]
+
 def test_mix_metrics_and_singleton_groups_hand_computed():
     """Group a informative, b uniform (dropped), an ungraded row that counts nowhere, and R3L's reflect and
     retry rows: groups of one no filter sees nor drops. Raw rows a0-a2 (1 of 3 correct), purified a3, b0

@@ -156,7 +156,7 @@ def advantage_step(step_dir: Path, cfg: MixConfig) -> dict[str, float]:
           .join(read_table(step_dir, "mix"), on=keys))
     adv = compute_advantages(with_roles(df), cfg)
     if "adv_scale" in adv.columns:
-        adv = adv.with_columns(pl.col("advantage") * pl.col("adv_scale").fill_null(1.0))
+        adv = adv.with_columns(pl.col("advantage") * pl.col("adv_scale"))
     adv.select([*keys, "advantage", "dropped"]).write_parquet(step_dir / "advantages.parquet")
     kept = adv.filter(pl.col("kept") & ~pl.col("dropped"))
     return {"train/advantage_abs_mean": float(kept["advantage"].abs().mean() or 0.0) if kept.height else 0.0,
