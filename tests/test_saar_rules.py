@@ -158,8 +158,9 @@ def test_raw_only_when_saar_could_act(chat):
 
 def test_duplicate_prompts_in_one_step_are_refused(chat):
     runner = Rollout(RolloutConfig(n_samples=2), None, chat, None)
-    with pytest.raises(ValueError, match=r"prompt ids drawn twice in one batch: \['p0'\]"):
-        runner.new_trajectories([ITEM, ITEM], 0, 7)
+    other = PromptItem("p1", ITEM.messages, ITEM.data_source, ITEM.ground_truth)
+    with pytest.raises(ValueError, match=r"prompt ids drawn twice in one batch: \['p0'\] "):
+        runner.new_trajectories([ITEM, other, ITEM], 0, 7)
 
 
 # -- stops: nothing the policy did not sample is trained ------------------------------------------------
@@ -266,12 +267,85 @@ def test_refill_rounds_sample_with_their_own_seeds(chat, box):
     assert len(set(seeds[:3])) == 3 and seeds[3] == seeds[0]
 
 
+
+class StreamSeedRecorder(SeedRecorder):
+    def stream(self, seed, keep_prefix=True):
+        self.seeds.append(("stream", seed))
+        return super().stream(seed, keep_prefix)
+
+
+def test_engine_seeds_follow_seed_step_stream_and_round(chat, box):
+    """Rounds scheduling: one engine seed per round (two tool calls, then the answer: three rounds), pinned
+    (``hash((seed, step, round)) % 2**31``: ints only, so every process and rerun samples the same), and
+    different when the seed, the step or the stream changes. Continuous scheduling: one stream, seeded from
+    ``hash((seed, step)) % 2**31``. Trajectories of step 5 are sampled by policy version 5."""
+    script = [render_call("print(6 * 7)"), render_call("print(7 * 6)"), "\\boxed{42}"]
+
+    def seeds(scheduling="rounds", seed=3, step=5, stream=""):
+        cfg = RolloutConfig(n_samples=1, scheduling=scheduling, saar=SAARConfig(raw_share=0.0))
+        engine = StreamSeedRecorder(chat, [list(script)])
+        rollout = Rollout(cfg, engine, chat, box)
+        [traj] = (rollout.drive_all(rollout.new_trajectories([ITEM], seed, step), seed, step, False, stream=stream)
+                  if stream else rollout.run([ITEM], seed, step, progress=False))
+        assert traj.state is State.TERMINATED and traj.assistant_turns == 3
+        assert (traj.traj_id, traj.version, traj.start_step, set(traj.versions)) == (f"{step}:p0:0", step, step, {step})
+        return engine.seeds
+
+    assert seeds() == [240621063, 1908159193, 1527552562]
+    others = [seeds(seed=4), seeds(step=6), seeds(stream="r3l-retry")]
+    assert all(o[0] != 240621063 for o in others) and len({o[0] for o in others}) == 3
+    assert seeds("continuous") == [("stream", 2071888094)] and seeds("continuous", step=6) != seeds("continuous")
+
+
+class KeepStream(ScriptedEngine):
+    def stream(self, seed, keep_prefix=True):
+        self.last_stream = super().stream(seed, keep_prefix)
+        return self.last_stream
+
+
+def test_bound_inputs_token_budgets_and_released_streams(chat, box, scheduling):
+    """A prompt's bound inputs (``extra_info.setup``) run before its call; each request asks for what is left of
+    the response budget (``max_new_tokens`` 1000 never binds): 200 for the first turn, 200 minus the tokens of
+    the first turn and the tool's output for the second; the continuous stream releases the finished key."""
+    item = PromptItem("p1", ITEM.messages, ITEM.data_source, ITEM.ground_truth, {"setup": "x = 6"})
+    cfg = RolloutConfig(n_samples=1, scheduling=scheduling, max_new_tokens=1000, max_response_tokens=200,
+                        saar=SAARConfig(raw_share=0.0))
+    engine = KeepStream(chat, [[render_call("print(x * 7)"), "\\boxed{42}"]])
+    [traj] = Rollout(cfg, engine, chat, box).run([item], 0, 0, progress=False)
+    [ex] = traj.executions
+    assert (ex.result.ok, ex.result.stdout) == (True, "42\n")
+    first, second = engine.requests
+    used = len(second.input_ids) - len(traj.prompt_ids)
+    assert traj.budget_extra == 0 and used > 0
+    assert (first.max_new_tokens, second.max_new_tokens) == (200, 200 - used)
+    if scheduling == "continuous":
+        assert engine.last_stream.released == [traj.traj_id]
+
+
+def test_a_budget_used_up_by_the_tool_output_ends_the_trajectory(chat, box, scheduling):
+    """The budget ends exactly where the tool's output ends: finish ``length`` after one turn, no second request."""
+    script = [render_call("print(6 * 7)"), "\\boxed{42}"]
+
+    def roll(budget):
+        cfg = RolloutConfig(n_samples=1, scheduling=scheduling, max_new_tokens=1000, max_response_tokens=budget,
+                            saar=SAARConfig(raw_share=0.0))
+        engine = ScriptedEngine(chat, [list(script)])
+        return Rollout(cfg, engine, chat, box).run([ITEM], 0, 0, progress=False)[0], engine
+
+    traj, engine = roll(200)
+    used = len(engine.requests[1].input_ids) - len(traj.prompt_ids)
+    traj, engine = roll(used)
+    assert (traj.finish_reason, traj.assistant_turns, len(engine.requests)) == ("length", 1, 1)
+    assert len(traj.response_ids) == used
+
 def test_sampling_salts_are_ints_so_reruns_sample_the_same():
     """``hash`` of a str differs between processes: a phase name must enter the seed as a stable int."""
     salts = [sampling_salt(3, 5), sampling_salt(3, 5, "r3l-retry"), sampling_salt(3, 5, "", 1),
              sampling_salt(3, 5, "r3l-retry", 1)]
     assert all(type(x) is int for salt in salts for x in salt) and len(set(salts)) == 4
     assert sampling_salt(3, 5) == (3, 5) and sampling_salt(3, 5, "r3l-retry") == sampling_salt(3, 5, "r3l-retry")
+    # the stream enters as its CRC-32, a refill round behind a marker
+    assert sampling_salt(3, 5, "r3l-retry", 1) == (3, 5, 754466276, 1_000_003, 1)
 
 
 def test_refill_batch_is_trimmed_to_its_size():
