@@ -14,12 +14,13 @@ from __future__ import annotations
 import pytest
 
 from models.chat import render_call
+from models.engine import GenOutput
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
 from tasks.rollout.config import RolloutConfig, SAARConfig
 from tasks.rollout.machine import Rollout, sampling_salt
 from tasks.rollout.saar import TrajStats, aggregate_stats, exhausted_note, is_raw, reference_metrics, splice
-from tasks.rollout.types import PromptItem, State
+from tasks.rollout.types import Carry, PromptItem, State
 from tasks.training.mixing import fill_batch
 from tests.scripted import ScriptedEngine, Turn
 
@@ -294,7 +295,26 @@ def test_engine_seeds_follow_seed_step_stream_and_round(chat, box):
     assert seeds() == [240621063, 1908159193, 1527552562]
     others = [seeds(seed=4), seeds(step=6), seeds(stream="r3l-retry")]
     assert all(o[0] != 240621063 for o in others) and len({o[0] for o in others}) == 3
-    assert seeds("continuous") == [("stream", 2071888094)] and seeds("continuous", step=6) != seeds("continuous")
+    assert seeds("continuous") == [("stream", 2071888094)]
+    assert seeds("continuous", seed=4, step=6) == [("stream", 502283019)]  # the hash is 2649766667 modulo 2**32
+
+
+def test_run_draws_the_raw_samples_from_seed_and_step(chat, box):
+    """``run`` hands its seed to the raw draw: seed 3, step 5, raw share 0.5 -> these eight flags."""
+    cfg = RolloutConfig(n_samples=8, saar=SAARConfig(raw_share=0.5))
+    trajs = Rollout(cfg, ScriptedEngine(chat, [["\\boxed{42}"]] * 8), chat, box).run([ITEM], 3, 5, progress=False)
+    assert [t.raw for t in trajs] == [False, False, False, True, True, True, False, True]
+    assert [t.saar_on for t in trajs] == [not t.raw for t in trajs]
+
+
+def test_a_carried_turn_takes_the_finish_reason_of_its_last_piece(chat, box):
+    """Partial rollouts: a turn cut by an abort resumes; the whole turn ends as its last piece ended."""
+    rollout = Rollout(RolloutConfig(n_samples=1), ScriptedEngine(chat, []), chat, box)
+    [t] = rollout.new_trajectories([ITEM], 0, 7)
+    t.carry = Carry([11, 12], [-0.5, -0.25], [6, 6])
+    out, versions = rollout.whole_turn(t, GenOutput([13], [-0.125], "length"))
+    assert out == GenOutput([11, 12, 13], [-0.5, -0.25, -0.125], "length")
+    assert versions == [6, 6, 7] and t.carry is None
 
 
 class KeepStream(ScriptedEngine):
