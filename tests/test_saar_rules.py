@@ -295,6 +295,7 @@ def test_engine_seeds_follow_seed_step_stream_and_round(chat, box):
     assert seeds() == [240621063, 1908159193, 1527552562]
     others = [seeds(seed=4), seeds(step=6), seeds(stream="r3l-retry")]
     assert all(o[0] != 240621063 for o in others) and len({o[0] for o in others}) == 3
+    assert others[2][0] == 905261458  # a second phase of the same step, refill round 0
     assert seeds("continuous") == [("stream", 2071888094)]
     assert seeds("continuous", seed=4, step=6) == [("stream", 502283019)]  # the hash is 2649766667 modulo 2**32
 
