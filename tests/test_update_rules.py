@@ -155,6 +155,18 @@ def test_gradient_norm_is_clipped(batch, warm_model_dir, chat, tmp_path):
 
 
 
+def test_the_mini_batch_order_follows_the_seed(batch, warm_model_dir, chat, tmp_path):
+    """Each epoch shuffles the mini-batches with the step's seed: the same seed gives the same weights bit for
+    bit, another seed another order (six epochs of two mini-batches: 64 orders, so a random order would match
+    the first run once in 64)."""
+    pad = chat.tokenizer.pad_token_id
+    cfg = TrainerConfig(lr=1e-3, mini_batches=2, epochs=6, micro_batch=2)
+    for name, seed in [("a", 0), ("b", 0), ("c", 1)]:
+        update(warm_model_dir, batch, cfg, tmp_path / name, pad, seed=seed)
+    assert max_change(tmp_path / "a", tmp_path / "b") == 0.0
+    assert max_change(tmp_path / "a", tmp_path / "c") > 1e-6
+
+
 def test_old_logprobs_ordered_by_length_come_back_in_row_order(batch, warm_model_dir, chat):
     """The old-log-prob pass batches rows by length (long first here would be reordered) and hands each row its
     own log-probs: equal to the row computed alone, and the ordering is shortest first."""
