@@ -9,8 +9,9 @@ import torch
 
 from flows.config import ConfigError, load_config
 from models.config import CriticConfig, TrainerConfig
-from models.critic import CRITIC_FILE, gae, token_gae, whiten
-from models.trainer import Sample, update
+from models.critic import CRITIC_FILE, gae, load_critic, token_gae, whiten
+from models.engine import load_causal_lm
+from models.trainer import Sample, _response_forward, update
 
 ENV_MODEL = Path(__file__).resolve().parents[1] / "assets" / "tiny-env"
 
@@ -62,3 +63,54 @@ def test_gae_turns_the_critic_on_and_refuses_conflicts():
         load_config("configs/bandit.yaml", ["mix.advantage=gae", "mix.group_filter.loss_scaling=linear"])
     with pytest.raises(ConfigError, match="set by mix.advantage=gae"):
         load_config("configs/bandit.yaml", ["trainer.critic.enabled=true"])
+
+
+@pytest.mark.parametrize("micro_batch", [1, 2])
+def test_critic_loss_on_rows_of_different_lengths(tmp_path, micro_batch):
+    """Rows of 5 and 3 response tokens (4 and 3 trained), two epochs at lr ≈ 0, zero head: V = 0, so each trained
+    token's GAE advantage is its row's reward (1, 0.5), whitened over the 7 tokens to mean 0; per step the policy
+    loss at ratio 1 is −mean(A) = 0 and the value loss ½·mean(R²) = ½·(4·1 + 3·0.25)/7 = 4.75/14, so
+    ``train/loss`` = 0 + 1.0·4.75/14 (returns, not whitened advantages, feed the value loss; each micro-batch
+    gets its own rows' targets and adds its share); the return mean is 4.75/7, nothing clips or drifts."""
+    ids = list(range(20, 30))
+    samples = [Sample(ids[:4], ids[4:9], [1, 1, 0, 1, 1], 1.0, reward=1.0, group="g"),
+               Sample(ids[:4], ids[5:8], [1, 1, 1], 0.5, reward=0.5, group="g")]
+    cfg = TrainerConfig(lr=1e-9, mini_batches=1, epochs=2, micro_batch=micro_batch,
+                        critic=CriticConfig(enabled=True, lr=1e-9, value_coef=1.0))
+    m = update(ENV_MODEL, samples, cfg, tmp_path / "v", pad_id=0, seed=0)
+    assert m["train/value_loss"] == pytest.approx(4.75 / 14, abs=1e-6)
+    assert m["train/return_mean"] == pytest.approx((4 + 1.5) / 7)
+    assert m["train/loss"] == pytest.approx(4.75 / 14, abs=1e-5) and m["train/tokens"] == 7
+    assert (m["train/optimizer_steps"], m["train/clip_frac"]) == (2, 0.0)
+    assert m["train/approx_kl"] == pytest.approx(0.0, abs=1e-4) and m["train/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_detach_trunk_keeps_the_value_loss_out_of_the_policy(tmp_path):
+    """From a checkpoint with a trained (non-zero) head, the same update with and without ``detach_trunk``
+    moves the policy's body differently: only without it does the value loss reach the trunk. The value mean
+    is that of the head's values on the trained tokens before the step."""
+    ids = list(range(20, 30))
+    samples = [Sample(ids[:4], ids[4:9], [1, 1, 0, 1, 1], 1.0, reward=1.0, group="g"),
+               Sample(ids[:4], ids[5:10], [1, 1, 0, 1, 1], 0.0, reward=0.0, group="g")]
+    critic = CriticConfig(enabled=True, lr=1e-2, value_coef=1.0)
+    update(ENV_MODEL, samples, TrainerConfig(lr=1e-3, mini_batches=1, critic=critic), tmp_path / "v1", pad_id=0, seed=0)
+    model = load_causal_lm(tmp_path / "v1")
+    head, _ = load_critic(tmp_path / "v1", model, critic.lr)
+    with torch.no_grad():
+        _, mask, _, values = _response_forward(model.eval(), samples, 0, "cpu", head)
+    expected = float((values * mask).sum() / mask.sum())
+    assert abs(expected) > 1e-4
+    for detach in (False, True):
+        cfg = TrainerConfig(lr=1e-3, mini_batches=1, micro_batch=1,
+                            critic=critic.model_copy(update={"detach_trunk": detach}))
+        m = update(tmp_path / "v1", samples, cfg, tmp_path / f"d{detach}", pad_id=0, seed=1)
+        assert m["train/value_mean"] == pytest.approx(expected, rel=1e-4)
+    a, b = load_causal_lm(tmp_path / "dFalse"), load_causal_lm(tmp_path / "dTrue")
+    assert max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters())) > 1e-7
+
+
+def test_opob_and_the_critic_exclude_each_other(tmp_path):
+    ids = list(range(20, 30))
+    cfg = TrainerConfig(opob=True, critic=CriticConfig(enabled=True))
+    with pytest.raises(ValueError, match=r"^trainer.opob and the critic \(mix.advantage: gae\) exclude each other$"):
+        update(ENV_MODEL, [Sample(ids[:4], ids[4:9], [1] * 5, 1.0, reward=1.0, group="g")], cfg, tmp_path / "x", 0, 0)
