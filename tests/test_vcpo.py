@@ -162,3 +162,70 @@ def test_opob_gives_a_group_of_equal_rewards_no_gradient(warm_model_dir):
     totals = dict.fromkeys(("loss", "grad_norm", "clipped", "ratio", "tokens", "kl", "entropy", "approx_kl"), 0.0)
     _opob_step(model, opt, samples, old, None, cfg, 0, totals, _log_weights(samples, old), 1.0)
     assert max(float(x.abs().max()) for x in opt.grads) < 1e-6
+
+
+_TOTALS = ("loss", "grad_norm", "clipped", "ratio", "tokens", "kl", "entropy", "approx_kl")
+
+
+def test_opob_baselines_and_std_units_are_per_group_and_its_metrics_add_up(warm_model_dir):
+    """Two groups in one mini-batch, ``opob_norm_by_std``: each group has its own baseline and unit 1/std
+    (population std: rewards (1, 0) → 0.5, (2, 0.5) → 0.75), and every total is added to what is there."""
+    from models.engine import load_causal_lm
+    from models.trainer import _log_weights, _old_logprobs, _opob_step, response_logprobs_entropy
+
+    cfg = TrainerConfig(opob=True, opob_norm_by_std=True, grad_clip=1e9)
+    model = load_causal_lm(warm_model_dir)
+    mb = (_samples(warm_model_dir, 0, [0.0, math.log(2.0)], rewards=(1.0, 0.0), group="a")
+          + _samples(warm_model_dir, 0, [0.0, 0.0], rewards=(2.0, 0.5), group="b"))
+    old = _old_logprobs(model, mb, 0, cfg)
+    g = _row_grads(model, mb, old, 12.0, 0)  # 3 policy tokens a row, 12 in the mini-batch
+    sq = [float(sum((x * x).sum() for x in gi)) for gi in g]
+    b_a = sq[0] * 1.0 / (sq[0] + 4.0 * sq[1])  # W = ‖g‖²·w², w = [1, 2]; rewards (1, 0)
+    b_b = (sq[2] * 2.0 + sq[3] * 0.5) / (sq[2] + sq[3])  # w = [1, 1]; rewards (2, 0.5)
+    coef = [2.0 * (1.0 - b_a), 2.0 * (0.0 - b_a), 4 / 3 * (2.0 - b_b), 4 / 3 * (0.5 - b_b)]
+    expected = [sum(c * gi[k] for c, gi in zip(coef, g)) for k in range(len(g[0]))]
+    opt = _Recorder(model.parameters())
+    totals = dict.fromkeys(_TOTALS, 1.0)
+    _opob_step(model, opt, mb, old, None, cfg, 0, totals, _log_weights(mb, old), 1.0)
+    assert 0 < b_a < 1 and 0.5 < b_b < 2
+    assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(opt.grads, expected))
+    with torch.no_grad():
+        _, mask, ent = response_logprobs_entropy(model, mb, 0)
+    assert totals["loss"] == pytest.approx(1.0 + sum(c * -0.25 for c in coef), abs=1e-5)  # each row's loss: −3/12
+    assert totals["grad_norm"] == pytest.approx(1.0 + math.sqrt(sum(float((x * x).sum()) for x in expected)), rel=1e-4)
+    assert totals["tokens"] == 13.0 and totals["clipped"] == 1.0
+    assert totals["ratio"] == pytest.approx(1.0 + 12.0, abs=1e-4)  # a token sum of ratios 1
+    assert totals["approx_kl"] == pytest.approx(1.0, abs=1e-5)
+    assert totals["entropy"] == pytest.approx(1.0 + float((ent * mask).sum()), rel=1e-5)
+    assert totals["kl"] == 1.0
+
+
+@pytest.mark.parametrize("micro_batch", [1, 2])
+def test_opob_with_a_kl_penalty_adds_its_gradient_per_micro_batch(warm_model_dir, micro_batch):
+    """OPOB + ``kl_coef``: the KL term's gradient (k2 = ½(new − ref)², token mean over the mini-batch, in
+    micro-batches of one row or both) is added to the OPOB gradient; without rollout log-probs every weight is 1."""
+    from models.engine import load_causal_lm
+    from models.losses import LossBatch, kl_penalty
+    from models.trainer import _old_logprobs, _opob_step, response_logprobs
+
+    cfg = TrainerConfig(opob=True, grad_clip=1e9, kl_coef=0.5, kl_estimator="k2", micro_batch=micro_batch)
+    model = load_causal_lm(warm_model_dir)
+    mb = _samples(warm_model_dir, 0, [0.0, 0.0], rewards=(1.0, 0.0))
+    old = _old_logprobs(model, mb, 0, cfg)
+    ref = [o - 0.3 for o in old]
+    g = _row_grads(model, mb, old, 6.0, 0)
+    sq = [float(sum((x * x).sum() for x in gi)) for gi in g]
+    b = sq[0] / (sq[0] + sq[1])
+    kl_grad = [torch.zeros_like(p) for p in model.parameters()]
+    for s, o, r in zip(mb, old, ref):
+        model.zero_grad(set_to_none=True)
+        lp, mask = response_logprobs(model, [s], 0)
+        (0.5 * kl_penalty(LossBatch(lp, o[None], torch.zeros(1), mask, 6.0, r[None]), "k2")).backward()
+        kl_grad = [k + p.grad for k, p in zip(kl_grad, model.parameters())]
+    expected = [(1.0 - b) * x + (0.0 - b) * y + k for x, y, k in zip(g[0], g[1], kl_grad)]
+    opt = _Recorder(model.parameters())
+    totals = dict.fromkeys(_TOTALS, 0.0)
+    _opob_step(model, opt, mb, old, ref, cfg, 0, totals, None, 1.0)
+    assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(opt.grads, expected))
+    assert any(float(k.abs().max()) > 1e-4 for k in kl_grad)
+    assert totals["kl"] == pytest.approx(0.5 * 0.3**2, abs=1e-6)  # ½·0.09 on each of the 6 tokens, over 6
