@@ -6,6 +6,8 @@
   −Σᵢ Aᵢ·nᵢ / Σᵢ nᵢ over the mini-batch's mask-1 tokens nᵢ, however it is split into micro-batches.
 * Gradient clipping: Adam's first step moves a parameter by lr·g/(|g| + 1e-8); clipped to a total
   norm of 1e-12 no parameter may move more than lr·1e-4, unclipped most move by ≈ lr.
+* Step metrics: in a second epoch the ratios, clipped share, approx KL and entropy are those of the policy the
+  first step moved (read off its logits here), each a token mean over both steps.
 """
 
 from __future__ import annotations
@@ -194,3 +196,46 @@ def test_two_mini_batches_are_two_steps_whose_metrics_average(batch, warm_model_
     assert m["train/optimizer_steps"] == 2 and m["train/tokens"] == 12
     assert m["train/loss"] == pytest.approx(0.0, abs=1e-4)
     assert m["train/grad_norm"] == pytest.approx(sum(alone) / 2, rel=1e-3) and alone[0] != pytest.approx(alone[1])
+
+
+def _token_stats(model, s: Sample):
+    """Log-probs and entropies of ``s``'s response tokens, read off the logits (independent of the trainer)."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([s.prompt_ids + s.response_ids])).logits[0].float()
+    logp = logits[len(s.prompt_ids) - 1 : len(s.prompt_ids) + len(s.response_ids) - 1].log_softmax(-1)
+    lp = logp.gather(-1, torch.tensor(s.response_ids)[:, None])[:, 0]
+    return lp, -(logp.exp() * logp).sum(-1), torch.tensor(s.response_mask, dtype=torch.float32)
+
+
+def test_the_second_epoch_measures_the_policy_the_first_moved(batch, warm_model_dir, chat, tmp_path):
+    """Two epochs of one mini-batch in micro-batches of one row, lr 1e-3: the first step is at ratio 1 (loss 0.5,
+    as above); the second scores both rows with the policy the first step moved — the checkpoint of a one-epoch
+    update. Every token metric is a mean over both steps' 24 tokens (clipped share, ratio, approx KL, entropy),
+    the loss a mean over the 2 steps, ``train/tokens`` the tokens of one epoch."""
+    import torch
+
+    pad = chat.tokenizer.pad_token_id
+    cfg = TrainerConfig(lr=1e-3, mini_batches=1, epochs=2, micro_batch=1)
+    m = update(warm_model_dir, batch, cfg, tmp_path / "two", pad, seed=0)
+    update(warm_model_dir, batch, cfg.model_copy(update={"epochs": 1}), tmp_path / "one", pad, seed=0)
+    before, after = load_causal_lm(warm_model_dir), load_causal_lm(tmp_path / "one")
+    clipped = ratio_sum = approx_kl = entropy = loss2 = 0.0
+    for s in batch:
+        old, ent0, mask = _token_stats(before, s)
+        new, ent1, _ = _token_stats(after, s)
+        ratio = (new - old).exp()
+        clipped += float((((ratio < 0.8) | (ratio > 1.28)).float() * mask).sum())
+        ratio_sum += float((ratio * mask).sum())
+        approx_kl += float(((old - new) * mask).sum())
+        entropy += float(((ent0 + ent1) * mask).sum())
+        loss2 -= float((torch.minimum(ratio * s.advantage, ratio.clamp(0.8, 1.28) * s.advantage) * mask).sum()) / 12
+    assert 0 < clipped < 12  # some of the second step's tokens left the clip range, not all
+    assert m["train/loss"] == pytest.approx((0.5 + loss2) / 2, abs=1e-4)
+    assert m["train/clip_frac"] == pytest.approx(clipped / 24)
+    assert m["train/ratio_mean"] == pytest.approx((12.0 + ratio_sum) / 24, rel=1e-4)
+    assert m["train/approx_kl"] == pytest.approx(approx_kl / 24, abs=1e-5)
+    assert m["train/entropy"] == pytest.approx(entropy / 24, rel=1e-4)
+    assert (m["train/tokens"], m["train/sequences"], m["train/optimizer_steps"]) == (12, 2, 2)
+    assert "train/kl" not in m and "train/ess_ratio" not in m
