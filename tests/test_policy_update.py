@@ -91,3 +91,26 @@ def test_dynamic_sampling_drops_uniform_groups_and_grpo_normalises():
 def test_starpo_keeps_highest_std_groups():
     df, _ = mix_rows(_scored({"a": [1, 0, 1, 0], "c": [0, 0, 0, 1]}), MixConfig(group_filter={"kind": "std", "ratio": 0.5}))
     assert set(df.filter(pl.col("kept"))["prompt_id"]) == {"a"}
+
+
+def test_checkpoints_replace_a_folder_over_crash_leftovers(warm_model_dir, tmp_path):
+    """A checkpoint folder is written as ``.name.tmp`` and swapped in (the replaced one goes to ``.name.old``
+    first). Leftovers of a crash at any point — a half-written ``.tmp``, an ``.old`` — are cleared, an existing
+    folder is replaced whole, nothing is left beside it, and ``trainer_state.json`` records the source."""
+    import json
+
+    from models.trainer import copy_checkpoint, save_checkpoint
+
+    def leave_crash_leftovers(name):
+        for folder in (f".{name}.tmp", f".{name}.old", name):
+            (tmp_path / folder).mkdir()
+            (tmp_path / folder / "junk").write_text("from a crashed save")
+
+    leave_crash_leftovers("a")
+    save_checkpoint(load_causal_lm(warm_model_dir), warm_model_dir, tmp_path / "a", extra={"step": 3})
+    leave_crash_leftovers("b")
+    copy_checkpoint(tmp_path / "a", tmp_path / "b", {"step": 4})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+    for name, source, step in [("a", warm_model_dir, 3), ("b", tmp_path / "a", 4)]:
+        assert not (tmp_path / name / "junk").exists() and (tmp_path / name / "model.safetensors").exists()
+        assert json.loads((tmp_path / name / "trainer_state.json").read_text()) == {"source": str(source), "step": step}

@@ -229,3 +229,16 @@ def test_opob_with_a_kl_penalty_adds_its_gradient_per_micro_batch(warm_model_dir
     assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(opt.grads, expected))
     assert any(float(k.abs().max()) > 1e-4 for k in kl_grad)
     assert totals["kl"] == pytest.approx(0.5 * 0.3**2, abs=1e-6)  # ½·0.09 on each of the 6 tokens, over 6
+
+
+def test_opob_mini_batches_hold_whole_groups_in_a_seeded_order():
+    """OPOB's baseline is per group, so its mini-batches split the sorted group keys (a, b, c), shuffled by the
+    step's seed (seed 0: a, c, b), never the rows; without OPOB the rows are shuffled (seed 0: 4 2 1 0 5 3)."""
+    import random
+
+    from models.trainer import Sample, _minibatches
+
+    rows = [Sample([1], [2], [1], 0.0, group=g) for g in "abacbc"]  # a = rows 0, 2; b = 1, 4; c = 3, 5
+    assert _minibatches(rows, TrainerConfig(opob=True, mini_batches=2), random.Random(0)) == [[0, 2, 3, 5], [1, 4]]
+    assert _minibatches(rows, TrainerConfig(opob=True, mini_batches=3), random.Random(0)) == [[0, 2], [3, 5], [1, 4]]
+    assert _minibatches(rows, TrainerConfig(mini_batches=2), random.Random(0)) == [[4, 2, 1], [0, 5, 3]]
