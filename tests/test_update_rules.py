@@ -8,6 +8,7 @@
   norm of 1e-12 no parameter may move more than lr·1e-4, unclipped most move by ≈ lr.
 * Step metrics: in a second epoch the ratios, clipped share, approx KL and entropy are those of the policy the
   first step moved (read off its logits here), each a token mean over both steps.
+* Resume: AdamW's state is saved with each checkpoint and loaded by the next update (2 steps after two updates).
 """
 
 from __future__ import annotations
@@ -239,3 +240,23 @@ def test_the_second_epoch_measures_the_policy_the_first_moved(batch, warm_model_
     assert m["train/entropy"] == pytest.approx(entropy / 24, rel=1e-4)
     assert (m["train/tokens"], m["train/sequences"], m["train/optimizer_steps"]) == (12, 2, 2)
     assert "train/kl" not in m and "train/ess_ratio" not in m
+
+
+def test_the_optimizer_state_carries_over_to_the_next_update(batch, warm_model_dir, chat, tmp_path):
+    """AdamW's state is saved with the checkpoint and loaded by the next update: after two updates it has taken
+    2 steps (1 from a copy of the same weights without ``optimizer.pt``), and the weights differ accordingly."""
+    import shutil
+
+    import torch
+
+    pad = chat.tokenizer.pad_token_id
+    cfg = TrainerConfig(lr=1e-3, mini_batches=1)
+    update(warm_model_dir, batch, cfg, tmp_path / "b", pad, seed=0)
+    shutil.copytree(tmp_path / "b", tmp_path / "b_fresh")
+    (tmp_path / "b_fresh" / "optimizer.pt").unlink()
+    for name in ("b", "b_fresh"):
+        update(tmp_path / name, batch, cfg, tmp_path / f"{name}_next", pad, seed=1)
+    steps = [int(torch.load(tmp_path / f"{n}_next" / "optimizer.pt", weights_only=True)["state"][0]["step"])
+             for n in ("b", "b_fresh")]
+    assert steps == [2, 1]
+    assert max_change(tmp_path / "b_next", tmp_path / "b_fresh_next") > 1e-6
