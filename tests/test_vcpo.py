@@ -200,15 +200,17 @@ def test_opob_baselines_and_std_units_are_per_group_and_its_metrics_add_up(warm_
     assert totals["kl"] == 1.0
 
 
+@pytest.mark.parametrize("opob", [True, False])
 @pytest.mark.parametrize("micro_batch", [1, 2])
-def test_opob_with_a_kl_penalty_adds_its_gradient_per_micro_batch(warm_model_dir, micro_batch):
-    """OPOB + ``kl_coef``: the KL term's gradient (k2 = ½(new − ref)², token mean over the mini-batch, in
-    micro-batches of one row or both) is added to the OPOB gradient; without rollout log-probs every weight is 1."""
+def test_a_kl_penalty_adds_its_gradient_per_micro_batch(warm_model_dir, micro_batch, opob):
+    """``kl_coef``: the KL term's gradient (k2 = ½(new − ref)², token mean over the mini-batch, in micro-batches
+    of one row or both) is added to the policy gradient — OPOB's (r − b)·g (without rollout log-probs every
+    weight is 1) or DAPO's A·g at ratio 1 (advantages +1, −1) — and ``kl`` sums the micro-batches' parts."""
     from models.engine import load_causal_lm
     from models.losses import LossBatch, kl_penalty
-    from models.trainer import _old_logprobs, _opob_step, response_logprobs
+    from models.trainer import _minibatch_step, _old_logprobs, _opob_step, response_logprobs
 
-    cfg = TrainerConfig(opob=True, grad_clip=1e9, kl_coef=0.5, kl_estimator="k2", micro_batch=micro_batch)
+    cfg = TrainerConfig(opob=opob, grad_clip=1e9, kl_coef=0.5, kl_estimator="k2", micro_batch=micro_batch)
     model = load_causal_lm(warm_model_dir)
     mb = _samples(warm_model_dir, 0, [0.0, 0.0], rewards=(1.0, 0.0))
     old = _old_logprobs(model, mb, 0, cfg)
@@ -222,13 +224,16 @@ def test_opob_with_a_kl_penalty_adds_its_gradient_per_micro_batch(warm_model_dir
         lp, mask = response_logprobs(model, [s], 0)
         (0.5 * kl_penalty(LossBatch(lp, o[None], torch.zeros(1), mask, 6.0, r[None]), "k2")).backward()
         kl_grad = [k + p.grad for k, p in zip(kl_grad, model.parameters())]
-    expected = [(1.0 - b) * x + (0.0 - b) * y + k for x, y, k in zip(g[0], g[1], kl_grad)]
+    coef = [1.0 - b, 0.0 - b] if opob else [1.0, -1.0]
+    expected = [coef[0] * x + coef[1] * y + k for x, y, k in zip(g[0], g[1], kl_grad)]
     opt = _Recorder(model.parameters())
     totals = dict.fromkeys(_TOTALS, 0.0)
-    _opob_step(model, opt, mb, old, ref, cfg, 0, totals, None, 1.0)
-    assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(opt.grads, expected))
-    assert any(float(k.abs().max()) > 1e-4 for k in kl_grad)
+    (_opob_step if opob else _minibatch_step)(model, opt, mb, old, ref, cfg, 0, totals, None, 1.0)
+    assert all(torch.allclose(x, y, rtol=1e-4, atol=1e-5) for x, y in zip(opt.grads, expected))
+    assert any(float(k.abs().max()) > 1e-2 for k in kl_grad)
     assert totals["kl"] == pytest.approx(0.5 * 0.3**2, abs=1e-6)  # ½·0.09 on each of the 6 tokens, over 6
+    if not opob:  # DAPO's part −(1·3 − 1·3)/6 = 0, plus 0.5 × the KL
+        assert totals["loss"] == pytest.approx(0.5 * 0.5 * 0.3**2, abs=1e-6)
 
 
 def test_opob_mini_batches_hold_whole_groups_in_a_seeded_order():
