@@ -247,3 +247,28 @@ def test_opob_mini_batches_hold_whole_groups_in_a_seeded_order():
     assert _minibatches(rows, TrainerConfig(opob=True, mini_batches=2), random.Random(0)) == [[0, 2, 3, 5], [1, 4]]
     assert _minibatches(rows, TrainerConfig(opob=True, mini_batches=3), random.Random(0)) == [[0, 2], [3, 5], [1, 4]]
     assert _minibatches(rows, TrainerConfig(mini_batches=2), random.Random(0)) == [[4, 2, 1], [0, 5, 3]]
+
+
+def test_opob_through_update_two_groups_with_kl_and_ess(warm_model_dir, tmp_path):
+    """``update`` with OPOB, a KL reference and ``ess_sqrt``, two groups in two mini-batches (seed 0: a, then b).
+    ESS by hand: w = [1, 2] → 9/10, w = [1, 3] → 16/20; the lr scale is √ρ per step; the first step's KL is 0
+    (the policy is the reference), the second's is read off the checkpoint of a step on group a alone."""
+    from models.engine import load_causal_lm
+    from models.trainer import response_logprobs, update
+
+    a = _samples(warm_model_dir, 0, [0.0, math.log(2.0)], rewards=(1.0, 0.0), group="a")
+    b = _samples(warm_model_dir, 0, [0.0, math.log(3.0)], rewards=(0.0, 1.0), group="b")
+    cfg = TrainerConfig(opob=True, mini_batches=2, lr=1e-3, kl_coef=0.5, kl_estimator="k2", lr_scale="ess_sqrt")
+    m = update(warm_model_dir, a + b, cfg, tmp_path / "both", 0, seed=0, ref_dir=warm_model_dir)
+    update(warm_model_dir, a, cfg.model_copy(update={"mini_batches": 1}), tmp_path / "a", 0, seed=0,
+           ref_dir=warm_model_dir)
+    with torch.no_grad():
+        ref, mask = response_logprobs(load_causal_lm(warm_model_dir), b, 0)
+        moved, _ = response_logprobs(load_causal_lm(tmp_path / "a"), b, 0)
+    kl_b = float((0.5 * (moved - ref) ** 2 * mask).sum()) / 6
+    assert kl_b > 1e-6
+    assert m["train/kl"] == pytest.approx((0.0 + kl_b) / 2, rel=1e-3)
+    assert m["train/ess_ratio"] == pytest.approx((0.9 + 0.8) / 2, rel=1e-4)
+    assert m["train/ess_ratio_min"] == pytest.approx(0.8, rel=1e-4)
+    assert m["train/lr_scale"] == pytest.approx((math.sqrt(0.9) + math.sqrt(0.8)) / 2, rel=1e-4)
+    assert (m["train/optimizer_steps"], m["train/tokens"], m["train/sequences"]) == (2, 12, 4)
