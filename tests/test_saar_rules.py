@@ -437,6 +437,8 @@ def test_reference_metrics_hand_computed():
     empty = aggregate_stats([], [])
     assert empty["saar/similarity_mean"] == empty["rollout/raw_share"] == empty["rollout/tool_rounds_mean"] == 0.0
     assert empty["tools/call_rate"] == 0.0
+    one_call = aggregate_stats([TrajStats(tool_calls=1, tool_rounds=1), TrajStats()], [False, False])
+    assert one_call["tools/call_rate"] == 0.5  # a trajectory with one call counts as one that calls the tool
 
 
 def test_reference_metrics_edge_rules():
