@@ -243,15 +243,18 @@ def test_the_second_epoch_measures_the_policy_the_first_moved(batch, warm_model_
 
 
 def test_the_optimizer_state_carries_over_to_the_next_update(batch, warm_model_dir, chat, tmp_path):
-    """AdamW's state is saved with the checkpoint and loaded by the next update: after two updates it has taken
-    2 steps (1 from a copy of the same weights without ``optimizer.pt``), and the weights differ accordingly."""
+    """AdamW's state is saved with the checkpoint (beside the caller's trainer state) and loaded by the next update:
+    after two updates it has taken 2 steps (1 from a copy of the same weights without ``optimizer.pt``), and the
+    weights differ accordingly."""
+    import json
     import shutil
 
     import torch
 
     pad = chat.tokenizer.pad_token_id
     cfg = TrainerConfig(lr=1e-3, mini_batches=1)
-    update(warm_model_dir, batch, cfg, tmp_path / "b", pad, seed=0)
+    update(warm_model_dir, batch, cfg, tmp_path / "b", pad, seed=0, state={"step": 1})
+    assert json.loads((tmp_path / "b" / "trainer_state.json").read_text()) == {"source": str(warm_model_dir), "step": 1}
     shutil.copytree(tmp_path / "b", tmp_path / "b_fresh")
     (tmp_path / "b_fresh" / "optimizer.pt").unlink()
     for name in ("b", "b_fresh"):

@@ -272,3 +272,19 @@ def test_opob_through_update_two_groups_with_kl_and_ess(warm_model_dir, tmp_path
     assert m["train/ess_ratio_min"] == pytest.approx(0.8, rel=1e-4)
     assert m["train/lr_scale"] == pytest.approx((math.sqrt(0.9) + math.sqrt(0.8)) / 2, rel=1e-4)
     assert (m["train/optimizer_steps"], m["train/tokens"], m["train/sequences"]) == (2, 12, 4)
+
+
+def test_update_hands_opob_the_importance_weights(warm_model_dir, tmp_path):
+    """Through ``update``, OPOB's baseline sees the rows' importance weights: with w = [1, 2] (b = ‖g₀‖² /
+    (‖g₀‖² + 4‖g₁‖²)) the step differs from the same rows without rollout log-probs (w = 1), which report no ESS."""
+    from safetensors.torch import load_file
+
+    from models.trainer import Sample
+
+    samples = _samples(warm_model_dir, 0, [0.0, math.log(2.0)], rewards=(1.0, 0.0))
+    bare = [Sample(s.prompt_ids, s.response_ids, s.response_mask, s.advantage, None, s.reward, s.group) for s in samples]
+    weighted, a = _update(warm_model_dir, tmp_path, "weighted", samples, opob=True, lr=1e-3)
+    plain, b = _update(warm_model_dir, tmp_path, "plain", bare, opob=True, lr=1e-3)
+    assert weighted["train/ess_ratio"] == pytest.approx(0.9, rel=1e-4) and "train/ess_ratio" not in plain
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert any(not torch.allclose(wa[k], wb[k], atol=1e-7) for k in wa)
