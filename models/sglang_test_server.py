@@ -21,7 +21,8 @@ been quiet for 20 ms into one decoding batch (grouped by sampling parameters; ea
 as soon as it ends, later arrivals wait for the batch to drain);
 only the first stop token id is honoured (the end-of-turn id); stop strings are ignored.
 
-Run: ``python -m models.sglang_test_server --model-path assets/tiny-warm --port 30000 [--pid-file F]``
+Run: ``python -m models.sglang_test_server --model-path assets/tiny-warm --port 30000 [--pid-file F]
+[--step-delay S]``
 (listens on 127.0.0.1 only).
 """
 
@@ -38,6 +39,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from models.config import EngineConfig
@@ -51,7 +53,7 @@ BATCH_MAX_WAIT_S = 0.25
 class Backend:
     """The model and a batching queue: requests wait a few ms so concurrent ones share a forward."""
 
-    def __init__(self, model_path: str, threads: int = 1, max_batch: int = 64):
+    def __init__(self, model_path: str, threads: int = 1, max_batch: int = 64, step_delay: float = 0.0):
         cfg = json.loads((Path(model_path) / "config.json").read_text())
         self.eos = int(cfg.get("eos_token_id") if isinstance(cfg.get("eos_token_id"), int) else 0)
         pad = cfg.get("pad_token_id")
@@ -67,6 +69,9 @@ class Backend:
         """``abort_all`` aborts every request that arrived before it: those tagged with an older epoch."""
         self.aborted_rids: set[str] = set()
         self.aborted_count = 0
+        self.step_delay = step_delay
+        """Seconds slept after every decoding step: a test that aborts mid-generation need not race the model
+        (the tiny model decodes 600 tokens in under a second)."""
 
     async def generate(self, ids: list[int], params: dict, rid: str | None = None) -> dict:
         fut = asyncio.get_running_loop().create_future()
@@ -140,6 +145,8 @@ class Backend:
             for i, ids, lps, reason in done + (stream.step() if stream.busy else []):
                 open_.discard(i)
                 answer(i, GenOutput(ids, lps, reason))
+            if self.step_delay:
+                time.sleep(self.step_delay)
 
     def _response(self, n_prompt: int, out, stop: int) -> dict:
         finish = ({"type": "stop", "matched": stop} if out.finish_reason == "stop"
@@ -221,14 +228,15 @@ def free_port() -> int:
 
 
 def start_test_server(model_path: str | Path, threads: int = 1, timeout_s: float = 300.0,
-                      log_path: str | Path | None = None) -> tuple[subprocess.Popen, str]:
-    """Start this server in its own process group on a free 127.0.0.1 port; wait for ``/health``."""
+                      log_path: str | Path | None = None, step_delay: float = 0.0) -> tuple[subprocess.Popen, str]:
+    """Start this server in its own process group on a free 127.0.0.1 port; wait for ``/health``.
+    ``step_delay``: seconds slept after each decoding step (``Backend.step_delay``)."""
     from models.sglang_engine import wait_healthy
 
     port = free_port()
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL
     cmd = [sys.executable, "-m", "models.sglang_test_server", "--model-path", str(model_path),
-           "--port", str(port), "--threads", str(threads)]
+           "--port", str(port), "--threads", str(threads), "--step-delay", str(step_delay)]
     proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=log, stderr=log,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -258,12 +266,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--pid-file")
+    ap.add_argument("--step-delay", type=float, default=0.0, help="seconds slept after each decoding step")
     args = ap.parse_args(argv)
     import uvicorn
 
     if args.pid_file:
         Path(args.pid_file).write_text(str(os.getpid()))
-    app = build_app(Backend(args.model_path, args.threads))
+    app = build_app(Backend(args.model_path, args.threads, step_delay=args.step_delay))
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
 
 

@@ -54,7 +54,10 @@ def test_abort_returns_each_rows_partial_turn_and_leaves_the_rest_decoding(model
 
 @pytest.fixture(scope="module")
 def server(warm_model_dir, tmp_path_factory):
-    proc, url = start_test_server(warm_model_dir, log_path=tmp_path_factory.mktemp("sglang") / "server.log")
+    """Paced at ≥ 10 ms a token, so an abort sent after 1 s lands mid-generation (unpaced, the tiny model
+    decodes 600 tokens in ~0.8 s and the abort would race it)."""
+    proc, url = start_test_server(warm_model_dir, log_path=tmp_path_factory.mktemp("sglang") / "server.log",
+                                  step_delay=0.01)
     yield url
     stop_server(proc)
 
