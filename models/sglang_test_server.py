@@ -54,6 +54,8 @@ class Backend:
     """The model and a batching queue: requests wait a few ms so concurrent ones share a forward."""
 
     def __init__(self, model_path: str, threads: int = 1, max_batch: int = 64, step_delay: float = 0.0):
+        if step_delay < 0:
+            raise ValueError(f"step_delay must be >= 0 seconds, got {step_delay}")
         cfg = json.loads((Path(model_path) / "config.json").read_text())
         self.eos = int(cfg.get("eos_token_id") if isinstance(cfg.get("eos_token_id"), int) else 0)
         pad = cfg.get("pad_token_id")

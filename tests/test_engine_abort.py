@@ -177,3 +177,10 @@ def test_partial_rollout_over_the_sglang_engine_aborts_on_the_server_and_resumes
             assert len(t.response_ids) == 48 and t.versions == [1] * n + [2] * (48 - n)
     finally:
         eng.close()
+
+
+def test_a_negative_step_delay_is_refused_before_the_model_loads(warm_model_dir):
+    from models.sglang_test_server import Backend
+
+    with pytest.raises(ValueError, match="step_delay must be >= 0 seconds, got -0.5"):
+        Backend(str(warm_model_dir), step_delay=-0.5)
