@@ -210,6 +210,9 @@ def test_a_worker_restart_ends_the_flow_processes_it_left(tmp_path):
     while not (tmp_path / "flow.pid").exists() or not (tmp_path / "flow.pid").read_text().strip():
         time.sleep(0.05)
     flow, old = int((tmp_path / "flow.pid").read_text()), sup.procs["worker"].pid
+    deadline = time.monotonic() + 10  # `$!` is written before the child has called setsid(): wait for it
+    while time.monotonic() < deadline and os.getsid(flow) != flow:
+        time.sleep(0.01)
     assert os.getsid(flow) == flow != old and pid_alive(flow)
     (tmp_path / "restart-worker").touch()
     watcher = threading.Thread(target=sup.watch, kwargs={"poll_s": 0.1})
