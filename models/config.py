@@ -257,6 +257,11 @@ class TrainerConfig(BaseModel):
     """Weight of a KL penalty to the reference policy (the run's initial policy); 0 = no KL
     (DAPO), R3L's OPMD configs use 0.001 with ``k2``."""
 
+    loss_agg: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
+    """How per-token losses become the mini-batch's loss (``models.losses.AGGREGATIONS``, verl's ``loss_agg_mode``):
+    ``token-mean`` (DAPO: every trained token weighs the same) or ``seq-mean-token-mean`` (every sequence weighs
+    the same: the multi-turn environments' choice when failed episodes run longer than successes)."""
+
     kl_estimator: Literal["k1", "k2", "k3"] = "k2"
     """KL estimate per token: ``k1`` = new - ref, ``k2`` = ½(new - ref)², ``k3`` = exp(ref - new) - 1 - (ref - new)."""
 

@@ -9,8 +9,8 @@ into ``train/*`` metrics (``clipped``, ``ratio``).
 Registered losses:
 
 * ``dapo``: clipped surrogate ``-min(ρA, clip(ρ, 1-ε_low, 1+ε_high)A)``, token-mean over the
-  mini-batch, ρ = exp(new − old) (DESIGN §2);
-* ``opmd``: R3L's OPMD loss ``token_mean(-A · log π) / (1 + τ)`` (``OPMDPolicyLossFn``): no
+  mini-batch (DESIGN §2; or another aggregation below), ρ = exp(new − old);
+* ``opmd``: R3L's OPMD loss ``mean(-A · log π) / (1 + τ)`` (``OPMDPolicyLossFn``): no
   ratio, no clip — importance sampling is removed.
 
 KL penalties (``KL_FNS``, added by the trainer when ``kl_coef > 0``, with any loss): ``k1``
@@ -46,12 +46,23 @@ class LossBatch:
     """Tokens with mask 1 in the whole mini-batch (the token-mean's denominator)."""
     ref_lp: torch.Tensor | None = None
     """``[B, R]`` log-probs under the KL reference policy, when a KL penalty is on."""
+    agg: str = "token-mean"
+    """Registered aggregation (``AGGREGATIONS``) of per-token values into the loss."""
+    n_seqs: float = 1.0
+    """Rows in the whole mini-batch (the ``seq-mean-token-mean`` denominator)."""
 
     def token_adv(self) -> torch.Tensor:
         return self.adv.unsqueeze(-1) if self.adv.dim() == 1 else self.adv
 
-    def token_mean(self, per_token: torch.Tensor) -> torch.Tensor:
-        return (per_token * self.mask).sum() / self.n_tokens
+    def aggregate(self, per_token: torch.Tensor) -> torch.Tensor:
+        """This micro-batch's share of the mini-batch's loss aggregate of ``per_token`` values."""
+        return AGGREGATIONS[self.agg](self, per_token)
+
+
+AGGREGATIONS: dict[str, Callable[[LossBatch, torch.Tensor], torch.Tensor]] = {
+    "token-mean": lambda b, x: (x * b.mask).sum() / b.n_tokens,
+    "seq-mean-token-mean": lambda b, x: ((x * b.mask).sum(-1) / b.mask.sum(-1).clamp(min=1)).sum() / b.n_seqs,
+}
 
 
 LossFn = Callable[[LossBatch, object], "tuple[torch.Tensor, dict[str, torch.Tensor]]"]
@@ -79,14 +90,14 @@ def dapo(batch: LossBatch, cfg) -> tuple:
     surrogate = (ratio * a).minimum(ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high) * a)
     clipped = ((ratio < 1 - cfg.clip_low) | (ratio > 1 + cfg.clip_high)).float()
     stats = {"clipped": (clipped * batch.mask).sum().detach(), "ratio": (ratio * batch.mask).sum().detach()}
-    return -batch.token_mean(surrogate), stats
+    return -batch.aggregate(surrogate), stats
 
 
 @register_loss("opmd")
 def opmd(batch: LossBatch, cfg) -> tuple:
-    """R3L's OPMD loss: ``token_mean(-A · log π) / (1 + τ)``; the ratio is reported, never used."""
+    """R3L's OPMD loss: ``mean(-A · log π) / (1 + τ)``; the ratio is reported, never used."""
     ratio = (batch.new_lp - batch.old_lp).detach().exp()
-    loss = batch.token_mean(-batch.token_adv() * batch.new_lp) / (1.0 + cfg.opmd_tau)
+    loss = batch.aggregate(-batch.token_adv() * batch.new_lp) / (1.0 + cfg.opmd_tau)
     return loss, {"clipped": ratio.new_zeros(()), "ratio": (ratio * batch.mask).sum()}
 
 
@@ -98,9 +109,9 @@ KL_FNS: dict[str, Callable] = {
 
 
 def kl_penalty(batch: LossBatch, kind: str) -> torch.Tensor:
-    """Token-mean KL estimate ``kind`` between the policy and the reference."""
+    """KL estimate ``kind`` between the policy and the reference, aggregated like the loss."""
     if kind not in KL_FNS:
         raise ValueError(f"unknown KL estimator {kind!r}; registered: {', '.join(sorted(KL_FNS))}")
     if batch.ref_lp is None:
         raise ValueError("a KL penalty needs reference log-probs (ref_lp), but none were computed")
-    return batch.token_mean(KL_FNS[kind](batch.new_lp, batch.ref_lp))
+    return batch.aggregate(KL_FNS[kind](batch.new_lp, batch.ref_lp))

@@ -7,7 +7,8 @@ One call of ``update`` is one RL step on the policy side:
    the rollout log-probs were computed in, so they are never used as the old policy;
 3. for each mini-batch: the registered loss ``cfg.loss`` (``models.losses``: ``dapo`` =
    -min(ratio·A, clip(ratio, 1-ε_low, 1+ε_high)·A) with ratio = exp(new - old), ``opmd`` =
-   -A·log π / (1 + τ)), token-mean over the mini-batch's mask-1 tokens; with ``kl_coef > 0``
+   -A·log π / (1 + τ)), token-mean over the mini-batch's mask-1 tokens (``loss_agg``: or the mean over its
+   sequences of each sequence's token-mean); with ``kl_coef > 0``
    plus ``kl_coef`` × a KL estimate to the reference policy (log-probs computed once, like the
    old ones); gradient-norm clip, AdamW step; reported besides: the policy entropy and the approx KL
    mean(old − new) on the trained tokens. VCPO (``models.vcpo``): the ESS ratio of the mini-batch's
@@ -311,11 +312,12 @@ def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: 
         else:
             adv = _stack([t[0] for t in targets[lo : lo + cfg.micro_batch]], new_lp)
         batch = LossBatch(new_lp, _stack(old[lo : lo + cfg.micro_batch], new_lp), adv, mask, n_tokens,
-                          _stack(ref[lo : lo + cfg.micro_batch], new_lp) if ref is not None else None)
+                          _stack(ref[lo : lo + cfg.micro_batch], new_lp) if ref is not None else None,
+                          cfg.loss_agg, float(len(mb)))
         loss, stats = loss_fn(batch, cfg)
         if values is not None:
             returns = _stack([t[1] for t in targets[lo : lo + cfg.micro_batch]], new_lp)
-            value_loss = batch.token_mean(0.5 * (values - returns).square())
+            value_loss = batch.aggregate(0.5 * (values - returns).square())
             loss = loss + cfg.critic.value_coef * value_loss
             totals["value_loss"] += value_loss.item()
             totals["value"] += float((values.detach() * mask).sum())
@@ -356,7 +358,8 @@ def _opob_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: list[
         for i in rows:
             opt.zero_grad(set_to_none=True)
             new_lp, mask, entropy = response_logprobs_entropy(model, [mb[i]], pad_id, cfg.device)
-            batch = LossBatch(new_lp, _stack([old[i]], new_lp), torch.ones(1, device=new_lp.device), mask, n_tokens)
+            batch = LossBatch(new_lp, _stack([old[i]], new_lp), torch.ones(1, device=new_lp.device), mask, n_tokens,
+                              agg=cfg.loss_agg, n_seqs=float(len(mb)))
             loss, stats = loss_fn(batch, cfg)
             loss.backward()
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
@@ -389,7 +392,7 @@ def _kl_backward(model, mb: list[Sample], old, ref, cfg: TrainerConfig, pad_id: 
         chunk = mb[lo : lo + cfg.micro_batch]
         new_lp, mask, _ = response_logprobs_entropy(model, chunk, pad_id, cfg.device)
         batch = LossBatch(new_lp, _stack(old[lo : lo + cfg.micro_batch], new_lp), torch.zeros(len(chunk)), mask,
-                          n_tokens, _stack(ref[lo : lo + cfg.micro_batch], new_lp))
+                          n_tokens, _stack(ref[lo : lo + cfg.micro_batch], new_lp), cfg.loss_agg, float(len(mb)))
         kl = kl_penalty(batch, cfg.kl_estimator)
         (cfg.kl_coef * kl).backward()
         totals["kl"] += kl.item()

@@ -135,6 +135,18 @@ def test_dapo_loss_at_ratio_one_and_per_token_advantages():
     assert get_loss("opmd")(_batch(adv=per_token), Cfg)[0].item() == pytest.approx((2 - 0.5) / 3 / 2)  # -(2·-1 + -1·-0.5) / 3 / 2
 
 
+def test_seq_mean_token_mean_aggregation_value_and_gradient():
+    """Rows of 2 and 1 tokens: −((2 + 2)/2 + (−1)/1) / 2 rows = −0.5 (token-mean: −3/3 = −1); each token's
+    gradient is −A / (its row's tokens) / rows."""
+    b = _batch(agg="seq-mean-token-mean", n_seqs=2.0)
+    loss, _ = get_loss("dapo")(b, Cfg)
+    assert loss.item() == pytest.approx(-0.5)
+    loss.backward()
+    assert b.new_lp.grad.flatten().tolist() == pytest.approx([-0.5, -0.5, 0.0, 0.5, 0.0, 0.0])
+    ref = torch.tensor([[0.0, -2.0, 0.0], [0.5, 0.0, 0.0]])  # k1 = new − ref: row 0 (−1 + 0)/2, row 1 −1/1
+    assert kl_penalty(_batch(agg="seq-mean-token-mean", n_seqs=4.0, ref_lp=ref), "k1").item() == pytest.approx(-1.5 / 4)
+
+
 def test_dapo_counts_clipped_tokens():
     b = _batch(old_lp=torch.tensor([[-1.5, -2.0, 0.0], [-0.5, 0.0, 0.0]]))  # ratio e^0.5 on token 0
     _, stats = get_loss("dapo")(b, Cfg)

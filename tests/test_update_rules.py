@@ -4,6 +4,8 @@
   (ddof 0 would give 1.732…, no std 0.75); a pair [2, 0] → ±1/√2.
 * DAPO token-mean over the **mini-batch**: on the first optimizer step the ratio is 1, so the loss is
   −Σᵢ Aᵢ·nᵢ / Σᵢ nᵢ over the mini-batch's mask-1 tokens nᵢ, however it is split into micro-batches.
+* ``loss_agg: seq-mean-token-mean``: −Σᵢ Aᵢ / (the mini-batch's rows) at ratio 1, each row's tokens averaged
+  first — micro-batches of one or two alike.
 * Gradient clipping: Adam's first step moves a parameter by lr·g/(|g| + 1e-8); clipped to a total
   norm of 1e-12 no parameter may move more than lr·1e-4, unclipped most move by ≈ lr.
 * Step metrics: in a second epoch the ratios, clipped share, approx KL and entropy are those of the policy the
@@ -13,11 +15,14 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import polars as pl
 import pytest
 
 from models.config import TrainerConfig
 from models.engine import load_causal_lm
+from models.losses import AGGREGATIONS
 from models.trainer import Sample, update
 from tasks.training.config import MixConfig
 from tasks.training.mixing import grpo_advantages, mix_rows
@@ -140,6 +145,25 @@ def test_token_mean_over_the_mini_batch(batch, warm_model_dir, chat, tmp_path, m
     assert m["train/loss"] == pytest.approx(0.5, abs=1e-4)
     assert m["train/tokens"] == 12 and m["train/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
     assert m["train/clip_frac"] == 0.0 and m["train/optimizer_steps"] == 1
+
+
+@pytest.mark.parametrize("micro_batch", [1, 2])
+def test_seq_mean_token_mean_weighs_every_sequence_the_same(batch, warm_model_dir, chat, tmp_path, micro_batch):
+    """``loss_agg: seq-mean-token-mean`` with advantages 1 and −0.5: −(1·3/3 + (−0.5)·9/9) / 2 = −0.25 (the
+    token-mean gives −(1·3 − 0.5·9) / 12 = +0.125, a mean over micro-batches of one −(1 − 0.5) = −0.5)."""
+    rows = [Sample(s.prompt_ids, s.response_ids, s.response_mask, a) for s, a in zip(batch, [1.0, -0.5])]
+    pad = chat.tokenizer.pad_token_id
+    cfg = TrainerConfig(lr=1e-9, mini_batches=1, micro_batch=micro_batch, loss_agg="seq-mean-token-mean")
+    assert update(warm_model_dir, rows, cfg, tmp_path / "seq", pad, seed=0)["train/loss"] == pytest.approx(-0.25, abs=1e-4)
+    token = update(warm_model_dir, rows, TrainerConfig(lr=1e-9, mini_batches=1, micro_batch=micro_batch),
+                   tmp_path / "tok", pad, seed=0)
+    assert token["train/loss"] == pytest.approx(0.125, abs=1e-4)
+
+
+def test_an_unknown_loss_aggregation_names_the_valid_ones():
+    with pytest.raises(ValueError, match=r"(?s)loss_agg.*'token-mean' or 'seq-mean-token-mean'"):
+        TrainerConfig(loss_agg="seq-sum")
+    assert set(get_args(TrainerConfig.model_fields["loss_agg"].annotation)) == set(AGGREGATIONS)  # config = registry
 
 
 def max_change(before_dir, after_dir) -> float:
