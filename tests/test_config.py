@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import BaseModel
 
@@ -61,3 +63,14 @@ def test_every_field_has_a_docstring():
 
 def test_config_hash_changes_with_values():
     assert load_config(TINY).hash() != load_config(TINY, ["seed=1"]).hash()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_every_committed_config_loads_and_its_model_exists_or_can_be_built(name):
+    """A config with ``model.build: none`` (FrozenLake's) must point at a committed checkpoint."""
+    cfg = load_config(ROOT / "configs" / name)
+    if cfg.model.build == "none":
+        assert (ROOT / cfg.model.path / "model.safetensors").is_file(), f"{name}: {cfg.model.path} is not committed"

@@ -126,3 +126,19 @@ def test_rewarm_settings_get_their_own_work_folder_and_a_missing_base_is_named(t
         build_env_policy(tmp_path, tmp_path / "out", EnvWarmupConfig(base=str(tmp_path / "nowhere")),
                          TinyModelConfig(), WarmupConfig())
     assert not (tmp_path / "corpus.jsonl").exists()
+
+
+def test_the_committed_grid_policy_reads_the_grid():
+    """``assets/tiny-env-grid`` (FrozenLake's starting policy) answers validly, plays several moves a turn like its
+    teacher (``tiny-env``: 1.0) and starts on a shortest path far more often than uniform moves (0.34): on these
+    64 held-out maps × 2 it measured 0.617 with 1.62 moves a turn (``tiny-env``: 0.25 on 32 of them)."""
+    from pathlib import Path
+
+    from tasks.envs.evaluate import evaluate_env
+
+    root = Path(__file__).resolve().parents[1]
+    m = evaluate_env(root / "assets" / "tiny-env-grid", env_config("frozen_lake"), n_states=64, samples=2,
+                     max_new_tokens=48, max_response_tokens=640)
+    assert m["eval/frozen_lake/valid_action_rate"] >= 0.95
+    assert m["eval/frozen_lake/actions_per_turn"] > 1.3
+    assert m["eval/frozen_lake/path_agreement"] > 0.45
