@@ -1,7 +1,8 @@
 """Store failures are clear errors, raised before any work, and never corrupt what exists.
 
 * MLflow server unreachable → ``TrackingUnavailable`` naming the URL (library and CLI);
-* the DuckDB file held by another process (a writer or a read-only notebook) → ``StoreLockedError`` naming it,
+* the DuckDB file held by another process (a writer or a read-only notebook) → waited for up to
+  ``db.LOCK_WAIT_S`` (a parallel run's brief session ends), then ``StoreLockedError`` naming it,
   before any MLflow run exists; a tracking server that dies mid-run fails after ``tracking.http_retries``;
 * a crash while a checkpoint is written → the previous checkpoint still loads.
 """
@@ -12,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -83,15 +85,31 @@ def test_duckdb_held_by_another_process_names_it(tmp_path, mode):
     holder = _hold(path, mode)
     try:
         with pytest.raises(db.StoreLockedError) as err:
-            db.connect(path)
+            db.connect(path, wait_s=0.5)
         msg = str(err.value)
         assert msg.startswith(f"tracking.duckdb_path: {path} is open in PID {holder.pid} (")
+        assert "(waited 0.5 s)" in msg
         assert "notebook-marker" in msg and "\n" not in msg and "even a read-only one" in msg
         assert "writer" not in msg
     finally:
         holder.kill()
         holder.wait(timeout=30)
     db.connect(path).close()
+
+
+def test_a_session_held_briefly_elsewhere_is_waited_for(tmp_path):
+    """Parallel runs on one store: a file another process holds for 1 s opens once it is released."""
+    path = tmp_path / "brief.duckdb"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER.replace("time.sleep(120)", "time.sleep(1)"), str(path),
+                               "rw"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        start = time.monotonic()
+        db.connect(path, wait_s=30).close()
+        assert 0.5 < time.monotonic() - start < 30  # it waited for the holder, which slept 1 s
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
 
 
 def test_cli_train_with_the_duckdb_file_held_fails_before_mlflow(warm_model_dir, tmp_path):

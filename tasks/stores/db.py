@@ -16,7 +16,9 @@ Schema (primary keys in brackets)::
 
 A step's rows are replaced in one transaction (a rerun of step N never duplicates rows);
 rows go in as Arrow batches (``INSERT ... BY NAME``), never one by one. One process per file
-(DuckDB's lock): a file open elsewhere, even read-only, fails with a one-line error naming that process.
+(DuckDB's lock): opening waits up to ``LOCK_WAIT_S`` for another process's session to end (parallel runs on
+one store write in short sessions), then a file still open elsewhere, even read-only, fails with a one-line
+error naming that process.
 
 Every SQL statement of the pipeline lives here, with its values as parameters (never pasted
 into the text). Writers open the file with ``session(path)`` (closed on exit); readers use the
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -124,17 +127,28 @@ def _holder(message: str) -> str:
     return f"PID {pid}" + (f" ({' '.join(short)[:240]})" if short else "")
 
 
-def connect(path: str | Path) -> duckdb.DuckDBPyConnection:
-    """Open (and create) the store; a file another process holds is a one-line error naming that process."""
+LOCK_WAIT_S = 5.0
+"""How long ``connect`` retries a file another process holds: longer than any write session of a run."""
+
+
+def connect(path: str | Path, wait_s: float = LOCK_WAIT_S) -> duckdb.DuckDBPyConnection:
+    """Open (and create) the store, retrying for ``wait_s`` while another process holds it; a file still held
+    then is a one-line error naming that process."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    try:
-        con = duckdb.connect(str(path))
-    except duckdb.IOException as err:
-        if "lock" in str(err).lower():
-            raise StoreLockedError(
-                f"tracking.duckdb_path: {path} is open in {_holder(str(err))}; DuckDB allows one process per file, "
-                "even a read-only one: close it there, or set tracking.duckdb_path") from None
-        raise
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            con = duckdb.connect(str(path))
+            break
+        except duckdb.IOException as err:
+            if "lock" not in str(err).lower():
+                raise
+            if time.monotonic() >= deadline:
+                raise StoreLockedError(
+                    f"tracking.duckdb_path: {path} is open in {_holder(str(err))} (waited {wait_s:g} s); DuckDB "
+                    "allows one process per file, even a read-only one: close it there, or set "
+                    "tracking.duckdb_path") from None
+            time.sleep(0.1)
     con.execute(SCHEMA)
     return con
 
