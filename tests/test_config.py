@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from flows.config import ConfigError, RunConfig, load_config
 
 TINY = "configs/tiny.yaml"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_tiny_yaml_loads_with_overrides():
@@ -63,9 +64,6 @@ def test_every_field_has_a_docstring():
 
 def test_config_hash_changes_with_values():
     assert load_config(TINY).hash() != load_config(TINY, ["seed=1"]).hash()
-
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))

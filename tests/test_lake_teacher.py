@@ -6,12 +6,14 @@ from __future__ import annotations
 import random
 import re
 from functools import partial
+from pathlib import Path
 
 import pytest
 
 from tasks.envs import make_env
 from tasks.envs.config import EnvWarmupConfig, LakeTeacherConfig, env_config
 from tasks.envs.episode import Episode
+from tasks.envs.evaluate import evaluate_env
 from tasks.envs.lake_teacher import grid_lake_turn, optimum, path_moves, safe_moves
 from tasks.envs.prompt import parse_response
 from tasks.envs.solver import read_corpus, write_corpus
@@ -132,12 +134,7 @@ def test_the_committed_grid_policy_reads_the_grid():
     """``assets/tiny-env-grid`` (FrozenLake's starting policy) answers validly, plays several moves a turn like its
     teacher (``tiny-env``: 1.0) and starts on a shortest path far more often than uniform moves (0.34): on these
     64 held-out maps × 2 it measured 0.617 with 1.62 moves a turn (``tiny-env``: 0.25 on 32 of them)."""
-    from pathlib import Path
-
-    from tasks.envs.evaluate import evaluate_env
-
-    root = Path(__file__).resolve().parents[1]
-    m = evaluate_env(root / "assets" / "tiny-env-grid", env_config("frozen_lake"), n_states=64, samples=2,
+    m = evaluate_env(Path(__file__).resolve().parents[1] / "assets" / "tiny-env-grid", env_config("frozen_lake"), n_states=64, samples=2,
                      max_new_tokens=48, max_response_tokens=640)
     assert m["eval/frozen_lake/valid_action_rate"] >= 0.95
     assert m["eval/frozen_lake/actions_per_turn"] > 1.3
