@@ -6,7 +6,9 @@
     cleaner warmup-gate [--model D]  measure a warmed-up policy (or LoRA adapter) against the warm-up gate (≥ 500
                                      trajectories; --set gate.start=.. runs a part, --combine merges parts)
     cleaner train [--set k=v]        the Prefect training flow
-    cleaner resume RUN               rerun a crashed run: finished stages are skipped
+    cleaner resume RUN               rerun a crashed run: finished stages are skipped (a deployment's run is retried
+                                     through Prefect, in its own flow run)
+    cleaner ui                       the MLflow UI over the config's store, light, in the model-training view
     cleaner eval [--checkpoint DIR | --model models:/NAME@best]
                                      the evaluate flow: pass@k, first-call failures, recovery, SAAR off and on
     cleaner compare                  CLEANER vs DAPO vs SAAR-everywhere over seeds, with a report
@@ -21,6 +23,8 @@ Every command takes ``--config`` (YAML) and repeatable ``--set key.path=value`` 
 from __future__ import annotations
 
 import os
+import signal
+from contextlib import contextmanager
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -63,6 +67,34 @@ def _check_tracking(cfg) -> None:
         raise typer.Exit(2) from None
 
 
+WARMUP_COST = "about 25 minutes on 2 CPU cores"
+
+
+def _check_policy(cfg) -> None:
+    """A ``model.path`` that does not exist is an error naming it, unless the config asks for the model to be built
+    (``model.build``); a build says what it does and how long it takes (``flows.train.ensure_policy``)."""
+    from flows.train import missing_policy
+
+    problem = missing_policy(cfg)
+    if problem:
+        console.print(f"[red]{problem}[/red]", soft_wrap=True)
+        raise typer.Exit(2)
+
+
+@contextmanager
+def stopped_by_sigterm():
+    """SIGTERM (``kill``, a CI runner, a process manager) ends the command as Ctrl-C does: the flow run is marked,
+    and the temporary Prefect server this process started is stopped on the way out instead of outliving it."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _mount_optional(name: str, module: str, help_text: str) -> None:
     import importlib
 
@@ -83,13 +115,20 @@ def build_tiny_cmd(config: Path = ConfigOpt, overrides: list[str] | None = SetOp
     console.print(f"tiny model (untrained) in [bold]{out}[/bold]")
 
 
+def run_warmup(config: Path, overrides: list[str] | None) -> None:
+    """The warm-up flow (shared by ``warmup`` and ``demo``)."""
+    from flows.warmup import warmup_flow
+
+    cfg = _load(config, overrides)
+    console.print(f"warm-up of [bold]{cfg.model.path}[/bold]: SFT corpus, model build, SFT, gate — "
+                  f"{WARMUP_COST}; progress bars follow")
+    warmup_flow(str(config), list(overrides or []))
+
+
 @app.command()
 def warmup(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt) -> None:
     """Build the tiny model if needed and warm it up by SFT into ``model.path``."""
-    from flows.warmup import warmup_flow
-
-    _load(config, overrides)
-    warmup_flow(str(config), overrides or [])
+    run_warmup(config, overrides)
 
 
 @app.command("warmup-gate")
@@ -131,6 +170,27 @@ def warmup_gate_cmd(config: Path = ConfigOpt, overrides: list[str] | None = SetO
     console.print(f"gate {'passed' if report['passed'] else 'NOT passed'}; figures in {out}")
 
 
+def run_train(config: Path, overrides: list[str] | None, run_id: str | None = None, profile: bool = False,
+              parent_mlflow_run: str | None = None) -> dict:
+    """The training flow from the command line (shared by ``train`` and ``demo``): config and store checks first,
+    then the flow; with ``profile`` a fully cached rerun and the step-time table."""
+    from flows.train import train as train_flow
+
+    cfg = _load(config, overrides)
+    _check_tracking(cfg)
+    _check_policy(cfg)
+    with stopped_by_sigterm():
+        result = train_flow(str(config), list(overrides or []), run_id, parent_mlflow_run)
+        console.print(f"run [bold]{result['run_id']}[/bold] finished; final checkpoint {result['final_checkpoint']}")
+        if profile:
+            from flows.step_profile import profile_table
+
+            rerun = train_flow(str(config), list(overrides or []), result["run_id"])
+            console.print(profile_table(cfg.tracking.duckdb_path, result["run_id"], result["step_wall_s"],
+                                        rerun["step_wall_s"]))
+    return result
+
+
 @app.command()
 def train(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
           run_id: str | None = typer.Option(None, help="Run id; an existing one is resumed."),
@@ -138,32 +198,34 @@ def train(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
           parent_mlflow_run: str | None = typer.Option(None, hidden=True,
                                                           help="MLflow run to nest this run under (compare).")) -> None:
     """Run the Prefect training flow."""
-    from flows.train import train as train_flow
-
-    cfg = _load(config, overrides)
-    _check_tracking(cfg)
-    result = train_flow(str(config), overrides or [], run_id, parent_mlflow_run)
-    console.print(f"run [bold]{result['run_id']}[/bold] finished; final checkpoint {result['final_checkpoint']}")
-    if profile:
-        from flows.step_profile import profile_table
-
-        rerun = train_flow(str(config), overrides or [], result["run_id"])
-        console.print(profile_table(cfg.tracking.duckdb_path, result["run_id"], result["step_wall_s"],
-                                    rerun["step_wall_s"]))
+    run_train(config, overrides, run_id, profile, parent_mlflow_run)
 
 
 @app.command()
-def resume(run_id: str, output_dir: Path = typer.Option(Path("runs"), help="Folder holding the run folders.")) -> None:
-    """Rerun a crashed or stopped run: finished stages are skipped, training continues where it stopped."""
-    from flows.train import train as train_flow
+def resume(run_id: str, output_dir: Path = typer.Option(Path("runs"), help="Folder holding the run folders."),
+           local: bool = typer.Option(False, help="Resume here in a new flow run even when a deployment started the "
+                                                  "run (its deployment history then shows the crashed attempt).")) -> None:
+    """Rerun a crashed or stopped run: finished stages are skipped, training continues where it stopped.
 
+    A run started from a deployment is retried through Prefect (as the UI's Retry does): the same flow run goes back
+    to the deployment's work pool, so the deployment's history shows one run that finished."""
     config = output_dir / run_id / "config.json"
     if not config.exists():
         console.print(f"[red]no run {run_id!r}[/red]: {config} does not exist")
         raise typer.Exit(2)
-    _check_tracking(_load(config, None))
-    result = train_flow(str(config), [], run_id)
-    console.print(f"run [bold]{result['run_id']}[/bold] finished; final checkpoint {result['final_checkpoint']}")
+    from flows.resume import deployment_flow_run, retry_flow_run
+
+    origin = None if local else deployment_flow_run(output_dir / run_id)
+    if origin:
+        try:
+            state = retry_flow_run(origin)
+        except RuntimeError as err:
+            console.print(f"[red]{err}[/red]", soft_wrap=True)
+            raise typer.Exit(2) from None
+        console.print(f"run [bold]{run_id}[/bold]: flow run {origin} of its deployment retried ({state}); its work "
+                      f"pool's worker resumes it — watch with `prefect flow-run logs {origin}` (--local resumes here)")
+        return
+    run_train(config, None, run_id)
 
 
 @app.command("eval")
@@ -298,25 +360,64 @@ def demo(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt) -> None
     _check_tracking(cfg)
     if not Path(cfg.model.path).exists():
         console.rule("warm-up: building the tiny model")
-        warmup(config, overrides)
+        run_warmup(config, overrides)
     console.rule("training")
-    train(config, overrides, None)
+    run_train(config, overrides)
     console.rule("results")
-    from mlflow import MlflowClient
-
     from tasks.stores.links import experiment_url
 
-    exp = MlflowClient(cfg.tracking.mlflow_uri).get_experiment_by_name(cfg.tracking.experiment or cfg.name)
     name = cfg.tracking.registered_model or cfg.name
     console.print(
-        f"MLflow UI:  [bold]mlflow ui --backend-store-uri {cfg.tracking.mlflow_uri} --port 5000[/bold]"
-        f"  → {experiment_url(cfg.tracking, exp.experiment_id)}\n"
+        f"MLflow UI:  [bold].venv/bin/cleaner ui --config {config}[/bold]"
+        f"  → {experiment_url(cfg.tracking, _experiment_id(cfg))}\n"
         "            runs, traces (filter tags.rollback = 'true'), logged models; docs/mlflow.md\n"
         f"Policy:     [bold]mlflow.transformers.load_model(\"models:/{name}@best\")[/bold]  or  "
         f"[bold].venv/bin/cleaner eval --model models:/{name}@best[/bold]\n"
         f"DuckDB:     [bold]{cfg.tracking.duckdb_path}[/bold]  e.g. "
         "[bold].venv/bin/cleaner query \"SELECT step, kind, count(*) FROM saar_events GROUP BY ALL ORDER BY ALL\"[/bold]"
     )
+
+
+def ui_argv(cfg, host: str, port: int) -> tuple[list[str], dict[str, str]]:
+    """The light MLflow UI over the config's store: one worker and no job runner (GenAI jobs) — the stack's MLflow
+    (``flows.serve_stack``): ~0.5 GB in 2 processes where ``mlflow ui``'s defaults take ~2.2 GB in 15."""
+    import shutil
+    import sys
+
+    from flows.serve_stack import QUIET
+
+    mlflow = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
+    argv = [mlflow, "server", "--backend-store-uri", cfg.tracking.mlflow_uri, "--host", host, "--port", str(port),
+            "--workers", "1"]
+    return argv, {**os.environ, **QUIET, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
+@app.command()
+def ui(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
+       host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+       port: int = typer.Option(5000, help="Port to listen on.")) -> None:
+    """Browse the runs: MLflow's UI over the config's store, in the model-training view (Ctrl-C stops it)."""
+    from tasks.stores.config import TrackingConfig
+    from tasks.stores.links import experiment_url, mlflow_ui
+
+    cfg = _load(config, overrides)
+    if cfg.tracking.mlflow_uri.startswith(("http://", "https://")):
+        console.print(f"tracking.mlflow_uri is an MLflow server: its UI is {mlflow_ui(cfg.tracking)}")
+        raise typer.Exit(0)
+    argv, env = ui_argv(cfg, host, port)
+    view = TrackingConfig(mlflow_uri=f"http://{host}:{port}")
+    exp = _experiment_id(cfg)
+    where = experiment_url(view, exp) if exp else f"http://{host}:{port}/#/experiments?workflowType=machine_learning"
+    console.print(f"MLflow UI over {cfg.tracking.mlflow_uri}: [bold]{where}[/bold] (ready in ~30 s; Ctrl-C stops it)",
+                  soft_wrap=True)
+    os.execve(argv[0], argv, env)
+
+
+def _experiment_id(cfg) -> str | None:
+    from mlflow import MlflowClient
+
+    exp = MlflowClient(cfg.tracking.mlflow_uri).get_experiment_by_name(cfg.tracking.experiment or cfg.name)
+    return exp.experiment_id if exp else None
 
 
 _mount_optional("sandbox", "flows.cli_sandbox", "Sandbox tools (benchmark).")

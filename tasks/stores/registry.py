@@ -154,11 +154,15 @@ def _version_of(client, name: str, model) -> str:
 
 @named_errors
 def register_run(cfg: TrackingConfig, mlrun: str, run_id: str, name: str) -> dict[str, str]:
-    """Register the run's best and final checkpoints under ``name``; returns {"final": v, "best": v, ...}."""
+    """Register the run's best and final evaluated checkpoints under ``name``; returns {"final": v, "best": v, ...}.
+
+    Only evaluated policies become model versions: a version says how good it is, and a run that evaluated nothing
+    (``train.eval_every=0``, a smoke run) registers nothing — its final checkpoint stays a logged model of the run.
+    "final" is then the last evaluated policy."""
     from mlflow.exceptions import MlflowException
 
     client = _client(cfg)
-    models = run_models(cfg, mlrun, run_id)
+    models = [m for m in run_models(cfg, mlrun, run_id) if _score(m) > float("-inf")]
     if not models:
         return {}
     final = models[-1]
