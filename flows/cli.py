@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import signal
-from contextlib import contextmanager
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -81,18 +80,15 @@ def _check_policy(cfg) -> None:
         raise typer.Exit(2)
 
 
-@contextmanager
-def stopped_by_sigterm():
-    """SIGTERM (``kill``, a CI runner, a process manager) ends the command as Ctrl-C does: the flow run is marked,
-    and the temporary Prefect server this process started is stopped on the way out instead of outliving it."""
+@app.callback()
+def _stop_on_sigterm() -> None:
+    """SIGTERM (``kill``, a CI runner, a process manager) ends any command as Ctrl-C does: its flow run is marked,
+    and the temporary Prefect server the process started is stopped on the way out (Prefect stops it at interpreter
+    exit, which a default SIGTERM skips) instead of outliving the command."""
     def interrupt(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def _mount_optional(name: str, module: str, help_text: str) -> None:
@@ -179,15 +175,14 @@ def run_train(config: Path, overrides: list[str] | None, run_id: str | None = No
     cfg = _load(config, overrides)
     _check_tracking(cfg)
     _check_policy(cfg)
-    with stopped_by_sigterm():
-        result = train_flow(str(config), list(overrides or []), run_id, parent_mlflow_run)
-        console.print(f"run [bold]{result['run_id']}[/bold] finished; final checkpoint {result['final_checkpoint']}")
-        if profile:
-            from flows.step_profile import profile_table
+    result = train_flow(str(config), list(overrides or []), run_id, parent_mlflow_run)
+    console.print(f"run [bold]{result['run_id']}[/bold] finished; final checkpoint {result['final_checkpoint']}")
+    if profile:
+        from flows.step_profile import profile_table
 
-            rerun = train_flow(str(config), list(overrides or []), result["run_id"])
-            console.print(profile_table(cfg.tracking.duckdb_path, result["run_id"], result["step_wall_s"],
-                                        rerun["step_wall_s"]))
+        rerun = train_flow(str(config), list(overrides or []), result["run_id"])
+        console.print(profile_table(cfg.tracking.duckdb_path, result["run_id"], result["step_wall_s"],
+                                    rerun["step_wall_s"]))
     return result
 
 

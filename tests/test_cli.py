@@ -80,3 +80,52 @@ def test_train_command_runs_and_exits_cleanly(warm_model_dir, tmp_path):
 def test_serve_without_a_recorded_stack_says_so(command, tmp_path):
     res = runner.invoke(app, ["serve", command, "--dir", str(tmp_path)])
     assert res.exit_code == 1 and "no stack recorded here" in _out(res)
+
+
+def _session(sid: int) -> list[int]:
+    """Processes of session ``sid`` (not zombies)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_temporary_prefect_server_with_the_command(warm_model_dir, tmp_path):
+    """`cleaner train` killed with SIGTERM while it trains: it exits, and the temporary Prefect server it started
+    (a child process listening on a port) does not outlive it."""
+    import signal
+    import time
+
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PYTHONPATH": str(ROOT)}
+    env.pop("PREFECT_API_URL", None)
+    from tests.flowrun import tiny_overrides
+
+    cmd = [sys.executable, "-m", "flows.cli", "train", "--config", str(ROOT / "configs/tiny.yaml")]
+    for s in tiny_overrides(tmp_path, warm_model_dir, steps=50):
+        cmd += ["--set", s]
+    with open(tmp_path / "out.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not list((tmp_path / "runs").glob("*/steps/000000")):
+            assert proc.poll() is None, (tmp_path / "out.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "training never started"
+            time.sleep(0.5)
+        server = [p for p in _session(proc.pid) if p != proc.pid]
+        assert server, "no temporary Prefect server process below the command"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+        deadline = time.monotonic() + 30
+        while _session(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _session(proc.pid) == [], f"left running after SIGTERM: {_session(proc.pid)}"
+    finally:
+        for pid in _session(proc.pid):
+            os.kill(pid, signal.SIGKILL)
