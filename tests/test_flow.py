@@ -98,3 +98,18 @@ def test_default_run_id_follows_the_flow_run():
     assert default_run_id("tiny", a, "brave-otter") == default_run_id("tiny", a, "brave-otter")
     assert default_run_id("tiny", a, "brave-otter") != default_run_id("tiny", b, "brave-otter")
     assert default_run_id("tiny", a, "brave-otter") == f"tiny-brave-otter-{a.replace('-', '')[-8:]}"
+
+
+def test_a_failed_stage_is_named_in_the_flow_runs_final_state(prefect_harness, warm_model_dir, tmp_path,
+                                                              monkeypatch):
+    """The rollout stage raises (an invalid fault-injection spec is a ValueError at its first crash point): the flow
+    run ends Failed, and its state message — what ``prefect deployment run --watch``, ``flow-run inspect`` and the UI
+    show — names the stage, the step and the error."""
+    from tasks.training.faults import ENV
+    from tests.flowrun import tiny_overrides
+
+    monkeypatch.setenv(ENV, "bogus")
+    state = train("configs/tiny.yaml", tiny_overrides(tmp_path, warm_model_dir, steps=1), "failing", return_state=True)
+    assert state.is_failed()
+    assert "StageFailed: stage 'rollout' of step 0 failed: ValueError: CLEANER_CRASH_AT='bogus': unknown crash " \
+           "point" in state.message, state.message
