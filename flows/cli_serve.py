@@ -9,6 +9,7 @@ process behind.
     cleaner serve status                # servers, restarts, scheduler errors from the Prefect log
     cleaner serve restart mlflow        # or prefect / worker
     cleaner serve stop [--force]        # refuses while flow runs are active; --force cancels them and waits
+    cleaner serve schedule train/train-tiny --cron '0 2 * * *' --set train.steps=2   # a schedule with its parameters
 
 Layout (``--dir``, default ``.serve``): ``logs/{prefect,worker,mlflow,supervisor}.log`` and ``pids.json``. The MLflow
 server reads the store the flows write by default (``sqlite:///mlflow.db``, ``./mlartifacts``).
@@ -245,6 +246,57 @@ def status(folder: Path = DirOpt) -> None:
     typer.echo(f"PREFECT_API_URL={state['prefect_api']}  MLflow {state['mlflow_uri']}")
     if not healthy:
         raise typer.Exit(1)
+
+
+@app.command()
+def schedule(deployment: str = typer.Argument(..., help="FLOW/DEPLOYMENT, e.g. train/train-tiny."),
+             cron: str | None = typer.Option(None, help="Cron expression (UTC), e.g. '0 2 * * *'."),
+             interval: float | None = typer.Option(None, help="Or: seconds between runs."),
+             overrides: list[str] | None = typer.Option(None, "--set", "-s", help="Override for the scheduled runs: "
+                                                        "key.path=value (repeatable), after the deployment's own."),
+             slug: str | None = typer.Option(None, help="Name of the schedule (default: derived from the overrides)."),
+             folder: Path = DirOpt) -> None:
+    """Add a schedule with its own parameters to a deployment of the served stack (``prefect deployment schedule
+    create`` takes none): its runs train with the deployment's overrides followed by ``--set``'s."""
+    from flows.config import ConfigError, load_config
+
+    if (cron is None) == (interval is None):
+        typer.echo("give exactly one of --cron and --interval")
+        raise typer.Exit(2)
+    api, token = _api(folder)
+    with serve_api.client(api, token, 30.0) as http:
+        found = http.get(f"/deployments/name/{deployment}") if deployment.count("/") == 1 else None
+        if found is None or found.status_code == 404:
+            typer.echo(f"no deployment {deployment!r} on {api} (FLOW/DEPLOYMENT, see `prefect deployment ls`)")
+            raise typer.Exit(2)
+        dep = found.json()
+        params = dep.get("parameters") or {}
+        sets = [*(params.get("overrides") or []), *(overrides or [])]
+        try:
+            load_config(params.get("config_path", "configs/tiny.yaml"), sets)
+        except ConfigError as err:
+            typer.echo(f"config error: {err}")
+            raise typer.Exit(2) from None
+        when = {"cron": cron, "timezone": "UTC"} if cron else {"interval": interval}
+        body = [{"schedule": when, "active": True, "parameters": {"overrides": sets},
+                 "slug": slug or ("-".join(overrides or []) or "default")[:100]}]
+        made = http.post(f"/deployments/{dep['id']}/schedules", json=body).json()
+    typer.echo(f"schedule {made[0]['slug']!r} of {deployment}: {cron or f'every {interval:g} s'} with overrides "
+               f"{sets}")
+
+
+def _api(folder: Path) -> tuple[str, str | None]:
+    """The Prefect API to talk to: the recorded stack of ``folder``, else ``PREFECT_API_URL``."""
+    try:
+        state = read_state(folder)
+        return state["prefect_api"], _token(state)
+    except FileNotFoundError:
+        pass
+    api = os.environ.get("PREFECT_API_URL")
+    if not api:
+        typer.echo(f"no stack recorded in {folder} and no PREFECT_API_URL set")
+        raise typer.Exit(1)
+    return api, os.environ.get("PREFECT_API_AUTH_STRING")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
 
 CHROMIUM = os.environ.get("CLEANER_CHROMIUM", "/usr/bin/chromium")
 DRIVER = os.environ.get("CLEANER_CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -66,7 +67,8 @@ def stop_group(proc: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def site(tracked_run):
-    """The finished 2-step run served by a real ``mlflow server``; yields (url, run info, work dir)."""
+    """The finished 2-step run served by ``cleaner ui`` (the README's browsing command: a real ``mlflow server``);
+    yields (url, run info, work dir, the link ``cleaner ui`` printed, the server's process group)."""
     from mlflow.tracking import MlflowClient
 
     work, result = tracked_run
@@ -74,16 +76,17 @@ def site(tracked_run):
     run = MlflowClient(tracking_uri=store).get_run(result["mlflow_run_id"])
     port = free_port()
     log = work / "mlflow-server.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", store,
-             "--artifacts-destination", str(work / "mlartifacts"), "--host", "127.0.0.1", "--port", str(port),
-             "--workers", "1"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            [sys.executable, "-m", "flows.cli", "ui", "--port", str(port), "--set", f"tracking.mlflow_uri={store}",
+             ],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_health(url, proc, log)
-        yield url, run, work
+        printed = re.search(r"http://\S+", " ".join(log.read_text().split()[:40])).group(0)
+        yield url, run, work, printed, proc.pid
     finally:
         stop_group(proc)
 
@@ -118,8 +121,42 @@ def wait_for(driver, predicate, what: str, timeout_s: float = 90.0):
         pytest.fail(f"{what} not shown within {timeout_s} s at {driver.current_url}")
 
 
+def _group_rss_mb(pgid: int) -> tuple[int, float]:
+    """(processes, total resident MB) of a process group."""
+    procs, rss = 0, 0.0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            if os.getpgid(int(status.parent.name)) != pgid:
+                continue
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        except (OSError, ValueError):
+            continue
+        procs += 1
+        rss += int(fields.get("VmRSS", "0 kB").split()[0]) / 1024
+    return procs, rss
+
+
+def test_cleaner_ui_is_light_and_its_link_opens_the_training_view(site, browser, tmp_path):
+    """`cleaner ui` serves the store in 2 processes under 1 GB (``mlflow ui``'s defaults: 15 and ~2.2 GB), and the
+    experiment link it prints opens the model-training view (Runs, Models, the registry), not the GenAI one
+    (Evaluation runs, Judges, Prompts), in a fresh browser."""
+    url, run, _, printed, pgid = site
+    procs, rss = _group_rss_mb(pgid)
+    print(f"cleaner ui: {procs} processes, {rss:.0f} MB resident")
+    assert procs <= 3 and rss < 1024, (procs, rss)
+    assert printed == f"{url}/#/experiments/{run.info.experiment_id}/runs?workflowType=machine_learning"
+    from selenium.webdriver.common.by import By
+
+    browser.get(printed)
+    wait_for(browser, lambda d: run.info.run_name in d.page_source, "the run in the experiment's table")
+    nav = " ".join(e.text for e in browser.find_elements(By.TAG_NAME, "aside") + browser.find_elements(By.TAG_NAME, "nav"))
+    page = browser.find_element(By.TAG_NAME, "body").text
+    assert "Model registry" in page and "Evaluation runs" not in page and "Judges" not in page, nav or page[:500]
+    docs_shot(browser, tmp_path, "mlflow_training_view.png")
+
+
 def test_run_page_shows_the_metrics(site, browser, tmp_path):
-    url, run, _ = site
+    url, run, *_ = site
     browser.get(f"{url}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}")
     wait_for(browser, lambda d: "rollout/accuracy" in d.page_source, "metric rollout/accuracy")
     for key in ["saar/rollbacks_triggered", "tools/first_attempt_success_rate"]:
@@ -151,7 +188,7 @@ def _expected_ids(work: Path) -> set[str]:
 def test_viewer_artifact_renders_its_trajectories(site, browser, tmp_path):
     from selenium.webdriver.common.by import By
 
-    url, run, work = site
+    url, run, work, *_ = site
     artifact = f"viewer/step_{STEP:06d}.html"
     got = httpx.get(f"{url}/get-artifact", params={"path": artifact, "run_uuid": run.info.run_id}, timeout=30)
     assert got.status_code == 200, f"{artifact} is not an artifact of the run (log_stage must log it): {got.text[:300]}"
@@ -212,7 +249,7 @@ def test_experiment_opens_in_the_training_view(site, browser, tmp_path):
 
     from tasks.stores.links import experiment_url
 
-    url, run, _ = site
+    url, run, *_ = site
     browser.get(experiment_url(_cfg(url), run.info.experiment_id))
     wait_for(browser, lambda d: "browsertest" in d.page_source, "the run row")
     nav = browser.find_element(By.TAG_NAME, "body").text
@@ -230,7 +267,7 @@ def _rollback_trace(site) -> tuple[str, str, str]:
     """(trace id, span name, error kind) of a training trace whose turn span carries a recovered rollback."""
     import mlflow
 
-    _, run, work = site
+    _, run, work, *_ = site
     mlflow.set_tracking_uri(f"sqlite:///{work / 'mlflow.db'}")
     found = mlflow.search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id, return_type="list",
                                  filter_string="tags.rollback = 'true' AND tags.kind = 'train'", max_results=100)
@@ -243,7 +280,7 @@ def _rollback_trace(site) -> tuple[str, str, str]:
 def test_a_trace_shows_the_rollback_on_the_span_it_replaced(site, browser, tmp_path):
     from selenium.webdriver.common.by import By
 
-    url, run, _ = site
+    url, run, *_ = site
     trace_id, span_name, error = _rollback_trace(site)
     browser.get(f"{url}/#/experiments/{run.info.experiment_id}/traces?workflowType=machine_learning"
                 f"&selectedEvaluationId={trace_id}")
@@ -264,7 +301,7 @@ def test_a_trace_shows_the_rollback_on_the_span_it_replaced(site, browser, tmp_p
 def test_a_logged_checkpoint_lists_its_evaluation_metrics(site, browser, tmp_path):
     import duckdb
 
-    url, run, work = site
+    url, run, work, *_ = site
     model_id = next(o.model_id for o in run.outputs.model_outputs if o.step == 2)
     con = duckdb.connect(str(work / "cleaner.duckdb"), read_only=True)
     (value,) = con.execute("SELECT value FROM evaluations WHERE policy_version = 2 AND key = "
@@ -284,7 +321,7 @@ def test_a_logged_checkpoint_lists_its_evaluation_metrics(site, browser, tmp_pat
 def test_the_registered_model_carries_the_best_alias(site, browser, tmp_path):
     from selenium.webdriver.common.by import By
 
-    url, _, _ = site
+    url, *_ = site
     browser.get(f"{url}/#/models/tiny?workflowType=machine_learning")
     wait_for(browser, lambda d: "cleaner.pass_at_1" in d.page_source, "the registered versions")
     wait_for(browser, lambda d: "best" in d.find_element(By.TAG_NAME, "body").text.split("Aliases", 1)[-1],

@@ -1,11 +1,13 @@
 """A served stack as a user runs it (``cleaner serve start --detach``, real Prefect server + process worker + MLflow
 server, the ``train-tiny`` deployment from ``prefect.yaml``), on free ports in a temporary folder:
 
-* an interval schedule produces runs that complete, and ``serve status`` sees no scheduler errors;
+* an interval schedule with its own parameters (``cleaner serve schedule``) produces runs that complete, and
+  ``serve status`` sees no scheduler errors;
 * MLflow killed with SIGKILL is restarted by the supervisor while Prefect and the worker keep running;
 * ``serve restart worker`` replaces only the worker; the run it had in flight is ended and marked Crashed (its
   slot released);
-* a flow process killed with SIGKILL, then ``prefect flow-run retry``: the same training run resumes;
+* a flow process killed with SIGKILL, then ``cleaner resume``: the deployment's flow run is retried through Prefect
+  and the same training run resumes;
 * ``serve stop`` refuses during a run; ``--force`` cancels it through Prefect: no run stays Running, the
   deployment's concurrency slot is free, and the flow process is gone.
 
@@ -113,11 +115,19 @@ def _wait_state(stack: Stack, run_id: str, want: str, timeout_s: float = 420) ->
 
 
 def test_interval_schedule_fires_and_runs_complete(stack):
-    params = json.dumps(stack.params(steps=1))
+    """A schedule with its own parameters (`cleaner serve schedule … --set`) fires; its runs train with the
+    deployment's overrides followed by the schedule's, and — evaluating nothing — register no model version."""
+    params = json.dumps(stack.params(steps=3))
     t0 = time.time()
-    deployed = cli([PREFECT, "--no-prompt", "deploy", "--name", "train-tiny", "--interval", str(INTERVAL_S),
-                    "--params", params], stack.env, 240)
+    deployed = cli([PREFECT, "--no-prompt", "deploy", "--name", "train-tiny", "--params", params], stack.env, 240)
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    bad = serve("schedule", "train/train-tiny", "--interval", str(INTERVAL_S), "--set", "train.stepz=1", "--dir",
+                str(stack.folder), env=stack.env)
+    assert bad.returncode == 2 and "train.stepz: unknown key" in bad.stdout, bad.stdout
+    made = serve("schedule", "train/train-tiny", "--interval", str(INTERVAL_S), "--set", "train.steps=1", "--dir",
+                 str(stack.folder), env=stack.env)
+    assert made.returncode == 0 and "schedule 'train.steps=1' of train/train-tiny: every 40 s" in made.stdout, \
+        made.stdout + made.stderr
     done: list[dict] = []
     deadline = time.time() + 600
     while len(done) < 2 and time.time() < deadline:
@@ -133,6 +143,11 @@ def test_interval_schedule_fires_and_runs_complete(stack):
     assert len(done) >= 2, f"scheduled runs completed: {len(done)} within 600 s\n{log}"
     for r in done[:2]:
         print(f"scheduled {r['expected_start_time']} started {r['start_time']} ran {r['total_run_time']:.0f} s")
+        assert r["parameters"]["overrides"] == [*stack.params(steps=3)["overrides"], "train.steps=1"]
+    from mlflow.tracking import MlflowClient
+
+    assert MlflowClient(tracking_uri=f"sqlite:///{stack.tmp / 'mlflow.db'}").search_model_versions("name = 'tiny'") \
+        == [], "a run that evaluated nothing registered a model version"
     print(f"2 scheduled runs completed {time.time() - t0:.0f} s after `prefect deploy`")
     status = serve("status", "--dir", str(stack.folder), env=stack.env)
     assert status.returncode == 0, status.stdout
@@ -190,9 +205,11 @@ def _flow_pid(run: dict) -> int:
     return int(str(run["infrastructure_pid"]).rsplit(":", 1)[-1])
 
 
-def test_prefect_retry_of_a_killed_run_resumes_the_same_training_run(stack):
-    """kill -9 of the flow process, then `prefect flow-run retry`: same run folder and MLflow run, step 0 not
-    recomputed, no duplicate metrics or rows; the crashed attempt was marked in both stores meanwhile."""
+def test_resume_of_a_killed_deployment_run_retries_it_through_prefect(stack):
+    """kill -9 of the flow process, then `cleaner resume <run id>`: the deployment's flow run is retried through
+    Prefect (as `prefect flow-run retry` does) and resumes the same run folder and MLflow run, step 0 not recomputed,
+    no duplicate metrics or rows; the crashed attempt was marked in both stores meanwhile, and the deployment's
+    history ends with that one flow run Completed (no second flow run, no Crashed one left)."""
     import duckdb
     from mlflow.tracking import MlflowClient
 
@@ -231,8 +248,9 @@ def test_prefect_retry_of_a_killed_run_resumes_the_same_training_run(stack):
     # the worker may report the crash a second time once it reaps the process (~30 s later here), overwriting a
     # Retry made before: retry as a user would, again if the run fell back to Crashed (at most 3 times)
     for _ in range(3):
-        retried = cli([PREFECT, "flow-run", "retry", run["id"]], stack.env, 120)
+        retried = cli([PY, "-m", "flows.cli", "resume", ours, "--output-dir", str(stack.tmp / "runs")], stack.env, 120)
         assert retried.returncode == 0, retried.stdout + retried.stderr
+        assert f"flow run {run['id']} of its deployment retried (CRASHED)" in " ".join(retried.stdout.split())
         deadline = time.time() + 90
         while time.time() < deadline:
             cur = stack.api("GET", f"/flow_runs/{run['id']}").json()
@@ -243,6 +261,10 @@ def test_prefect_retry_of_a_killed_run_resumes_the_same_training_run(stack):
             break
     done = _wait_state(stack, run["id"], "COMPLETED")
     assert done["run_count"] >= 2
+    history = stack.api("POST", "/flow_runs/filter", json={"flow_runs": {"deployment_id": {"any_": [dep["id"]]}},
+                                                           "limit": 100}).json()
+    ours_runs = [r for r in history if r["parameters"].get("overrides") == stack.params(steps=2)["overrides"]]
+    assert [(r["id"], r["state_type"]) for r in ours_runs] == [(run["id"], "COMPLETED")], ours_runs
     assert sorted(p.name for p in (stack.tmp / "runs").iterdir() if ours.rsplit("-", 1)[-1] in p.name) == [ours]
     assert {p.name: p.stat().st_mtime_ns for p in step0.iterdir() if p.name in before} == before, \
         "a finished stage of step 0 was recomputed"

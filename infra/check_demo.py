@@ -1,0 +1,110 @@
+"""Check what ``make demo`` left in a fresh clone: CI runs it after the demo (``.ci/run``).
+
+    python infra/check_demo.py demo.log [--config configs/tiny.yaml]
+
+Reads the stores the demo wrote (the config's MLflow store and DuckDB file) and the demo's printed output, and
+fails with every missing item listed: one finished MLflow run with every step's metrics, traces, logged models, a
+registered model whose ``@best`` alias resolves, DuckDB rows for every step (trajectories, turns, tool executions,
+SAAR events, metrics, evaluations), and the printed "where to look" block with the training-view link. Prints a
+one-line summary when everything is there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+BLOCK = ("MLflow UI:", "cleaner ui --config", "workflowType=machine_learning", "Policy:", "@best", "DuckDB:")
+
+
+def check_mlflow(cfg, missing: list[str]) -> str:
+    from mlflow import MlflowClient
+
+    from tasks.stores.tracking import RUN_TAG, STEP_SENTINEL
+
+    client = MlflowClient(cfg.tracking.mlflow_uri)
+    exp = client.get_experiment_by_name(cfg.tracking.experiment or cfg.name)
+    if exp is None:
+        missing.append(f"MLflow experiment {cfg.tracking.experiment or cfg.name!r}")
+        return ""
+    runs = client.search_runs([exp.experiment_id], filter_string="attributes.status = 'FINISHED'")
+    runs = [r for r in runs if RUN_TAG in r.data.tags]
+    if len(runs) != 1:
+        missing.append(f"exactly one finished training run in MLflow (found {len(runs)})")
+        return ""
+    run = runs[0]
+    steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, STEP_SENTINEL))
+    if steps != list(range(cfg.train.steps)):
+        missing.append(f"metrics of steps 0..{cfg.train.steps - 1} (found {steps})")
+    traces = client.search_traces(locations=[exp.experiment_id], max_results=5)
+    if not traces:
+        missing.append("traces")
+    if not client.search_logged_models([exp.experiment_id]):
+        missing.append("logged models")
+    name = cfg.tracking.registered_model or cfg.name
+    try:
+        best = client.get_model_version_by_alias(name, "best")
+    except Exception as err:  # noqa: BLE001 — any failure to resolve the alias is what this check reports
+        missing.append(f"registered model {name}@best ({type(err).__name__})")
+        best = None
+    return (f"MLflow run {run.info.run_id} ({len(steps)} steps, traces, logged models"
+            + (f", {name}@best = version {best.version})" if best else ")"))
+
+
+def check_duckdb(cfg, run_id: str, missing: list[str]) -> str:
+    import duckdb
+
+    con = duckdb.connect(cfg.tracking.duckdb_path, read_only=True)
+    try:
+        counts = {}
+        for table in ("trajectories", "turns", "tool_executions", "saar_events", "metrics"):
+            rows = con.execute(f"SELECT DISTINCT step FROM {table} WHERE run_id = ?", [run_id]).fetchall()
+            counts[table] = len(rows)
+            if len(rows) != cfg.train.steps:
+                missing.append(f"DuckDB {table} rows of every step (steps with rows: {len(rows)})")
+        evals = con.execute("SELECT count(*) FROM evaluations WHERE run_id = ?", [run_id]).fetchone()[0]
+        if not evals:
+            missing.append("DuckDB evaluations")
+    finally:
+        con.close()
+    return f"DuckDB rows for {cfg.train.steps} steps in {', '.join(counts)}; {evals} evaluation rows"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("log", type=Path, help="The demo's captured output.")
+    parser.add_argument("--config", default="configs/tiny.yaml")
+    args = parser.parse_args()
+    from flows.config import load_config
+
+    cfg = load_config(args.config, [])
+    missing: list[str] = []
+    text = " ".join(args.log.read_text(errors="replace").split())
+    missing += [f"printed block: {head!r}" for head in BLOCK if head not in text]
+    mlflow_line = check_mlflow(cfg, missing)
+    run_id = _run_id(cfg)
+    db_line = check_duckdb(cfg, run_id, missing) if run_id else ""
+    if missing:
+        print("make demo left an incomplete result; missing:\n  " + "\n  ".join(missing))
+        return 1
+    print(f"demo ok: {mlflow_line}; {db_line}; the where-to-look block printed")
+    return 0
+
+
+def _run_id(cfg) -> str | None:
+    import duckdb
+
+    con = duckdb.connect(cfg.tracking.duckdb_path, read_only=True)
+    try:
+        rows = con.execute("SELECT run_id FROM runs WHERE status = 'finished'").fetchall()
+    finally:
+        con.close()
+    return rows[0][0] if len(rows) == 1 else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
