@@ -143,6 +143,9 @@ def test_credentials_are_private_and_kept(tmp_path):
     assert prepare_auth(tmp_path, "0.0.0.0", auth=True) == first
     ini = (tmp_path / "mlflow-auth.ini").read_text()
     assert first["mlflow_admin"][1] not in ini and "admin_username = admin" in ini
+    modes = {p.name: p.stat().st_mode & 0o777 for p in [tmp_path, *tmp_path.iterdir()]}
+    assert modes == {tmp_path.name: 0o700, "credentials.json": 0o600, "mlflow-auth.ini": 0o600,
+                     "mlflow-auth.db": 0o600}, modes
     path.chmod(0o644)
     with pytest.raises(AuthError, match="readable by other users"):
         prepare_auth(tmp_path, "0.0.0.0", auth=True)

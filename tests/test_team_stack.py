@@ -32,6 +32,8 @@ def test_auth_stack_rejects_anonymous_requests_and_runs_authenticated_flows(warm
         state = json.loads((folder / "pids.json").read_text())
         creds_file = folder / "credentials.json"
         assert creds_file.stat().st_mode & 0o777 == 0o600 and str(creds_file.resolve()) in started.stdout
+        users = folder / "mlflow-auth.db"  # written by the running MLflow auth app (its admin user is in it)
+        assert users.stat().st_size > 0 and users.stat().st_mode & 0o777 == 0o600 and folder.stat().st_mode & 0o77 == 0
         creds = json.loads(creds_file.read_text())
         api, mlflow = state["prefect_api"], state["mlflow_uri"]
         admin = tuple(creds["mlflow_admin"])
