@@ -25,6 +25,7 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: setup setup-verl lock lock-upgrade lock-check demo lint test test-fast mutation sandbox-image serve serve-stop clean
 
 $(STAMP): pyproject.toml $(LOCK)
+	@echo "== setting up $(VENV) from $(LOCK) (first time: about 5-8 minutes; later runs skip this)"
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q pip==$(PIP_VERSION)
 	$(PY) -m pip install -q --find-links $(WHEELS) -r $(LOCK)
@@ -35,6 +36,7 @@ $(STAMP): pyproject.toml $(LOCK)
 setup: $(STAMP)
 
 $(VERL_STAMP): pyproject.toml $(VERL_LOCK)
+	@echo "== setting up $(VERL_VENV) from $(VERL_LOCK) for the verl parity tests (first time: a few minutes)"
 	test -x $(VERL_VENV)/bin/python || python3 -m venv $(VERL_VENV)
 	$(VERL_VENV)/bin/python -m pip install -q pip==$(PIP_VERSION)
 	$(VERL_VENV)/bin/python -m pip install -q --find-links $(WHEELS) -r $(VERL_LOCK)

@@ -357,6 +357,9 @@ def demo(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt) -> None
         console.rule("warm-up: building the tiny model")
         run_warmup(config, overrides)
     console.rule("training")
+    console.print(f"{cfg.train.steps} RL steps with CLEANER, {cfg.data.prompts_per_step} prompts × "
+                  f"{cfg.rollout.n_samples} samples each, held-out evaluations every {cfg.train.eval_every} steps: "
+                  "about 5 minutes on 2 quiet CPU cores (tiny.yaml); a line per step follows", soft_wrap=True)
     run_train(config, overrides)
     console.rule("results")
     from tasks.stores.links import experiment_url
@@ -369,8 +372,8 @@ def demo(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt) -> None
         f"Policy:     [bold]mlflow.transformers.load_model(\"models:/{name}@best\")[/bold]  or  "
         f"[bold].venv/bin/cleaner eval --model models:/{name}@best[/bold]\n"
         f"DuckDB:     [bold]{cfg.tracking.duckdb_path}[/bold]  e.g. "
-        "[bold].venv/bin/cleaner query \"SELECT step, kind, count(*) FROM saar_events GROUP BY ALL ORDER BY ALL\"[/bold]"
-    )
+        "[bold].venv/bin/cleaner query \"SELECT step, kind, count(*) FROM saar_events GROUP BY ALL ORDER BY ALL\"[/bold]",
+        soft_wrap=True)
 
 
 def ui_argv(cfg, host: str, port: int) -> tuple[list[str], dict[str, str]]:
