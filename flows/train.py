@@ -341,6 +341,7 @@ def finish_task(cfg: RunConfig, info: RunInfo, final_ckpt: str, flow_run_id: str
     with db.session(cfg.tracking.duckdb_path) as con:
         db.set_status(con, info.run_id, "finished")
     url = links.run_url(cfg.tracking, links.experiment_of(cfg.tracking, info.mlflow_run_id), info.mlflow_run_id)
+    print(f"MLflow run {info.run_id}: {url}")
     return links.summary_markdown(text, url, str(png))
 
 

@@ -71,6 +71,11 @@ def test_auth_stack_rejects_anonymous_requests_and_runs_authenticated_flows(warm
             "filter": "tags.`cleaner.run_id` = 'team-1'"}).json()["runs"]
         assert len(runs) == 1 and runs[0]["info"]["status"] == "FINISHED"
         assert any(m["key"] == "rollout/accuracy" for m in runs[0]["data"]["metrics"])
+        # the links the run printed open the training view (MLflow's own "View run" line, without it, is off)
+        exp, run = runs[0]["info"]["experiment_id"], runs[0]["info"]["run_id"]
+        log = (folder / "logs" / "worker.log").read_text()
+        assert "View run" not in log, log[-3000:]
+        assert f"MLflow run team-1: {mlflow}/#/experiments/{exp}/runs/{run}?workflowType=machine_learning" in log
     finally:
         stopped = serve("stop", "--force", "--dir", str(folder), env=env)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
