@@ -27,7 +27,7 @@ from models.engine import make_engine
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
 from tasks.data.synthetic import make_problems
-from tasks.r3l.config import R3LConfig
+from tasks.rollout.r3l_config import R3LConfig
 from tasks.r3l.driver import R3LRollout
 from tasks.rollout.config import RolloutConfig, SAARConfig
 from tasks.rollout.machine import Rollout

@@ -16,7 +16,7 @@ from models.chat import render_call
 from models.engine import GenOutput
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
-from tasks.r3l.config import R3LConfig
+from tasks.rollout.r3l_config import R3LConfig
 from tasks.r3l.driver import R3LRollout, r3l_metrics
 from tasks.r3l.prompts import GUIDANCE_HEADER, GUIDANCE_TEMPLATE_COMPACT, REFLECTION_USER_HEAD, guidance_text
 from tasks.rollout.config import RolloutConfig, SAARConfig

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from models.chat import ParsedCall, parse_tool_call
 from models.engine import GenRequest
 from sandbox.result import ExecutionResult
-from tasks.r3l.config import R3LConfig
+from tasks.rollout.r3l_config import R3LConfig
 from tasks.r3l.credit import assistant_segments, pivotal_mask
 from tasks.r3l.grouping import Kind, plan_rows
 from tasks.r3l.prompts import (

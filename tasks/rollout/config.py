@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.r3l.config import R3LConfig
+from tasks.rollout.r3l_config import R3LConfig
 
 
 class SAARConfig(BaseModel):
