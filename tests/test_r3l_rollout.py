@@ -157,6 +157,19 @@ def report(**kw) -> str:
     return json.dumps({**REPORT, **kw})
 
 
+def test_a_kept_retry_and_its_distill_copy_record_their_tool_executions_once(chat, box):
+    """The retry from step 0 runs its fixed call; the distill copy holds the same turns: the execution (and the
+    retry's SAAR events) are written once, under the distill row, which is kept whether or not the retry is."""
+    from tasks.stores.records import trajectory_frames
+
+    res = run_r3l(chat, box, RuleEngine(chat, report(retry_from_step=0)))
+    assert [t.kind for t in res.rows] == ["base", "distill", "reflect", "retry"]
+    execs = trajectory_frames(res.rows, "run", 3, chat.decode)["executions"]
+    per_row = dict(execs.group_by("traj_id").len().iter_rows())
+    assert per_row.get("3:p0:0:retry", 0) == 0 and per_row["3:p0:0:distill"] == 1
+    assert execs.filter(execs["traj_id"] == "3:p0:0:distill")["code"].to_list() == ["print(6 * 7)"]
+
+
 def test_retry_from_step_zero_puts_the_guidance_in_the_system_prompt(chat, box):
     res = run_r3l(chat, box, RuleEngine(chat, report(retry_from_step=0)), guidance_template="compact",
                   guidance_indent=None)

@@ -15,7 +15,9 @@ One step, for every prompt (phases run batched over the whole step)::
     retry ── generation continues through the ordinary state machine ── the guidance-free
                distill copy is the same ids with the guidance frame swapped out: graded r2
 
-Rows and groups follow ``tasks.r3l.grouping.plan_rows``; masks ``tasks.r3l.credit``. The
+Rows and groups follow ``tasks.r3l.grouping.plan_rows``; masks ``tasks.r3l.credit``. A kept retry row
+carries no tool executions or SAAR events: its distill copy (always a row when the retry ran) holds the
+same ones, so each is written once. The
 retry's guidance tokens do not count against ``max_response_tokens`` (``budget_extra``), so
 its distill copy has the budget of an ordinary attempt.
 
@@ -287,6 +289,8 @@ class R3LRollout:
                 t = {Kind.BASE: r.base, Kind.DISTILL: r.distill, Kind.RETRY: r.retry}.get(p.kind) or self._reflect_row(r)
                 t.kind, t.group_id, t.fixed_reward, t.pivot = p.kind.value, p.group_id, p.reward, p.pivot
                 t.response_mask = pivotal_mask(t.response_mask, p.pivot)
+                if p.kind is Kind.RETRY:  # its calls and SAAR events are recorded once, under the distill copy
+                    t.executions, t.events = [], []
                 rows.append(t)
             r.succeeded = any(p.kind is Kind.RETRY for p in plan)
             if r.r1 is not None:
