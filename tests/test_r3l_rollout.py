@@ -16,11 +16,11 @@ from models.chat import render_call
 from models.engine import GenOutput
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
-from tasks.rollout.r3l_config import R3LConfig
 from tasks.r3l.driver import R3LRollout, r3l_metrics
 from tasks.r3l.prompts import GUIDANCE_HEADER, GUIDANCE_TEMPLATE_COMPACT, REFLECTION_USER_HEAD, guidance_text
 from tasks.rollout.config import RolloutConfig, SAARConfig
 from tasks.rollout.machine import Rollout
+from tasks.rollout.r3l_config import R3LConfig
 from tasks.rollout.types import PromptItem
 
 ITEM = PromptItem("p0", [{"role": "user", "content": "What is 6 * 7?"}], "synthetic/arith", "42")

@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from models.chat import ParsedCall, parse_tool_call
 from models.engine import GenRequest
 from sandbox.result import ExecutionResult
-from tasks.rollout.r3l_config import R3LConfig
 from tasks.r3l.credit import assistant_segments, pivotal_mask
 from tasks.r3l.grouping import Kind, plan_rows
 from tasks.r3l.prompts import (
@@ -54,6 +53,7 @@ from tasks.r3l.prompts import (
 )
 from tasks.r3l.report import ReportCheck, read_reflection
 from tasks.rollout.machine import Rollout, sampling_salt, setup_of
+from tasks.rollout.r3l_config import R3LConfig
 from tasks.rollout.types import PromptItem, State, Trajectory
 
 RewardFn = Callable[[Trajectory], "float | None"]
