@@ -204,7 +204,7 @@ def _check_model(cfg, uri: str) -> None:
 
 
 EVAL_ROWS = [("pass@1", "all/pass_at_1"), ("tool use rate", "rollout/tool_use_rate"),
-             ("first-call failure rate", "tools/first_call_failure_rate"),
+             ("first-attempt failure rate (per call)", "tools/first_attempt_failure_rate"),
              ("rollbacks triggered", "saar/rollbacks_triggered"), ("rollbacks recovered", "saar/rollbacks_recovered"),
              ("recovery rate after error", "saar/global_recovery_rate"), ("shallow", "saar/shallow"),
              ("deep", "saar/deep"), ("error-and-retry loop share", "rollout/retry_loop_share"),
