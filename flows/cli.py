@@ -263,7 +263,7 @@ def bench_partial_cmd(model: Path = typer.Option(Path("assets/tiny-warm"), help=
                       prompts_per_step: int = typer.Option(4, help="Complete groups a step needs."),
                       over_sampling: int = typer.Option(8, help="Groups submitted at a time with partial rollouts."),
                       repeats: int = typer.Option(2, help="Alternating off/on repeats.")) -> None:
-    """Complete groups/s and tokens/s with APRIL partial rollouts on vs off, as ratios."""
+    """Passing groups/s and their tokens/s with APRIL partial rollouts on vs off, as ratios."""
     from tasks.training.bench_partial import bench_partial
 
     bench_partial(model, work_dir, steps=steps, prompts_per_step=prompts_per_step, over_sampling=over_sampling,

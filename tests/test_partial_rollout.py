@@ -298,3 +298,23 @@ def test_hand_computed_timeline_of_two_steps_under_aprils_rule(setup):
     m = partial_metrics(r1, [t for g in r1.batch for t in g.trajs], 1, dropped=0)
     assert (m["partial/off_policy_tokens"], m["partial/version_lag/0"], m["partial/version_lag/1"]) == (28, 230, 28)
     assert m["partial/off_policy_ratio"] == pytest.approx(28 / 258) and m["partial/buffer_groups"] == 0
+
+
+def test_bench_counts_the_same_kind_of_tokens_on_both_sides():
+    """``bench-partial`` credits each side with the groups that pass the filter and their policy tokens only: the
+    on side's batch also holds filtered groups (p1 here), the off side's was trimmed — neither is counted."""
+    import polars as pl
+
+    from tasks.rewards.config import RewardConfig
+    from tasks.training.bench_partial import passing
+
+    rows = [("p0", "\\boxed{4}", [1, 1, 1, 0, 1]), ("p0", "\\boxed{5}", [1, 1]),       # passes: 4 + 2 tokens
+            ("p1", "\\boxed{5}", [1, 1, 1]), ("p1", "\\boxed{5}", [1, 1, 1, 1]),       # all wrong: filtered
+            ("p2", "\\boxed{4}", [1] * 6), ("p2", "no answer", [1, 0, 0, 1])]          # passes: 6 + 2 tokens
+    trajs = pl.DataFrame({
+        "run_id": "bench", "step": 0, "traj_id": [f"0:{p}:{i % 2}" for i, (p, _, _) in enumerate(rows)],
+        "prompt_id": [p for p, _, _ in rows], "group_id": [p for p, _, _ in rows], "data_source": "synthetic/arith",
+        "ground_truth": "4", "response_text": [t for _, t, _ in rows], "response_mask": [m for _, _, m in rows],
+        "response_ids": [[7] * len(m) for _, _, m in rows], "fixed_reward": [None] * 6, "kind": "rollout",
+        "raw": False, "num_turns": 1}, schema_overrides={"fixed_reward": pl.Float64})
+    assert passing(trajs, RewardConfig()) == (2, 14)
