@@ -107,7 +107,8 @@ def bench_partial(model: str | Path = "assets/tiny-warm", work_dir: str | Path =
     work = Path(work_dir)
     prompts = work / "train.parquet"
     if not prompts.exists():
-        write_task_parquet(prompts, n_prompts, seed, "train")
+        prompts.parent.mkdir(parents=True, exist_ok=True)
+        write_task_parquet(prompts, n_prompts, seed, "rl")
     cfg = {"prompts_per_step": prompts_per_step, "n_samples": n_samples, "over_sampling": over_sampling,
            "refill_rounds": refill_rounds, "max_turns": max_turns, "max_new_tokens": max_new_tokens,
            "max_response_tokens": max_response_tokens, "temperature": temperature, "seed": seed}
