@@ -285,18 +285,20 @@ def eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, setup: E
     with db.session(tracking_cfg.duckdb_path) as con:
         db.replace_eval(con, run_id, version, ckpt, metrics)
     if mlrun:
-        _track_eval(tracking_cfg, mlrun, run_id, version, ckpt, metrics, setup.eval_path, model, trace_tags or {}, modes)
+        track_eval(tracking_cfg, mlrun, run_id, version, ckpt, metrics, dataset_ref(setup.eval_path), model,
+                    trace_tags or {}, modes)
     return metrics
 
 
-def _track_eval(tracking_cfg: TrackingConfig, mlrun: str, run_id: str, version: int, ckpt: str,
-                metrics: dict[str, float], eval_path: str, model: ModelRef | None, tags: dict[str, str],
-                modes: list[tuple[str, float, dict]]) -> None:
-    """An evaluation in MLflow: the logged model, its metrics (linked to it and the held-out set), the traces."""
+def track_eval(tracking_cfg: TrackingConfig, mlrun: str, run_id: str, version: int, ckpt: str,
+               metrics: dict[str, float], dataset: tuple[str, str] | None, model: ModelRef | None,
+               tags: dict[str, str], modes: list[tuple[str, float, dict]]) -> None:
+    """An evaluation in MLflow: the logged model, its metrics (linked to it and the held-out ``dataset``), the
+    traces of every mode's ``trajectories`` / ``executions`` / ``saar_events`` tables (environment mode too)."""
     model_id = model.model_id if model else None
     if model and model.name and not model_id and tracking_cfg.log_models:
         model_id = registry.log_checkpoint(tracking_cfg, mlrun, run_id, model.name, Path(ckpt), version, metrics)
-    tracking.log_eval(tracking_cfg, mlrun, version, metrics, model_id, dataset_ref(eval_path))
+    tracking.log_eval(tracking_cfg, mlrun, version, metrics, model_id, dataset)
     for mode, start, tables in modes:
         batch = traces.batch_for(tracking_cfg, mlrun, f"eval:{mode}:{version}", start,
                                  {**tags, "kind": "eval", "eval_mode": mode, "step": str(version)})
