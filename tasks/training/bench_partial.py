@@ -67,7 +67,8 @@ def _side(partial: bool, work: Path, model: str, prompts: Path, steps: int, cfg:
                       refill_rounds=cfg["refill_rounds"])
     rollout = RolloutConfig(n_samples=cfg["n_samples"], max_turns=cfg["max_turns"], max_new_tokens=cfg["max_new_tokens"],
                             max_response_tokens=cfg["max_response_tokens"],
-                            partial=PartialConfig(enabled=partial, over_sampling=cfg["over_sampling"]))
+                            partial=PartialConfig(enabled=partial, over_sampling=cfg["over_sampling"],
+                                                  submit_rule=cfg["submit_rule"]))
     setup = RolloutSetup(seed=cfg["seed"], chat=ChatConfig(), train_path=data.train_path,
                          prompts_per_step=data.prompts_per_step, refill_rounds=data.refill_rounds, rollout=rollout,
                          engine=EngineConfig(temperature=cfg["temperature"]),
@@ -94,7 +95,8 @@ def _side(partial: bool, work: Path, model: str, prompts: Path, steps: int, cfg:
 def bench_partial(model: str | Path = "assets/tiny-warm", work_dir: str | Path = "runs/bench-partial", steps: int = 4,
                   prompts_per_step: int = 4, n_samples: int = 4, over_sampling: int = 8, refill_rounds: int = 3,
                   max_turns: int = 4, max_new_tokens: int = 192, max_response_tokens: int = 640,
-                  temperature: float = 1.5, repeats: int = 2, n_prompts: int = 256, seed: int = 0, echo=print) -> dict:
+                  temperature: float = 1.5, repeats: int = 2, n_prompts: int = 256, seed: int = 0,
+                  submit_rule: str = "april", echo=print) -> dict:
     """Partial rollouts off and on, alternately ``repeats`` times; print and return the figures and ratios."""
     import torch
 
@@ -111,7 +113,8 @@ def bench_partial(model: str | Path = "assets/tiny-warm", work_dir: str | Path =
         write_task_parquet(prompts, n_prompts, seed, "rl")
     cfg = {"prompts_per_step": prompts_per_step, "n_samples": n_samples, "over_sampling": over_sampling,
            "refill_rounds": refill_rounds, "max_turns": max_turns, "max_new_tokens": max_new_tokens,
-           "max_response_tokens": max_response_tokens, "temperature": temperature, "seed": seed}
+           "max_response_tokens": max_response_tokens, "temperature": temperature, "seed": seed,
+           "submit_rule": submit_rule}
     rows: dict[str, list[dict]] = {"off": [], "on": []}
     for rep in range(repeats):
         for side in (("off", "on") if rep % 2 == 0 else ("on", "off")):
@@ -132,5 +135,5 @@ def bench_partial(model: str | Path = "assets/tiny-warm", work_dir: str | Path =
     echo(f"response length (off side, tokens): p50 {q[50]}, p90 {q[90]}, p99 {q[99]}, max {lengths[-1]}")
     echo(f"partial on / off: passing groups/s x{summary['ratio_groups_per_s']:.2f}, "
          f"their tokens/s x{summary['ratio_tokens_per_s']:.2f} ({steps} steps x {prompts_per_step} groups x {n_samples} "
-         f"samples, over-sampling {over_sampling}, mean of {repeats} alternating repeats)")
+         f"samples, over-sampling {over_sampling}, submit rule {submit_rule}, mean of {repeats} alternating repeats)")
     return summary
