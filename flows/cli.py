@@ -261,7 +261,7 @@ def _check_model(cfg, uri: str) -> None:
 
 
 EVAL_ROWS = [("pass@1", "all/pass_at_1"), ("tool use rate", "rollout/tool_use_rate"),
-             ("first-call failure rate", "tools/first_call_failure_rate"),
+             ("first-attempt failure rate (per call)", "tools/first_attempt_failure_rate"),
              ("rollbacks triggered", "saar/rollbacks_triggered"), ("rollbacks recovered", "saar/rollbacks_recovered"),
              ("recovery rate after error", "saar/global_recovery_rate"), ("shallow", "saar/shallow"),
              ("deep", "saar/deep"), ("error-and-retry loop share", "rollout/retry_loop_share"),
@@ -319,12 +319,14 @@ def bench_partial_cmd(model: Path = typer.Option(Path("assets/tiny-warm"), help=
                       steps: int = typer.Option(4, help="Consecutive rollout steps per side."),
                       prompts_per_step: int = typer.Option(4, help="Complete groups a step needs."),
                       over_sampling: int = typer.Option(8, help="Groups submitted at a time with partial rollouts."),
-                      repeats: int = typer.Option(2, help="Alternating off/on repeats.")) -> None:
-    """Complete groups/s and tokens/s with APRIL partial rollouts on vs off, as ratios."""
+                      repeats: int = typer.Option(2, help="Alternating off/on repeats."),
+                      submit_rule: str = typer.Option("april", help="rollout.partial.submit_rule of the on side.")
+                      ) -> None:
+    """Passing groups/s and their tokens/s with APRIL partial rollouts on vs off, as ratios."""
     from tasks.training.bench_partial import bench_partial
 
     bench_partial(model, work_dir, steps=steps, prompts_per_step=prompts_per_step, over_sampling=over_sampling,
-                  repeats=repeats, echo=console.print)
+                  repeats=repeats, submit_rule=submit_rule, echo=console.print)
 
 
 @app.command()

@@ -247,6 +247,14 @@ class RunConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _env_mode_has_its_own_prompt(self) -> RunConfig:
+        if self.env is not None and self.model.chat != type(self.model.chat)():
+            set_ = sorted(self.model.chat.model_dump(exclude_defaults=True))
+            raise ValueError(f"model.chat.{', model.chat.'.join(set_)}: environment mode writes RAGEN's own prompt "
+                             "(tasks.envs.prompt) and does not read model.chat; unset it or leave env unset")
+        return self
+
+    @model_validator(mode="after")
     def _filter_fills_minibatches(self) -> RunConfig:
         if self.env is None:
             return self

@@ -255,7 +255,7 @@ def eval_task(setups: StepSetups, info: RunInfo, version: int, policy: str, fina
     if setups.eval.env is not None:
         from tasks.training.env_stages import env_eval_stage
 
-        return env_eval_stage(info.run_id, version, policy, info.mlflow_run_id, setups.eval)
+        return env_eval_stage(info.run_id, version, policy, info.mlflow_run_id, setups.eval, model, tags)
     from tasks.training import stages
 
     return stages.eval_stage(info.run_id, version, policy, info.mlflow_run_id, setups.eval_setup(final), model, tags)

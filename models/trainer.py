@@ -15,7 +15,7 @@ One call of ``update`` is one RL step on the policy side:
    sequence importance weights (old vs the engine's rollout log-probs) is reported (``train/ess_ratio``)
    and, with ``lr_scale``, scales that step's learning rate (restored after); ``opob`` replaces the
    advantages by reward minus the optimal off-policy baseline (per-row gradients, whole groups per
-   mini-batch);
+   mini-batch); with either on, a row without rollout log-probs is an error naming it (never w = 1);
    With the critic (``trainer.critic.enabled``, set by ``mix.advantage: gae``; ``models.critic``) a value
    head on the policy gives per-token GAE advantages (from the values before the update, like the old
    log-probs) and adds ``value_coef`` × its value loss; the head and its optimizer live in ``critic.pt``;
@@ -59,6 +59,8 @@ class Sample:
     """The row's reward (VCPO's OPOB baseline uses rewards, not advantages)."""
     group: str = ""
     """The row's advantage group (OPOB's baseline is per group; its mini-batches hold whole groups)."""
+    row_id: str = ""
+    """The row's trajectory id, for errors that name rows."""
 
 
 def _pad_batch(samples: list[Sample], pad_id: int, device: str):
@@ -150,7 +152,7 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
     model.train()
     totals = {"loss": 0.0, "grad_norm": 0.0, "clipped": 0.0, "ratio": 0.0, "tokens": 0.0, "kl": 0.0, "entropy": 0.0,
               "approx_kl": 0.0, "value_loss": 0.0, "value": 0.0}
-    log_w = _log_weights(samples, old)
+    log_w = _log_weights(samples, old, required=cfg.lr_scale != "none" or cfg.opob)
     lr_rule, ess_seen = get_lr_scale(cfg.lr_scale), []
     rng = random.Random(seed)
     n_steps = 0
@@ -218,12 +220,23 @@ def _minibatches(samples: list[Sample], cfg: TrainerConfig, rng: random.Random) 
     return [[i for g in part for i in groups[g]] for part in _split(keys, cfg.mini_batches)]
 
 
-def _log_weights(samples: list[Sample], old: list[torch.Tensor]) -> torch.Tensor | None:
-    """VCPO's sequence log importance weights (recomputed old vs rollout log-probs); None without rollout log-probs."""
-    if any(s.rollout_lp is None or len(s.rollout_lp) != len(s.response_ids) for s in samples):
+def _log_weights(samples: list[Sample], old: list[torch.Tensor], required: bool = False) -> torch.Tensor | None:
+    """VCPO's sequence log importance weights (recomputed old vs rollout log-probs). Rows without rollout
+    log-probs (or with a count that does not match their response): an error naming them when VCPO needs the
+    weights (``required``), else None (no ``train/ess_ratio``)."""
+    bad = [i for i, s in enumerate(samples) if s.rollout_lp is None or len(s.rollout_lp) != len(s.response_ids)]
+    if bad and required:
+        names = ", ".join(f"{samples[i].row_id or f'#{i}'} ({_lp_count(samples[i])})" for i in bad[:10])
+        raise ValueError(f"trainer.lr_scale / trainer.opob (VCPO) need the rollout log-probs of every row; "
+                         f"{len(bad)} of {len(samples)} rows lack them: {names}")
+    if bad:
         return None
     return seq_log_weights(old, [torch.tensor(s.rollout_lp, dtype=o.dtype) for s, o in zip(samples, old)],
                            [torch.tensor(s.response_mask, dtype=o.dtype) for s, o in zip(samples, old)])
+
+
+def _lp_count(s: Sample) -> str:
+    return "no rollout log-probs" if s.rollout_lp is None else f"{len(s.rollout_lp)} log-probs for {len(s.response_ids)} tokens"
 
 
 def _optimizer_step(model, opt, cfg: TrainerConfig, lr_scale: float) -> float:

@@ -31,7 +31,7 @@ def test_eval_metrics_on_known_answers():
     assert m["all/pass_at_1"] == pytest.approx((0.5 + 0.0) / 2)
     assert m["all/pass_at_2"] == pytest.approx((1 - (2 * 1) / (4 * 3) + 0.0) / 2)
     assert m["by_source/synthetic/arith/pass_at_1"] == pytest.approx(0.5)
-    assert m["tools/first_call_failure_rate"] == pytest.approx(0.5)
+    assert m["tools/first_attempt_failure_rate"] == pytest.approx(0.5)
     assert m["rollout/tool_use_rate"] == pytest.approx(7 / 8) and m["eval/grader_errors"] == 1
 
 

@@ -72,3 +72,11 @@ def test_every_committed_config_loads_and_its_model_exists_or_can_be_built(name)
     cfg = load_config(ROOT / "configs" / name)
     if cfg.model.build == "none":
         assert (ROOT / cfg.model.path / "model.safetensors").is_file(), f"{name}: {cfg.model.path} is not committed"
+
+
+def test_env_mode_refuses_a_chat_frame_it_would_ignore():
+    """Environment mode writes RAGEN's prompt; a ``model.chat`` there would be silently dropped."""
+    load_config("configs/frozen_lake.yaml")
+    with pytest.raises(ConfigError, match=r"model.chat.system_prompt: environment mode writes RAGEN's own prompt"):
+        load_config("configs/frozen_lake.yaml", ["model.chat.system_prompt=Think step by step."])
+    assert load_config(TINY, ["model.chat.system_prompt=Think step by step."]).model.chat.system_prompt

@@ -71,3 +71,39 @@ def test_critic_variant_through_the_train_flow(prefect_harness, tmp_path):
         keys = {r[0] for r in con.execute(f"SELECT key FROM metrics WHERE run_id='envgae' AND step={step}").fetchall()}
         assert {"train/value_loss", "train/value_mean", "train/return_mean", "rollout/in_group_std"} <= keys
     assert list((tmp_path / "runs").rglob("critic.pt"))
+
+
+def test_env_evaluations_are_logged_models_traces_and_a_dataset_and_rank_best(env_run):
+    """Policies 0 and 2 were evaluated on Bandit's held-out variant: each is a logged model carrying its held-out
+    success as the ranking score, its metrics are linked to it, the held-out start states are a dataset input,
+    the episodes are traces, and the registry's ``@best`` is the better of the two."""
+    import mlflow
+
+    from tasks.stores import registry
+    from tasks.stores.config import TrackingConfig
+
+    work, result = env_run
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+    client = MlflowClient(uri, registry_uri=uri)
+    cfg = TrackingConfig(mlflow_uri=uri, artifact_root=str(work / "mlartifacts"))
+    models = registry.run_models(cfg, result["mlflow_run_id"], "envflow")
+    con = duckdb.connect(str(work / "cleaner.duckdb"), read_only=True)
+    success = dict(con.execute("SELECT policy_version, value FROM evaluations WHERE run_id='envflow' "
+                               "AND key='eval/bandit_test/success'").fetchall())
+    con.close()
+    assert [m.tags["cleaner.policy_version"] for m in models] == ["0", "2"]
+    for m in models:
+        assert m.tags["cleaner.score_key"] == "eval/bandit_test/success"
+        assert float(m.tags["cleaner.score"]) == pytest.approx(success[int(m.tags["cleaner.policy_version"])])
+        linked = {x.key: x for x in client.get_logged_model(m.model_id).metrics}
+        assert linked["eval/bandit_test/success"].dataset_name == "bandit_test/heldout"
+    run = client.get_run(result["mlflow_run_id"])
+    inputs = {i.dataset.name: i.tags[0].value for i in run.inputs.dataset_inputs}
+    assert inputs["bandit_test/heldout"] == "evaluation"
+    evals = mlflow.search_traces(locations=[run.info.experiment_id], filter_string="tags.kind = 'eval'",
+                                 return_type="list")
+    assert {(t.info.tags["eval_mode"], t.info.tags["step"]) for t in evals} == {("bandit_test", "0"),
+                                                                                ("bandit_test", "2")}
+    best = client.get_model_version_by_alias("bandit", "best")
+    top = max(success.values())
+    assert float(best.tags["cleaner.score"]) == pytest.approx(top)

@@ -149,3 +149,35 @@ def test_summarize_counts_actions_per_turn_and_grid_reading_first_moves(env_chat
     assert [t.episode.turns[0].executed for t in trajs] == [["Up", "Left"], ["Left"]]
     m = summarize(trajs, "x")
     assert m["x/actions_per_turn"] == 1.5 and m["x/path_agreement"] == 0.5
+
+
+@pytest.mark.parametrize("every, due", [
+    (5, [0, 4, 9, 14, 19]),  # RAGEN-2: global steps 1, 5, 10, 15, 20 (its steps count from 1, ours from 0)
+    (1, list(range(20))),
+    (3, [0, 2, 5, 8, 11, 14, 17]),
+    (0, []),
+])
+def test_the_mi_probe_runs_on_ragen2s_schedule(every, due):
+    """RAGEN-2's ``CollapseDetector.should_compute(global_step)``: step 1, then ``global_step % compute_freq == 0``."""
+    from tasks.envs.stage import mi_due
+
+    assert [s for s in range(20) if mi_due(_lake_cfg(mi_every=every), s)] == due
+
+
+def test_play_step_probes_exactly_on_the_due_steps(env_chat, monkeypatch):
+    """Through ``play_step``: one Bandit episode a step for 10 steps with ``mi_every`` 5; the probe (recorded, not
+    run) sees the engine's own model at steps 0, 4 and 9 only."""
+    import tasks.envs.mi_probe
+    from tasks.envs.stage import play_step
+
+    probed = []
+    monkeypatch.setattr(tasks.envs.mi_probe, "mi_probe", lambda model, trajs, *a, **k: probed.append(model) or {})
+    engine = ScriptedEngine(env_chat, [["x</think><answer>Dragon</answer>"] * 10])
+    engine.model = "the engine's model"
+    cfg = EnvConfig(name="bandit", groups=1, mi_every=5)
+    seen = []
+    for step in range(10):
+        before = len(probed)
+        play_step(engine, env_chat.tokenizer, cfg, "run", 0, step, 1, 32, 256, "unused")
+        seen += [step] * (len(probed) - before)
+    assert seen == [0, 4, 9] and set(probed) == {"the engine's model"}

@@ -72,3 +72,27 @@ def test_best_moves_only_to_a_better_checkpoint_and_latest_is_the_last_final(sto
     assert model_id == registry.model_id_of(client.get_model_version_by_alias("reg", "best"))
     assert folder == tmp_path / "cache" / model_id / "model" and (folder / "config.json").exists()
     assert client.get_logged_model(model_id).tags["cleaner.run_id"] == "d"
+
+
+def test_env_runs_rank_by_held_out_success_and_best_moves(store, warm_model_dir):
+    """An environment evaluation has no pass@1: its checkpoints are ranked by ``eval/<env>/success``."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(store.mlflow_uri, registry_uri=store.mlflow_uri)
+    key = "eval/bandit_test/success"
+
+    def env_run(run_id: str, success: dict[int, float]) -> dict[str, str]:
+        mlrun = tracking.open_run(store, "env", run_id, {}, {})
+        for version, p in success.items():
+            registry.log_checkpoint(store, mlrun, run_id, "env", warm_model_dir, version,
+                                    {key: p, "eval/bandit_test/score": 9.0})
+        return registry.register_run(store, mlrun, run_id, "env")
+
+    assert env_run("a", {0: 0.25, 2: 0.5}) == {"run_best": "1", "final": "1", "best": "1"}
+    best = client.get_model_version_by_alias("env", "best")
+    assert (best.tags["cleaner.score"], best.tags["cleaner.score_key"]) == ("0.5", key)
+    assert "cleaner.pass_at_1" not in best.tags
+    assert env_run("b", {0: 0.375}) == {"run_best": "2", "final": "2", "best": "1"}  # worse: @best stays
+    assert env_run("c", {0: 0.75, 2: 0.625}) == {"run_best": "3", "final": "4", "best": "3"}  # better: it moves
+    assert registry.rank_metric({key: 0.5, PASS: 0.25}) == (PASS, 0.25)  # tool-use pass@1 first
+    assert registry.rank_metric({"eval/bandit_test/score": 1.0}) is None

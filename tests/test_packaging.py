@@ -60,3 +60,16 @@ def test_wheel_holds_and_imports_every_package(tmp_path):
     files = json.loads(run.stdout)
     outside = {p: f for p, f in files.items() if not Path(f).is_relative_to(site)}
     assert not outside, f"imported from outside the wheel: {outside}"
+
+
+def test_every_tasks_subpackage_is_in_the_layer_contract_and_nothing_is_ignored():
+    """import-linter only checks what its contracts name: a ``tasks/`` subpackage left out of the layers (or an
+    ignored import) may import upwards unnoticed."""
+    import tomllib
+
+    linter = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c for c in linter["contracts"] if c.get("containers") == ["tasks"])["layers"]
+    named = {part.strip() for layer in layers for part in layer.split("|")}
+    subpackages = {p.parent.name for p in (ROOT / "tasks").glob("*/__init__.py")}
+    assert subpackages - named == set()
+    assert all("ignore_imports" not in c for c in linter["contracts"])

@@ -26,6 +26,9 @@ def _run(work: Path, model: Path, crash: str | None) -> subprocess.CompletedProc
             f"data.train_path={work / 'tr.parquet'}", f"data.eval_path={work / 'ev.parquet'}", "data.n_train=64",
             "data.n_eval=4", "data.prompts_per_step=4", "rollout.n_samples=4", "rollout.max_new_tokens=64",
             "rollout.partial.enabled=true", "rollout.partial.over_sampling=8",
+            # APRIL's own rule judged all 8 groups of step 0 (4 passed, 4 filtered) and carried none; the
+            # in_flight rule submits again as groups pass, so steps carry groups for the crash to test
+            "rollout.partial.submit_rule=in_flight",
             f"tracking.mlflow_uri=sqlite:///{work / 'm.db'}", f"tracking.artifact_root={work / 'art'}",
             f"tracking.duckdb_path={work / 'c.duckdb'}"]
     cmd = [sys.executable, "-m", "flows.cli", "train", "--config", str(ROOT / "configs/tiny.yaml"), "--run-id", "pr"]

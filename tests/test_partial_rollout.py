@@ -68,8 +68,10 @@ def setup(chat):
     return engine, runner, grade
 
 
-def run(runner, grade, buffered, fresh, step, over=4):
-    return PartialRollout(runner, PartialConfig(enabled=True, over_sampling=over), 2, grade).run(buffered, fresh, 0, step)
+def run(runner, grade, buffered, fresh, step, over=4, rule="in_flight"):
+    """One step, target 2; the timelines below were first pinned with the ``in_flight`` rule (APRIL's: its own test)."""
+    cfg = PartialConfig(enabled=True, over_sampling=over, submit_rule=rule)
+    return PartialRollout(runner, cfg, 2, grade).run(buffered, fresh, 0, step)
 
 
 def test_stop_rule_abort_and_fifo_drain_with_carried_turns(setup, chat):
@@ -220,7 +222,8 @@ def test_the_scripts_have_the_pinned_lengths(setup):
 
 
 def test_hand_computed_timeline_of_two_steps(setup):
-    """One token per row per decoding step; over-sampling 4 groups, target 2 passed groups, 2 samples each.
+    """The ``in_flight`` rule. One token per row per decoding step; over-sampling 4 groups, target 2 passed
+    groups, 2 samples each.
 
     Step 0 submits p0-p3 (8 rows). t=3: p0 ends (passes) and p1 ends (rewards equal: filtered); p2 and p3
     are in flight = the target, so nothing more is submitted; t=14: p2 passes = the target: p3's 2 rows are
@@ -258,3 +261,60 @@ def test_hand_computed_timeline_of_two_steps(setup):
     assert (m["partial/off_policy_tokens"], m["partial/version_lag/0"], m["partial/version_lag/1"]) == (28, 90, 28)
     assert m["partial/off_policy_ratio"] == pytest.approx(28 / 118)
     assert m["partial/version_lag_mean"] == pytest.approx(28 / 118) and m["partial/buffer_groups"] == 1
+
+
+def test_april_is_the_default_submit_rule_and_unknown_rules_list_the_valid_ones(setup):
+    _, runner, grade = setup
+    assert PartialConfig().submit_rule == "april"
+    cfg = PartialConfig.model_construct(enabled=True, over_sampling=4, submit_rule="greedy", max_submissions=4)
+    with pytest.raises(ValueError, match="rollout.partial.submit_rule: unknown rule 'greedy'; valid: april, in_flight"):
+        PartialRollout(runner, cfg, 2, grade)
+
+
+def test_hand_computed_timeline_of_two_steps_under_aprils_rule(setup):
+    """APRIL's rule (slime ``generate_rollout_async``: submit while ``remaining_batch_size`` = submitted minus
+    filtered < target) on the same scripts. Step 0 is as under ``in_flight``: t=3 p0 passes, p1 is filtered:
+    2 in flight + 1 passed = 3 >= 2, no submission; t=14 p2 passes, p3 is cut after 14 tokens per row.
+    Step 1 drains p3, then p4, p5, p6. t=3: p4, p6 filtered → 2 in flight (p3, p5) + 0 passed = 2: no
+    submission. t=48: p3 passes → 1 in flight + 1 passed = 2: still none (``in_flight`` submitted p7 here).
+    p5's second sample ends at t=43, its first runs a tool call after 26 tokens and then 82 more: p5 passes
+    last, with nothing left to abort. Batch p3 (62+33), p5 (26+82+43), p4 (3+3), p6 (3+3) = 258 policy
+    tokens, 28 sampled at version 0; nothing carried, p7 never drawn."""
+    from tasks.training.partial_stage import partial_metrics
+
+    engine, runner, grade = setup
+    fresh = in_order(items())
+    r0 = run(runner, grade, [], fresh, step=0, rule="april")
+    assert [g.key for g in r0.batch] == ["p0", "p2", "p1"] and [g.key for g in r0.buffer] == ["p3"]
+    assert r0.counts == {"submissions": 1, "submitted_groups": 4, "resumed_groups": 0, "passed_groups": 2,
+                         "filtered_groups": 1, "aborted_requests": 2, "aborted_tokens": 28}
+    r1 = run(runner, grade, r0.buffer, fresh, step=1, rule="april")
+    assert [g.key for g in r1.batch] == ["p3", "p5", "p4", "p6"] and r1.buffer == []
+    assert r1.counts == {"submissions": 1, "submitted_groups": 4, "resumed_groups": 1, "passed_groups": 2,
+                         "filtered_groups": 2, "aborted_requests": 0, "aborted_tokens": 0}
+    assert [len(t.executions) for t in r1.batch[1].trajs] == [1, 0]
+    assert [t.versions for t in r1.batch[0].trajs] == [[0] * 14 + [1] * 48, [0] * 14 + [1] * 19]
+    assert fresh(8, set()) == [items()["p7"]]  # never submitted: still the cursor's
+    m = partial_metrics(r1, [t for g in r1.batch for t in g.trajs], 1, dropped=0)
+    assert (m["partial/off_policy_tokens"], m["partial/version_lag/0"], m["partial/version_lag/1"]) == (28, 230, 28)
+    assert m["partial/off_policy_ratio"] == pytest.approx(28 / 258) and m["partial/buffer_groups"] == 0
+
+
+def test_bench_counts_the_same_kind_of_tokens_on_both_sides():
+    """``bench-partial`` credits each side with the groups that pass the filter and their policy tokens only: the
+    on side's batch also holds filtered groups (p1 here), the off side's was trimmed — neither is counted."""
+    import polars as pl
+
+    from tasks.rewards.config import RewardConfig
+    from tasks.training.bench_partial import passing
+
+    rows = [("p0", "\\boxed{4}", [1, 1, 1, 0, 1]), ("p0", "\\boxed{5}", [1, 1]),       # passes: 4 + 2 tokens
+            ("p1", "\\boxed{5}", [1, 1, 1]), ("p1", "\\boxed{5}", [1, 1, 1, 1]),       # all wrong: filtered
+            ("p2", "\\boxed{4}", [1] * 6), ("p2", "no answer", [1, 0, 0, 1])]          # passes: 6 + 2 tokens
+    trajs = pl.DataFrame({
+        "run_id": "bench", "step": 0, "traj_id": [f"0:{p}:{i % 2}" for i, (p, _, _) in enumerate(rows)],
+        "prompt_id": [p for p, _, _ in rows], "group_id": [p for p, _, _ in rows], "data_source": "synthetic/arith",
+        "ground_truth": "4", "response_text": [t for _, t, _ in rows], "response_mask": [m for _, _, m in rows],
+        "response_ids": [[7] * len(m) for _, _, m in rows], "fixed_reward": [None] * 6, "kind": "rollout",
+        "raw": False, "num_turns": 1}, schema_overrides={"fixed_reward": pl.Float64})
+    assert passing(trajs, RewardConfig()) == (2, 14)

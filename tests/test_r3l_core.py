@@ -76,6 +76,18 @@ def test_retry_succeeded(r1, r2, s1, s2, rule, expected):
     assert retry_succeeded(r1, r2, s1, s2, fewer_steps_rule=rule) is expected
 
 
+def test_the_math_rule_is_the_default_and_alfworlds_a_switch():
+    """The reference's math workflows keep a retry only when it improved (r2 > r1); ALFWorld also when it
+    succeeded in fewer steps. Here r1 = r2 = 1 in 2 steps instead of 3."""
+    from tasks.rollout.r3l_config import R3LConfig
+
+    kinds = lambda cfg: [r.kind for r in plan_rows("p", 0, 1.0, OK, True, (1.0, 3, 2),
+                                                   fewer_steps_rule=cfg.fewer_steps_rule)]
+    assert kinds(R3LConfig()) == [Kind.BASE, Kind.DISTILL]
+    assert kinds(R3LConfig(fewer_steps_rule=True)) == [Kind.BASE, Kind.DISTILL, Kind.REFLECT, Kind.RETRY]
+    assert [r.kind for r in plan_rows("p", 0, 1.0, OK, True, (1.0, 3, 2))] == [Kind.BASE, Kind.DISTILL]
+
+
 def test_grouping_for_a_successful_retry():
     rows = plan_rows("p7", 1, 0.0, OK, True, (1.0, 3, 3))
     assert rows == [Planned(Kind.BASE, "p7", None, 2), Planned(Kind.DISTILL, "p7", None, 2),

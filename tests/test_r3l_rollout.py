@@ -16,11 +16,11 @@ from models.chat import render_call
 from models.engine import GenOutput
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
-from tasks.r3l.config import R3LConfig
 from tasks.r3l.driver import R3LRollout, r3l_metrics
 from tasks.r3l.prompts import GUIDANCE_HEADER, GUIDANCE_TEMPLATE_COMPACT, REFLECTION_USER_HEAD, guidance_text
 from tasks.rollout.config import RolloutConfig, SAARConfig
 from tasks.rollout.machine import Rollout
+from tasks.rollout.r3l_config import R3LConfig
 from tasks.rollout.types import PromptItem
 
 ITEM = PromptItem("p0", [{"role": "user", "content": "What is 6 * 7?"}], "synthetic/arith", "42")
@@ -155,6 +155,19 @@ def test_successful_retry_from_pivot_one(chat, box, engine_cls):
 
 def report(**kw) -> str:
     return json.dumps({**REPORT, **kw})
+
+
+def test_a_kept_retry_and_its_distill_copy_record_their_tool_executions_once(chat, box):
+    """The retry from step 0 runs its fixed call; the distill copy holds the same turns: the execution (and the
+    retry's SAAR events) are written once, under the distill row, which is kept whether or not the retry is."""
+    from tasks.stores.records import trajectory_frames
+
+    res = run_r3l(chat, box, RuleEngine(chat, report(retry_from_step=0)))
+    assert [t.kind for t in res.rows] == ["base", "distill", "reflect", "retry"]
+    execs = trajectory_frames(res.rows, "run", 3, chat.decode)["executions"]
+    per_row = dict(execs.group_by("traj_id").len().iter_rows())
+    assert per_row.get("3:p0:0:retry", 0) == 0 and per_row["3:p0:0:distill"] == 1
+    assert execs.filter(execs["traj_id"] == "3:p0:0:distill")["code"].to_list() == ["print(6 * 7)"]
 
 
 def test_retry_from_step_zero_puts_the_guidance_in_the_system_prompt(chat, box):

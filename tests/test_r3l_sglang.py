@@ -15,11 +15,11 @@ from models.engine import EngineConfig, GenOutput, make_engine
 from models.sglang_test_server import start_test_server, stop_server
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
-from tasks.r3l.config import R3LConfig
 from tasks.r3l.driver import R3LRollout, r3l_metrics
 from tasks.r3l.prompts import REFLECTION_USER_HEAD
 from tasks.rollout.config import RolloutConfig, SAARConfig
 from tasks.rollout.machine import Rollout
+from tasks.rollout.r3l_config import R3LConfig
 from tasks.rollout.types import PromptItem
 
 ITEMS = [PromptItem(f"p{i}", [{"role": "user", "content": q}], "synthetic/arith", a)

@@ -94,8 +94,23 @@ def test_ess_is_reported_without_scaling_and_absent_without_rollout_logprobs(war
     m, _ = _update(warm_model_dir, tmp_path, "c", samples, lr=1e-3)
     assert m["train/ess_ratio"] == pytest.approx(0.8, rel=1e-4) and m["train/lr_scale"] == 1.0
     bare = [Sample(s.prompt_ids, s.response_ids, s.response_mask, s.advantage) for s in samples]
-    m, _ = _update(warm_model_dir, tmp_path, "d", bare, lr=1e-3, lr_scale="ess_sqrt")
+    m, _ = _update(warm_model_dir, tmp_path, "d", bare, lr=1e-3)
     assert "train/ess_ratio" not in m
+
+
+@pytest.mark.parametrize("vcpo", [{"lr_scale": "ess_sqrt"}, {"lr_scale": "ess_linear"}, {"opob": True}])
+def test_vcpo_without_rollout_logprobs_is_an_error_naming_the_rows(warm_model_dir, tmp_path, vcpo):
+    """VCPO never falls back to w = 1: a row without rollout log-probs (or with too few) stops the update."""
+    from models.trainer import Sample
+
+    a, b = _samples(warm_model_dir, 0, [0.0, math.log(3.0)])
+    rows = [Sample(a.prompt_ids, a.response_ids, a.response_mask, a.advantage, a.rollout_lp, 1.0, "g", "0:p0:0"),
+            Sample(b.prompt_ids, b.response_ids, b.response_mask, b.advantage, None, 0.0, "g", "0:p0:1"),
+            Sample(b.prompt_ids, b.response_ids, b.response_mask, b.advantage, b.rollout_lp[:2], 0.0, "g", "0:p1:0")]
+    with pytest.raises(ValueError, match=r"2 of 3 rows lack them: 0:p0:1 \(no rollout log-probs\), "
+                                         r"0:p1:0 \(2 log-probs for 3 tokens\)"):
+        _update(warm_model_dir, tmp_path, "e", rows, lr=1e-3, **vcpo)
+    assert not (tmp_path / "e").exists()
 
 
 class _Recorder:
@@ -276,15 +291,13 @@ def test_opob_through_update_two_groups_with_kl_and_ess(warm_model_dir, tmp_path
 
 def test_update_hands_opob_the_importance_weights(warm_model_dir, tmp_path):
     """Through ``update``, OPOB's baseline sees the rows' importance weights: with w = [1, 2] (b = ‖g₀‖² /
-    (‖g₀‖² + 4‖g₁‖²)) the step differs from the same rows without rollout log-probs (w = 1), which report no ESS."""
+    (‖g₀‖² + 4‖g₁‖²)) the step differs from the same rows on policy (w = [1, 1], ESS ratio 1)."""
     from safetensors.torch import load_file
 
-    from models.trainer import Sample
-
     samples = _samples(warm_model_dir, 0, [0.0, math.log(2.0)], rewards=(1.0, 0.0))
-    bare = [Sample(s.prompt_ids, s.response_ids, s.response_mask, s.advantage, None, s.reward, s.group) for s in samples]
+    on_policy = _samples(warm_model_dir, 0, [0.0, 0.0], rewards=(1.0, 0.0))
     weighted, a = _update(warm_model_dir, tmp_path, "weighted", samples, opob=True, lr=1e-3)
-    plain, b = _update(warm_model_dir, tmp_path, "plain", bare, opob=True, lr=1e-3)
-    assert weighted["train/ess_ratio"] == pytest.approx(0.9, rel=1e-4) and "train/ess_ratio" not in plain
+    plain, b = _update(warm_model_dir, tmp_path, "plain", on_policy, opob=True, lr=1e-3)
+    assert weighted["train/ess_ratio"] == pytest.approx(0.9, rel=1e-4) and plain["train/ess_ratio"] == pytest.approx(1.0)
     wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
     assert any(not torch.allclose(wa[k], wb[k], atol=1e-7) for k in wa)

@@ -10,6 +10,11 @@ awkward stops: a turn ending on ``<|endoftext|>`` (SGLang ``stop``), a turn the 
 (``length`` below ``max_new_tokens``) and vLLM's ``completed`` for both. No token the policy did
 not sample is ever trained (mask 1).
 
+Parity alone cannot catch a SAAR bug both sides share, so every scenario also has a **golden** trajectory
+built by hand from DESIGN §3 — turn ids from the tokenizer, tool texts from the sandbox, splices and notes
+written out here, nothing from ``tasks.rollout`` — and both paths must equal it (a shallow splice that lost
+the old reasoning fails here).
+
 Over ~400 lines on purpose: one scenario table, the two scripted servers and the parity check belong
 together (split, each part would need the others to be read).
 """
@@ -46,9 +51,11 @@ SCRIPTS = {
     "endoftext": [Turn("Easy. " + render_call("print(40 + 2)"), "endoftext"), Turn("\\boxed{42}", "endoftext")],
     "cut": [Turn("Let me think about it. " * 4, "length")],
     "vllm": [Turn("Easy. " + render_call("print(6 * 7)"), "endoftext"), Turn("\\boxed{42} and then", "length")],
+    "malformed": ["Go. " + render_call("print(6 * 7)")[: -len("}</tool_call>")] + "</tool_call>",
+                  "Go. " + render_call("print(6 * 7)"), "\\boxed{42}"],
     "fix_a": FIX, "fix_b": FIX, "fix_c": FIX, "fix_d": FIX,
 }
-SAAR_CASES = ("shallow", "deep", "exhausted", "no_call")
+SAAR_CASES = ("shallow", "deep", "exhausted", "no_call", "malformed")
 FIX_CASES = ("fix_a", "fix_b", "fix_c", "fix_d")
 RAW_SHARE = 0.5
 
@@ -449,3 +456,110 @@ def test_reward_adapter_uses_our_graders_and_the_configured_sandbox(monkeypatch)
         assert made[0] == SandboxConfig(**local)
     finally:
         close_sandboxes()
+
+
+# -- golden trajectories, by hand (DESIGN §3), independent of tasks.rollout --------------------------------
+
+NOTE = ("\n\nNote: This approach has been attempted {n} times with the same type of error. Consider trying a "
+        "different algorithm, method, or approach to solve this problem.")
+
+
+class Golden:
+    """Builds the expected (ids, mask, log-probs) of a scenario piece by piece."""
+
+    def __init__(self, chat, box, case: str, max_chars: int):
+        self.chat, self.box, self.case, self.max_chars = chat, box, case, max_chars
+        self.ids: list[int] = []
+        self.mask: list[int] = []
+        self.lps: list[float] = []
+
+    def turn_ids(self, k: int) -> list[int]:
+        return self.chat.encode(SCRIPTS[self.case][k]) + [self.chat.eos_id]
+
+    def lp(self, k: int) -> float:
+        """The scripted servers' log-prob of every token of the case's ``k``-th turn."""
+        return -0.001 * (len(SCRIPTS[self.case]) - k)
+
+    def call_at(self, ids: list[int]) -> int:
+        """Where ``<tool_call>`` starts, the reference's way: the last index whose decoded suffix still holds it."""
+        return max(i for i in range(len(ids)) if "<tool_call>" in self.chat.decode(ids[i:]))
+
+    def turn(self, k: int) -> Golden:
+        ids = self.turn_ids(k)
+        return self._add(ids, 1, [self.lp(k)] * len(ids))
+
+    def shallow(self, old: int, new: int) -> Golden:
+        """Turn ``old``'s reasoning (before its call) + turn ``new`` from its ``<tool_call>`` on."""
+        a, b = self.turn_ids(old), self.turn_ids(new)
+        i, j = self.call_at(a), self.call_at(b)
+        self._add(a[:i], 1, [self.lp(old)] * i)
+        return self._add(b[j:], 1, [self.lp(new)] * (len(b) - j))
+
+    def tool(self, code: str | None = None, text: str | None = None, note: int | None = None) -> Golden:
+        """The tool turn: ``text``, or what the sandbox prints for ``code``, plus the exhausted note."""
+        text = text if text is not None else self.box.run(code).model_text(self.max_chars)
+        text += NOTE.format(n=note) if note else ""
+        ids = self.chat.tool_response_ids(text)
+        return self._add(ids, 0, [0.0] * len(ids))
+
+    def _add(self, ids: list[int], m: int, lps: list[float]) -> Golden:
+        self.ids, self.mask, self.lps = self.ids + ids, self.mask + [m] * len(ids), self.lps + lps
+        return self
+
+
+def golden(chat, box, case: str, raw: bool, max_chars: int) -> Golden:
+    g = Golden(chat, box, case, max_chars)
+    if case in ("shallow", "malformed") or (case in FIX_CASES and not raw):
+        return g.shallow(0, 1).tool("print(6 * 7)").turn(2)  # recovered: no error text, the old reasoning kept
+    if case in FIX_CASES:
+        return g.turn(0).tool("pritn(6 * 7)").turn(1).tool("print(6 * 7)").turn(2)  # raw: the error stays
+    if case == "deep":
+        return g.turn(1).tool(LONG_FIX).turn(2)  # the whole regenerated turn replaces the failed one
+    if case == "exhausted":  # 3 regenerations, each spliced shallow over the last; the 4th error + note stays
+        return g.shallow(0, 3).tool("print(1/0 + 3)", note=3).turn(4)
+    if case == "no_call":  # the regeneration has no call: the failed call, its error and the new turn stay
+        return g.turn(0).tool("print(undefined_name)").turn(1)
+    assert case == "clean"
+    return g.turn(0).tool("print(40 + 2)").turn(1)
+
+
+GOLDEN_CASES = ("shallow", "deep", "exhausted", "no_call", "malformed", "clean", *FIX_CASES)
+
+
+@pytest.fixture(scope="module")
+def goldens(both_paths, chat):
+    cases, cfg, pipeline, _, _ = both_paths
+    with make_sandbox(SandboxConfig(backend="local", workers=1)) as box:
+        return {c: golden(chat, box, c, pipeline[cases.index(c)].raw, cfg.max_tool_response_chars)
+                for c in GOLDEN_CASES}
+
+
+def test_the_goldens_hold_what_design_says(goldens, chat):
+    """The hand-built expectations themselves: the shallow splice keeps "I multiply. ", the malformed call's
+    fix is spliced the same way, the exhausted position keeps T0's reasoning, the last error and the note."""
+    text = {c: chat.decode(g.ids) for c, g in goldens.items()}
+    assert text["shallow"].startswith("I multiply. <tool_call>") and "print(6 * 7)" in text["shallow"]
+    assert "pritn" not in text["shallow"] and "Error" not in text["shallow"]
+    assert text["malformed"].count("<tool_call>") == 1 and "not valid JSON" not in text["malformed"]
+    assert text["exhausted"].startswith("T0. <tool_call>") and "1/0 + 3" in text["exhausted"]
+    assert "ZeroDivisionError: division by zero" + NOTE.format(n=3) in text["exhausted"]
+    assert "NameError" in text["no_call"] and text["deep"].startswith("A loop instead. ")
+
+
+@pytest.mark.parametrize("case", GOLDEN_CASES)
+def test_verl_rows_equal_the_hand_built_goldens(both_paths, goldens, chat, case):
+    cases, _, _, out, _ = both_paths
+    prompt, resp, mask, lps = unpadded(out, cases.index(case))
+    g = goldens[case]
+    assert prompt == chat.prompt_ids([{"role": "user", "content": f"case {case}: what is 6 * 7?"}])
+    assert chat.decode(resp) == chat.decode(g.ids)
+    assert (resp, mask) == (g.ids, g.mask)
+    assert lps == pytest.approx(g.lps, abs=1e-6)
+
+
+@pytest.mark.parametrize("case", GOLDEN_CASES)
+def test_pipeline_rows_equal_the_hand_built_goldens(both_paths, goldens, case):
+    cases, _, pipeline, _, _ = both_paths
+    t, g = pipeline[cases.index(case)], goldens[case]
+    assert (t.response_ids, t.response_mask) == (g.ids, g.mask)
+    assert t.logprobs == pytest.approx(g.lps, abs=1e-6)

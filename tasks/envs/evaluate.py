@@ -6,7 +6,8 @@ transformers engine and returns ``<prefix>/success``, ``/pass_at_k``, ``/valid_a
 turns without a format penalty), ``/score``, ``/turns``, ``/actions_per_turn`` (actions run per turn), for
 FrozenLake ``/path_agreement`` (share of first moves that start a shortest path: how much the policy reads
 the grid; ~0.34 for uniform moves on held-out maps) and, for Bandit, ``/hi_arm_rate``.
-``summarize`` computes the same figures from finished trajectories (the training rollout uses it).
+``summarize`` computes the same figures from finished trajectories (the training rollout uses it);
+``play_heldout`` returns the episodes themselves (the training flow's evaluation traces them).
 
 Run: ``evaluate_env(Path("assets/tiny-env"), env_config("frozen_lake"), n_states=64)``.
 """
@@ -48,10 +49,9 @@ def summarize(trajs, prefix: str) -> dict[str, float]:
     return out
 
 
-def evaluate_env(model_dir: Path, cfg: EnvConfig, n_states: int = 64, samples: int = 2, temperature: float = 1.0,
-                 max_new_tokens: int = 64, max_response_tokens: int = 768, seed: int = 0,
-                 prefix: str | None = None, engine=None) -> dict[str, float]:
-    """Play held-out episodes with the policy at ``model_dir`` (or a live ``engine``); figures as above."""
+def play_heldout(model_dir: Path, cfg: EnvConfig, n_states: int = 64, samples: int = 2, temperature: float = 1.0,
+                 max_new_tokens: int = 64, max_response_tokens: int = 768, seed: int = 0, engine=None):
+    """The held-out episodes of the policy at ``model_dir`` (or a live ``engine``): (trajectories, chat, seeds)."""
     from transformers import AutoTokenizer
 
     from models.engine import EngineConfig, make_engine
@@ -64,5 +64,13 @@ def evaluate_env(model_dir: Path, cfg: EnvConfig, n_states: int = 64, samples: i
     name = cfg.eval_name or cfg.name
     seeds = heldout_seeds(make_env(name, **cfg.options), cfg, n_states)
     runner = EnvRollout(cfg, engine, chat, samples, max_new_tokens, max_response_tokens, env_name=name)
-    trajs = runner.run(seeds, seed, step=-1, progress=False)
-    return summarize(trajs, prefix or f"eval/{name}")
+    return runner.run(seeds, seed, step=-1, progress=False), chat, seeds
+
+
+def evaluate_env(model_dir: Path, cfg: EnvConfig, n_states: int = 64, samples: int = 2, temperature: float = 1.0,
+                 max_new_tokens: int = 64, max_response_tokens: int = 768, seed: int = 0,
+                 prefix: str | None = None, engine=None) -> dict[str, float]:
+    """Play held-out episodes with the policy at ``model_dir`` (or a live ``engine``); figures as above."""
+    trajs, _, _ = play_heldout(model_dir, cfg, n_states, samples, temperature, max_new_tokens, max_response_tokens,
+                               seed, engine)
+    return summarize(trajs, prefix or f"eval/{cfg.eval_name or cfg.name}")

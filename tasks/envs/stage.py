@@ -24,7 +24,8 @@ from tasks.envs.tokens import EnvChat
 
 
 def mi_due(cfg: EnvConfig, step: int) -> bool:
-    """RAGEN-2's schedule: the first step, then every ``mi_every`` steps."""
+    """RAGEN-2's schedule (``CollapseDetector.should_compute``: global step 1, then every ``compute_freq``-th; its
+    steps count from 1, ours from 0): steps 0, ``mi_every`` − 1, 2·``mi_every`` − 1, …"""
     return bool(cfg.mi_every) and (step == 0 or (step + 1) % cfg.mi_every == 0)
 
 

@@ -15,7 +15,9 @@ One step, for every prompt (phases run batched over the whole step)::
     retry ── generation continues through the ordinary state machine ── the guidance-free
                distill copy is the same ids with the guidance frame swapped out: graded r2
 
-Rows and groups follow ``tasks.r3l.grouping.plan_rows``; masks ``tasks.r3l.credit``. The
+Rows and groups follow ``tasks.r3l.grouping.plan_rows``; masks ``tasks.r3l.credit``. A kept retry row
+carries no tool executions or SAAR events: its distill copy (always a row when the retry ran) holds the
+same ones, so each is written once. The
 retry's guidance tokens do not count against ``max_response_tokens`` (``budget_extra``), so
 its distill copy has the budget of an ordinary attempt.
 
@@ -35,7 +37,6 @@ from dataclasses import dataclass, field
 from models.chat import ParsedCall, parse_tool_call
 from models.engine import GenRequest
 from sandbox.result import ExecutionResult
-from tasks.r3l.config import R3LConfig
 from tasks.r3l.credit import assistant_segments, pivotal_mask
 from tasks.r3l.grouping import Kind, plan_rows
 from tasks.r3l.prompts import (
@@ -51,7 +52,8 @@ from tasks.r3l.prompts import (
     reflection_request,
 )
 from tasks.r3l.report import ReportCheck, read_reflection
-from tasks.rollout.machine import Rollout, setup_of
+from tasks.rollout.machine import Rollout, sampling_salt, setup_of
+from tasks.rollout.r3l_config import R3LConfig
 from tasks.rollout.types import PromptItem, State, Trajectory
 
 RewardFn = Callable[[Trajectory], "float | None"]
@@ -157,7 +159,7 @@ class R3LRollout:
             refill_round: int = 0) -> R3LResult:
         bases = self.base_runner.run(items, seed, step, progress, refill_round=refill_round)
         refl = [Reflection(t, self.reward_fn(t), count_steps(split_messages(t, self.chat)[1])) for t in bases]
-        self._reflect(refl, seed, step)
+        self._reflect(refl, seed, step, refill_round)
         todo = [r for r in refl if r.check.valid and not r.check.perfect and r.r1 is not None]
         self._prepare_retries(todo, step)
         ready = [r for r in todo if r.retry is not None]
@@ -169,7 +171,7 @@ class R3LRollout:
 
     # -- reflection ------------------------------------------------------------------------------
 
-    def _reflect(self, refl: list[Reflection], seed: int, step: int) -> None:
+    def _reflect(self, refl: list[Reflection], seed: int, step: int, refill_round: int = 0) -> None:
         system = reflection_prompt(self.cfg)
         asked: list[Reflection] = []
         for r in refl:
@@ -188,7 +190,7 @@ class R3LRollout:
         if not asked:
             return
         reqs = [GenRequest(r.prompt_ids, self.cfg.max_reflect_tokens) for r in asked]
-        outs = self.runner.engine.generate(reqs, seed=hash((seed, step, "r3l-reflect")) % 2**31)
+        outs = self.runner.engine.generate(reqs, seed=reflection_seed(seed, step, refill_round))
         for r, out in zip(asked, outs):
             r.response_ids, r.logprobs, r.finish_reason = list(out.token_ids), list(out.logprobs), out.finish_reason
             r.text = self.chat.decode(out.token_ids)
@@ -287,6 +289,8 @@ class R3LRollout:
                 t = {Kind.BASE: r.base, Kind.DISTILL: r.distill, Kind.RETRY: r.retry}.get(p.kind) or self._reflect_row(r)
                 t.kind, t.group_id, t.fixed_reward, t.pivot = p.kind.value, p.group_id, p.reward, p.pivot
                 t.response_mask = pivotal_mask(t.response_mask, p.pivot)
+                if p.kind is Kind.RETRY:  # its calls and SAAR events are recorded once, under the distill copy
+                    t.executions, t.events = [], []
                 rows.append(t)
             r.succeeded = any(p.kind is Kind.RETRY for p in plan)
             if r.r1 is not None:
@@ -302,6 +306,12 @@ class R3LRollout:
         t.append(r.response_ids, 1, r.logprobs)
         t.assistant_turns = 1
         return t
+
+
+def reflection_seed(seed: int, step: int, refill_round: int = 0) -> int:
+    """The engine seed of a step's reflection call: from ``sampling_salt`` (ints only), so a resumed or retried
+    step draws the same reflections in any process (``hash`` of a ``str`` changes with PYTHONHASHSEED)."""
+    return hash(sampling_salt(seed, step, "r3l-reflect", refill_round)) % 2**31
 
 
 def _strip_eos(text: str, eos: str) -> str:

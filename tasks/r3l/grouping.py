@@ -13,7 +13,7 @@ For base attempt ``i`` of a prompt (there are ``n // 2`` of them), after its ref
 The explore group ``<prompt>`` thus holds the n/2 base attempts and up to n/2 distill copies;
 reflect and retry rows are groups of one. **Retry succeeded** when
 ``(r2 > r1 and r2 >= success) or (fewer_steps_rule and r2 >= success and steps2 < steps1)``
-(the second clause is the reference's ALFWorld rule; its math workflows use only the first).
+(the second clause is the reference's ALFWorld rule, off by default; its math workflows use only the first).
 With pivotal credit the first ``k`` assistant turns are masked in base, distill and — when
 ``mask_retry`` (the ALFWorld reference; its math workflow leaves the retry unmasked) — retry.
 """
@@ -56,7 +56,7 @@ def group_ids(prompt_id: str, i: int) -> dict[Kind, str]:
 
 
 def retry_succeeded(r1: float, r2: float, steps1: int, steps2: int, success: float = 1.0,
-                    fewer_steps_rule: bool = True) -> bool:
+                    fewer_steps_rule: bool = False) -> bool:
     """The reference's rule for keeping the reflection and the guided retry as positive examples."""
     if r2 > r1 and r2 >= success:
         return True
@@ -64,7 +64,7 @@ def retry_succeeded(r1: float, r2: float, steps1: int, steps2: int, success: flo
 
 
 def plan_rows(prompt_id: str, i: int, r1: float, check: ReportCheck, has_reflection: bool,
-              retry: tuple[float, int, int] | None, success: float = 1.0, fewer_steps_rule: bool = True,
+              retry: tuple[float, int, int] | None, success: float = 1.0, fewer_steps_rule: bool = False,
               pivotal_credit: bool = True, mask_retry: bool = True) -> list[Planned]:
     """Rows of base attempt ``i`` (table in the module docstring).
 

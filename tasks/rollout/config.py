@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.r3l.config import R3LConfig
+from tasks.rollout.r3l_config import R3LConfig
 
 
 class SAARConfig(BaseModel):
@@ -47,8 +47,14 @@ class PartialConfig(BaseModel):
 
     over_sampling: int | None = Field(None, ge=1)
     """Groups submitted at a time (APRIL's ``over_sampling_batch_size``), at least ``data.prompts_per_step``;
-    another batch is submitted while fewer than ``data.prompts_per_step`` groups are in flight. None: twice
-    ``data.prompts_per_step`` (APRIL's scripts: 64 over 32)."""
+    another batch is submitted as ``submit_rule`` says. None: twice ``data.prompts_per_step`` (APRIL's
+    scripts: 64 over 32)."""
+
+    submit_rule: Literal["april", "in_flight"] = "april"
+    """When another over-sampling batch is submitted (``tasks.rollout.partial.SUBMIT_RULES``): ``april`` (the
+    reference) while the groups in flight plus those already passed are fewer than ``data.prompts_per_step``;
+    ``in_flight`` while the groups in flight alone are: it submits again as groups pass, keeping the decoding
+    batch fuller at the cost of more aborted and carried (off-policy) work."""
 
     max_submissions: int = Field(4, ge=1)
     """Over-sampling batches submitted in one step at most (the first included): bounds a step's cost when few

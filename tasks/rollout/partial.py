@@ -3,9 +3,10 @@
 Reference: RLsys-Foundation/APRIL (a slime fork), ``slime/rollout/sglang_example.py::generate_rollout_async``
 and ``abort``, ``slime/ray/buffer.py::Buffer``. One step of ``PartialRollout.run``:
 
-1. **submit**: while fewer than ``target`` groups are in flight (submitted, not yet judged), submit
-   ``over_sampling`` more groups — carried groups first, FIFO, then fresh prompts — at most
-   ``max_submissions`` times per step. Every trajectory runs through the ordinary state machine
+1. **submit**: while the groups in flight (submitted, not yet judged) plus those that passed are fewer
+   than ``target`` (APRIL's ``remaining_batch_size``: submitted minus filtered), submit ``over_sampling``
+   more groups — carried groups first, FIFO, then fresh prompts — at most ``max_submissions`` times per step
+   (the reference has no cap). ``submit_rule: in_flight`` counts the groups in flight only (``SUBMIT_RULES``). Every trajectory runs through the ordinary state machine
    (``tasks.rollout.machine.Rollout``) on the engine's continuous stream, tool calls in threads.
 2. **judge**: when all samples of a group have terminated, its graded rewards decide whether it
    passes the dynamic-sampling filter (rewards not all equal; every graded group when the filter is off).
@@ -20,9 +21,11 @@ left, and the handlers see the whole turn (``Rollout.whole_turn``). Tokens keep 
 sampled them (``Trajectory.versions``); the trainer recomputes old log-probs on the final sequences as
 the reference does, so off-policy tokens are only counted (``partial/*`` metrics), not corrected.
 
-Differences from the reference, by design: a group that completes after the stop is carried (judged next
-step), not dropped; groups that fail the filter stay in the step's batch (the mix stage drops them, and the
-rows are logged); the buffer is run state (``tasks.rollout.buffer``), persisted with the step.
+Differences from the reference, by design: groups that fail the filter stay in the step's batch (the mix
+stage drops them, and the rows are logged); a group that passes in the same wake-up as the target-reaching
+one is carried (the reference drops it: "we have not stored all the unused samples back"); the buffer is run
+state (``tasks.rollout.buffer``), persisted with the step. Like the reference, every group still pending at
+the stop — cut, not started, or finishing while the abort is handled — is carried.
 """
 
 from __future__ import annotations
@@ -67,6 +70,13 @@ class PartialResult:
     counts: dict[str, int] = field(default_factory=dict)
 
 
+SubmitRule = Callable[[int, int, int], bool]
+"""``rule(in_flight, passed, target)``: submit another over-sampling batch now?"""
+SUBMIT_RULES: dict[str, SubmitRule] = {
+    "april": lambda in_flight, passed, target: in_flight + passed < target,
+    "in_flight": lambda in_flight, passed, target: in_flight < target,
+}
+
 Fresh = Callable[[int, set[str]], list[PromptItem]]
 """``fresh(n, exclude)``: up to ``n`` new prompts, none whose id is in ``exclude``."""
 
@@ -80,6 +90,10 @@ class PartialRollout:
             raise ValueError("rollout.partial.enabled: the engine has no stream to abort (use a continuous engine)")
         self.runner, self.cfg, self.target, self.grade = runner, cfg, target, grade
         self.over = cfg.over_sampling or 2 * target
+        if cfg.submit_rule not in SUBMIT_RULES:
+            raise ValueError(f"rollout.partial.submit_rule: unknown rule {cfg.submit_rule!r}; "
+                             f"valid: {', '.join(sorted(SUBMIT_RULES))}")
+        self.submit_due = SUBMIT_RULES[cfg.submit_rule]
         self.dynamic_sampling = dynamic_sampling
 
     def run(self, buffered: list[Group], fresh: Fresh, seed: int, step: int) -> PartialResult:
@@ -107,7 +121,8 @@ class PartialRollout:
     def _loop(self, fresh: Fresh) -> None:
         while self._passed() < self.target:
             in_flight = sum(g.verdict is None for g in self.submitted)
-            if in_flight < self.target and self.counts["submissions"] < self.cfg.max_submissions:
+            if (self.submit_due(in_flight, self._passed(), self.target)
+                    and self.counts["submissions"] < self.cfg.max_submissions):
                 self._submit(fresh)
                 continue  # carried groups that were already complete have just been judged
             if not (self.stream.busy or self.running):

@@ -3,7 +3,8 @@
 ``log_prompt_sets`` records the training file with context ``training`` and the held-out file with
 context ``evaluation`` (MLflow deduplicates: logging them again on a resumed run adds nothing).
 ``dataset_ref`` gives the (name, digest) that evaluation metrics are linked to, so a logged model's
-page says which held-out set its metrics were measured on.
+page says which held-out set its metrics were measured on. ``log_frame`` does the same for a set that is
+not a file (an environment's held-out start states) and returns its reference.
 
 Run: called by the train and evaluate flows; the run page's "Datasets used" lists them.
 """
@@ -54,3 +55,16 @@ def log_prompt_sets(cfg: TrackingConfig, mlrun: str, files: dict[str, str]) -> N
               for context, path in files.items() if Path(path).exists()]
     if inputs:
         MlflowClient(tracking_uri=cfg.mlflow_uri).log_inputs(mlrun, datasets=inputs)
+
+
+@named_errors
+def log_frame(cfg: TrackingConfig, mlrun: str, frame, name: str, context: str) -> tuple[str, str]:
+    """Log a polars ``frame`` as dataset ``name`` (input of ``mlrun`` with ``context``); returns (name, digest)."""
+    from mlflow import MlflowClient
+    from mlflow.data.polars_dataset import from_polars
+    from mlflow.entities import DatasetInput, InputTag
+
+    ds = from_polars(frame, name=name)
+    MlflowClient(tracking_uri=cfg.mlflow_uri).log_inputs(
+        mlrun, datasets=[DatasetInput(ds._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", context)])])
+    return ds.name, ds.digest

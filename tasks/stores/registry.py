@@ -6,10 +6,12 @@
   run at its step; the caller logs its evaluation metrics with its ``model_id`` (and the held-out dataset).
   Idempotent: a checkpoint already logged (tag ``cleaner.checkpoint`` = ``<run id>:<version>``) is
   reused, so a rerun of the evaluation does not log it twice.
-* ``register_run``: at the end of a run, its best checkpoint (by held-out pass@1) and its final one
+* ``register_run``: at the end of a run, its best checkpoint (by its held-out **score**: pass@1 for tool use,
+  the success rate ``eval/<env>/success`` for an environment run; ``rank_metric``) and its final one
   are registered under the config's name, final last, so MLflow's reserved alias ``latest`` (the
   newest version) is the final checkpoint; the alias ``best`` moves to this run's best when it beats
-  the version holding it (each version carries its pass@1 as a tag).
+  the version holding it (each version carries ``cleaner.score`` and ``cleaner.score_key`` as tags, and
+  ``cleaner.pass_at_1`` when that is the score).
 * ``resolve``: ``models:/<name>@best``, ``models:/<name>/3``, ``models:/<name>/latest`` or
   ``models:/m-…`` → a local checkpoint folder (downloaded once), for ``cleaner eval --model``.
 
@@ -57,6 +59,15 @@ def pass_at_1(metrics: dict[str, float]) -> float | None:
     return next((metrics[k] for k in PASS_KEYS if k in metrics), None)
 
 
+def rank_metric(metrics: dict[str, float]) -> tuple[str, float] | None:
+    """(key, value) that ranks a checkpoint: held-out pass@1 (``PASS_KEYS``), else an environment's held-out
+    success rate (``eval/<env>/success``); None when the evaluation has neither."""
+    key = next((k for k in PASS_KEYS if k in metrics), None)
+    key = key or next((k for k in sorted(metrics) if k.startswith("eval/") and k.endswith("/success")
+                       and k.count("/") == 2), None)
+    return (key, metrics[key]) if key else None
+
+
 def _stage(ckpt: Path, into: Path) -> Path:
     """The checkpoint's files minus optimizer state, hard-linked (copied across devices) into ``into``; a LoRA
     adapter is merged into its base first, so the logged model is a plain transformers model."""
@@ -77,7 +88,8 @@ def _stage(ckpt: Path, into: Path) -> Path:
 def _card(name: str, run_id: str, version: int, metrics: dict[str, float]):
     from huggingface_hub import ModelCard
 
-    rows = "\n".join(f"| {k} | {v:.4g} |" for k, v in sorted(metrics.items()) if "/all/" in k)
+    ranked = (rank_metric(metrics) or ("",))[0]
+    rows = "\n".join(f"| {k} | {v:.4g} |" for k, v in sorted(metrics.items()) if "/all/" in k or k == ranked)
     return ModelCard(f"---\nlibrary_name: transformers\npipeline_tag: text-generation\n---\n# {name}, policy "
                      f"{version}\n\nCheckpoint of CLEANER run `{run_id}` after {version} RL steps.\n\n"
                      f"| held-out metric | value |\n|---|---|\n{rows}\n")
@@ -104,11 +116,15 @@ def log_checkpoint(cfg: TrackingConfig, mlrun: str, run_id: str, name: str, ckpt
     key = f"{run_id}:{version:06d}"
     model = _find(client, experiment_id, key)
     if model is None:
-        score = pass_at_1(metrics)
+        ranked, score = rank_metric(metrics) or (None, None)
         note = f"Policy {version} of CLEANER run `{run_id}` (config `{name}`)" + (
-            f"; held-out pass@1 {score:.3f}." if score is not None else "; not evaluated.")
+            f"; held-out {ranked} {score:.3f}." if score is not None else "; not evaluated.")
         tags = {CHECKPOINT_TAG: key, "cleaner.run_id": run_id, "cleaner.policy_version": str(version),
-                "mlflow.note.content": note, **({"cleaner.pass_at_1": f"{score:.6g}"} if score is not None else {})}
+                "mlflow.note.content": note}
+        if score is not None:
+            tags.update({"cleaner.score": f"{score:.6g}", "cleaner.score_key": ranked})
+            if ranked in PASS_KEYS:
+                tags["cleaner.pass_at_1"] = f"{score:.6g}"
         model = client.create_logged_model(experiment_id, name=f"{name}-policy-{version:06d}", source_run_id=mlrun,
                                            tags=tags, params={"policy_version": str(version), "config": name},
                                            model_type="policy")
@@ -135,7 +151,9 @@ def run_models(cfg: TrackingConfig, mlrun: str, run_id: str) -> list:
 
 
 def _score(model) -> float:
-    value = model.tags.get("cleaner.pass_at_1")
+    """A logged model's or registered version's held-out score (``cleaner.pass_at_1`` on versions logged before
+    ``cleaner.score`` existed); -inf when it was not evaluated."""
+    value = model.tags.get("cleaner.score", model.tags.get("cleaner.pass_at_1"))
     return float(value) if value is not None else float("-inf")
 
 
@@ -171,7 +189,8 @@ def register_run(cfg: TrackingConfig, mlrun: str, run_id: str, name: str) -> dic
         client.get_registered_model(name)
     except MlflowException:
         client.create_registered_model(name, description=f"Policies trained by CLEANER with config `{name}`; "
-                                       "`@best` = highest held-out pass@1, `@latest` = the newest final checkpoint.")
+                                       "`@best` = highest held-out score (pass@1, or an environment's success rate), "
+                                       "`@latest` = the newest final checkpoint.")
     out = {}
     if best.model_id != final.model_id:
         out["run_best"] = _version_of(client, name, best)
@@ -179,7 +198,7 @@ def register_run(cfg: TrackingConfig, mlrun: str, run_id: str, name: str) -> dic
     out.setdefault("run_best", out["final"])
     try:
         holder = client.get_model_version_by_alias(name, "best")
-        held = float(holder.tags.get("cleaner.pass_at_1", "-inf"))
+        held = _score(holder)
     except MlflowException:
         holder, held = None, float("-inf")
     if holder is None or _score(best) > held:

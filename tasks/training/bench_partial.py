@@ -13,8 +13,10 @@ the seeded cursor). The length distribution is the policy's own, sampled at ``te
 long-tailed (the tiny policy measured p50 96, p90 308, p99 428 response tokens; at temperature 1 it is narrow,
 p50 89, p99 97); the benchmark prints the quantiles it saw.
 Sides alternate (off/on, then on/off) over ``repeats`` so load changes on a shared machine hit both. Per side:
-rollout wall time, **complete groups/s** (groups that passed the filter, i.e. that train, per second) and
-**tokens/s** (policy tokens of the groups the rollout handed over complete, per second), and the ratios on/off.
+rollout wall time, **passing groups/s** and **passing tokens/s** — groups whose graded rewards are not all equal
+(the dynamic-sampling filter's pass: the groups that train) and their policy tokens, per second — and the
+ratios on/off. Both sides are counted the same way (``passing``, after the timer): the on side's batch also
+holds groups the filter rejected, the off side's is trimmed by the refill, and neither kind is counted.
 
 Simplifies: no update between steps (the policy is the same at every step, the version still advances, so
 carried tokens count as off-policy); the local sandbox; one torch thread; the model is loaded before
@@ -30,6 +32,23 @@ import shutil
 import statistics
 import time
 from pathlib import Path
+
+
+def passing(trajs, reward_cfg) -> tuple[int, int]:
+    """(groups, policy tokens) of a step's trajectories that pass the dynamic-sampling filter: graded rewards
+    (the outcome reward, as the partial rollout's judge sees it) not all equal."""
+    import polars as pl
+
+    from tasks.rewards.config import ScoreConfig
+    from tasks.rewards.scoring import score_rows
+
+    scores, _ = score_rows(trajs, reward_cfg, ScoreConfig(overlong_buffer=0), 1)
+    rows = trajs.join(scores.select("traj_id", "score", "graded"), on="traj_id")
+    groups = (rows.group_by("group_id")
+              .agg(pl.col("score").filter(pl.col("graded")).n_unique().alias("distinct"),
+                   pl.col("response_mask").list.sum().sum().alias("tokens"))
+              .filter(pl.col("distinct") > 1))
+    return groups.height, int(groups["tokens"].sum())
 
 
 def _side(partial: bool, work: Path, model: str, prompts: Path, steps: int, cfg: dict) -> dict:
@@ -48,7 +67,8 @@ def _side(partial: bool, work: Path, model: str, prompts: Path, steps: int, cfg:
                       refill_rounds=cfg["refill_rounds"])
     rollout = RolloutConfig(n_samples=cfg["n_samples"], max_turns=cfg["max_turns"], max_new_tokens=cfg["max_new_tokens"],
                             max_response_tokens=cfg["max_response_tokens"],
-                            partial=PartialConfig(enabled=partial, over_sampling=cfg["over_sampling"]))
+                            partial=PartialConfig(enabled=partial, over_sampling=cfg["over_sampling"],
+                                                  submit_rule=cfg["submit_rule"]))
     setup = RolloutSetup(seed=cfg["seed"], chat=ChatConfig(), train_path=data.train_path,
                          prompts_per_step=data.prompts_per_step, refill_rounds=data.refill_rounds, rollout=rollout,
                          engine=EngineConfig(temperature=cfg["temperature"]),
@@ -64,10 +84,9 @@ def _side(partial: bool, work: Path, model: str, prompts: Path, steps: int, cfg:
         wall += time.perf_counter() - t0
         m = json.loads((folder / "rollout.metrics.json").read_text())
         carried = int(m.get("partial/buffer_groups", 0))
-        passed = m["partial/passed_groups"] if partial else min(m["mix/informative_groups"], cfg["prompts_per_step"])
-        groups += int(passed)
         df = pl.read_parquet(folder / "trajectories.parquet")
-        tokens += int(df["response_mask"].list.sum().sum())
+        n, toks = passing(df, setup.reward)
+        groups, tokens = groups + n, tokens + toks
         lengths += df["response_ids"].list.len().to_list()
     return {"wall_s": wall, "groups": groups, "tokens": tokens, "groups_per_s": groups / wall,
             "tokens_per_s": tokens / wall, "carried_at_end": carried, "lengths": lengths}
@@ -76,12 +95,13 @@ def _side(partial: bool, work: Path, model: str, prompts: Path, steps: int, cfg:
 def bench_partial(model: str | Path = "assets/tiny-warm", work_dir: str | Path = "runs/bench-partial", steps: int = 4,
                   prompts_per_step: int = 4, n_samples: int = 4, over_sampling: int = 8, refill_rounds: int = 3,
                   max_turns: int = 4, max_new_tokens: int = 192, max_response_tokens: int = 640,
-                  temperature: float = 1.5, repeats: int = 2, n_prompts: int = 256, seed: int = 0, echo=print) -> dict:
+                  temperature: float = 1.5, repeats: int = 2, n_prompts: int = 256, seed: int = 0,
+                  submit_rule: str = "april", echo=print) -> dict:
     """Partial rollouts off and on, alternately ``repeats`` times; print and return the figures and ratios."""
     import torch
 
     from models.config import ChatConfig, EngineConfig
-    from tasks.synthetic import write_task_parquet
+    from tasks.data.synthetic import write_task_parquet
     from tasks.training.live import get_chat, get_engine
 
     torch.set_num_threads(1)
@@ -89,17 +109,19 @@ def bench_partial(model: str | Path = "assets/tiny-warm", work_dir: str | Path =
     work = Path(work_dir)
     prompts = work / "train.parquet"
     if not prompts.exists():
-        write_task_parquet(prompts, n_prompts, seed, "train")
+        prompts.parent.mkdir(parents=True, exist_ok=True)
+        write_task_parquet(prompts, n_prompts, seed, "rl")
     cfg = {"prompts_per_step": prompts_per_step, "n_samples": n_samples, "over_sampling": over_sampling,
            "refill_rounds": refill_rounds, "max_turns": max_turns, "max_new_tokens": max_new_tokens,
-           "max_response_tokens": max_response_tokens, "temperature": temperature, "seed": seed}
+           "max_response_tokens": max_response_tokens, "temperature": temperature, "seed": seed,
+           "submit_rule": submit_rule}
     rows: dict[str, list[dict]] = {"off": [], "on": []}
     for rep in range(repeats):
         for side in (("off", "on") if rep % 2 == 0 else ("on", "off")):
             r = _side(side == "on", work / side, str(model), prompts, steps, cfg)
             rows[side].append(r)
-            echo(f"repeat {rep} {side:>3}: {r['wall_s']:.1f} s for {steps} steps, {r['groups']} complete groups "
-                 f"({r['groups_per_s']:.3f}/s), {r['tokens']} policy tokens ({r['tokens_per_s']:.0f}/s), "
+            echo(f"repeat {rep} {side:>3}: {r['wall_s']:.1f} s for {steps} steps, {r['groups']} passing groups "
+                 f"({r['groups_per_s']:.3f}/s), {r['tokens']} of their policy tokens ({r['tokens_per_s']:.0f}/s), "
                  f"{r['carried_at_end']} groups carried at the end")
     summary: dict = {side: {k: statistics.mean(x[k] for x in rs) for k in ("wall_s", "groups", "tokens", "groups_per_s",
                                                                           "tokens_per_s", "carried_at_end")}
@@ -111,7 +133,7 @@ def bench_partial(model: str | Path = "assets/tiny-warm", work_dir: str | Path =
     summary["ratio_tokens_per_s"] = summary["on"]["tokens_per_s"] / summary["off"]["tokens_per_s"]
     summary["repeats"] = {side: [{k: v for k, v in r.items() if k != "lengths"} for r in rs] for side, rs in rows.items()}
     echo(f"response length (off side, tokens): p50 {q[50]}, p90 {q[90]}, p99 {q[99]}, max {lengths[-1]}")
-    echo(f"partial on / off: complete groups/s x{summary['ratio_groups_per_s']:.2f}, "
-         f"tokens/s x{summary['ratio_tokens_per_s']:.2f} ({steps} steps x {prompts_per_step} groups x {n_samples} "
-         f"samples, over-sampling {over_sampling}, mean of {repeats} alternating repeats)")
+    echo(f"partial on / off: passing groups/s x{summary['ratio_groups_per_s']:.2f}, "
+         f"their tokens/s x{summary['ratio_tokens_per_s']:.2f} ({steps} steps x {prompts_per_step} groups x {n_samples} "
+         f"samples, over-sampling {over_sampling}, submit rule {submit_rule}, mean of {repeats} alternating repeats)")
     return summary

@@ -7,7 +7,8 @@ files, so mix, advantage, update and log run unchanged:
               per-step signals (success, pass@k, valid-action rate, response length) and, on
               schedule, RAGEN-2's MI probe
     score     scores.parquet from the episode scores (no grading from text)
-    evaluate  held-out start states (or the held-out variant, e.g. ``bandit_test``)
+    evaluate  held-out start states (or the held-out variant, e.g. ``bandit_test``), with the same MLflow
+              entities as a tool-use evaluation (logged model, dataset input, traces)
 """
 
 from __future__ import annotations
@@ -20,13 +21,16 @@ import polars as pl
 
 from models.config import ChatConfig
 from tasks.rollout.saar import TrajStats
-from tasks.stores import db, tracking
+from tasks.stores import db
+from tasks.stores.datasets import log_frame
 from tasks.stores.records import read_table, trajectory_frames, write_frames
+from tasks.stores.registry import ModelRef
 from tasks.training.live import get_chat, get_engine
 from tasks.training.setups import EvalSetup, RolloutSetup
-from tasks.training.stages import _timed
+from tasks.training.stages import _timed, track_eval
 
 _TOOL_COLUMNS = {**TrajStats().scalars(), "failure_reasons": "{}"}
+_EMPTY_TOOL_TABLES = {k: v for k, v in trajectory_frames([], "eval", 0, str).items() if k in ("executions", "saar_events")}
 
 
 def env_rollout_stage(step_dir: Path, step: int, ckpt: str, run_id: str, setup: RolloutSetup) -> Path:
@@ -59,20 +63,36 @@ def env_score_stage(step_dir: Path) -> Path:
     return Path(step_dir)
 
 
-def env_eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, setup: EvalSetup) -> dict[str, float]:
-    """Held-out episodes of policy ``version``; rows to DuckDB ``evaluations``, metrics to MLflow."""
-    from tasks.envs.evaluate import evaluate_env
+def env_eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, setup: EvalSetup,
+                   model: ModelRef | None = None, trace_tags: dict[str, str] | None = None) -> dict[str, float]:
+    """Held-out episodes of policy ``version``; rows to DuckDB ``evaluations``; in MLflow, as a tool-use evaluation:
+    the checkpoint as a logged model (``model``; ranked for ``@best`` by ``eval/<env>/success``), its metrics
+    linked to it and to the held-out start states (a dataset input, context ``evaluation``), the episodes as traces."""
+    from tasks.envs.evaluate import play_heldout, summarize
 
     env, rollout, cfg, tracking_cfg, seed = setup.env, setup.rollout, setup.eval, setup.tracking, setup.seed
-    t0 = time.perf_counter()
-    metrics = evaluate_env(Path(ckpt), env, cfg.n_prompts, cfg.samples, cfg.temperature, rollout.max_new_tokens,
-                           rollout.max_response_tokens, seed)
+    t0, start = time.perf_counter(), time.time()
+    trajs, chat, seeds = play_heldout(Path(ckpt), env, cfg.n_prompts, cfg.samples, cfg.temperature,
+                                      rollout.max_new_tokens, rollout.max_response_tokens, seed)
+    name = env.eval_name or env.name
+    metrics = summarize(trajs, f"eval/{name}")
     metrics["time/eval_s"] = time.perf_counter() - t0
     with db.session(tracking_cfg.duckdb_path) as con:
         db.replace_eval(con, run_id, version, ckpt, metrics)
     if mlrun:
-        tracking.log_eval(tracking_cfg, mlrun, version, metrics)
+        states = pl.DataFrame({"env": name, "seed": seeds, "options": json.dumps(env.options, sort_keys=True)})
+        dataset = log_frame(tracking_cfg, mlrun, states, f"{name}/heldout", "evaluation")
+        tables = {**env_frames_of(trajs, version, chat), **_EMPTY_TOOL_TABLES}
+        track_eval(tracking_cfg, mlrun, run_id, version, ckpt, metrics, dataset, model, trace_tags or {},
+                   [(name, start, tables)])
     return metrics
+
+
+def env_frames_of(trajs, version: int, chat) -> dict[str, pl.DataFrame]:
+    """The ``trajectories`` table of held-out episodes (run ``eval``, step = policy version), for traces."""
+    from tasks.envs.records import env_frames
+
+    return {"trajectories": env_frames(trajs, "eval", version, chat.decode, _TOOL_COLUMNS)["trajectories"]}
 
 
 def env_steps_frame(step_dir: Path) -> pl.DataFrame | None:

@@ -30,7 +30,8 @@ def summarize(trajs: pl.DataFrame, stats: dict[str, float], ks: list[int]) -> di
     by_source = pass_at_k_by_source(records, tuple(ks))
     overall = pass_at_k_by_source([("all", p, c) for _, p, c in records], tuple(ks))
     out = {**stats, **_mlflow_names(overall), **{f"by_source/{k}": v for k, v in _mlflow_names(by_source).items()}}
-    out["tools/first_call_failure_rate"] = 1.0 - stats["tools/first_attempt_success_rate"] if stats["tools/first_attempt_total"] else 0.0
+    out["tools/first_attempt_failure_rate"] = (1.0 - stats["tools/first_attempt_success_rate"]
+                                              if stats["tools/first_attempt_total"] else 0.0)
     out["rollout/tool_use_rate"] = float((trajs["tool_calls"] > 0).mean()) if trajs.height else 0.0
     out["rollout/response_tokens_mean"] = float(trajs["response_ids"].list.len().mean() or 0.0)
     out["rollout/turns_mean"] = float(trajs["num_turns"].mean() or 0.0)

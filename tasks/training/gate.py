@@ -6,7 +6,8 @@ measures that on held-out prompts (``eval`` split, bound inputs), sampling at te
 with SAAR on and no raw share, ``n_prompts × samples`` trajectories (≥ 500 by default):
 
 * **tool-call rate**: the trajectory calls the tool at all;
-* **first-call failure rate**: of those, the first tool call failed;
+* **first-call failure rate**: of those, the first tool call failed (per trajectory; not the evaluation's
+  ``tools/first_attempt_failure_rate``, which counts every first attempt at every call position);
 * **recovery rate**: of those, the failed position was fixed (a regenerated call ran);
 * **P(correct | clean)**: the answer is right when the first call ran;
 * **P(correct | recovered)**: the answer is right when the first call failed and was fixed;

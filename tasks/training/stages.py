@@ -157,7 +157,8 @@ def update_stage(step_dir: Path, ckpt: str, out_ckpt: Path, setup: UpdateSetup) 
     trainer, seed, ref_ckpt = setup.trainer, setup.seed * 100_003 + _step_of(step_dir), setup.reference
     with _timed(step_dir, "update", metrics):
         samples = [Sample(r["prompt_ids"], r["response_ids"], r["response_mask"], r["advantage"],
-                          r.get("rollout_logprobs"), r.get("reward") or 0.0, r.get("group_id") or r["prompt_id"])
+                          r.get("rollout_logprobs"), r.get("reward") or 0.0, r.get("group_id") or r["prompt_id"],
+                          r.get("traj_id") or "")
                    for r in training_rows(step_dir).iter_rows(named=True) if sum(r["response_mask"])]
         pad = get_chat(ckpt, ChatConfig()).tokenizer.pad_token_id or 0
         step = _step_of(step_dir)
@@ -284,18 +285,20 @@ def eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, setup: E
     with db.session(tracking_cfg.duckdb_path) as con:
         db.replace_eval(con, run_id, version, ckpt, metrics)
     if mlrun:
-        _track_eval(tracking_cfg, mlrun, run_id, version, ckpt, metrics, setup.eval_path, model, trace_tags or {}, modes)
+        track_eval(tracking_cfg, mlrun, run_id, version, ckpt, metrics, dataset_ref(setup.eval_path), model,
+                    trace_tags or {}, modes)
     return metrics
 
 
-def _track_eval(tracking_cfg: TrackingConfig, mlrun: str, run_id: str, version: int, ckpt: str,
-                metrics: dict[str, float], eval_path: str, model: ModelRef | None, tags: dict[str, str],
-                modes: list[tuple[str, float, dict]]) -> None:
-    """An evaluation in MLflow: the logged model, its metrics (linked to it and the held-out set), the traces."""
+def track_eval(tracking_cfg: TrackingConfig, mlrun: str, run_id: str, version: int, ckpt: str,
+               metrics: dict[str, float], dataset: tuple[str, str] | None, model: ModelRef | None,
+               tags: dict[str, str], modes: list[tuple[str, float, dict]]) -> None:
+    """An evaluation in MLflow: the logged model, its metrics (linked to it and the held-out ``dataset``), the
+    traces of every mode's ``trajectories`` / ``executions`` / ``saar_events`` tables (environment mode too)."""
     model_id = model.model_id if model else None
     if model and model.name and not model_id and tracking_cfg.log_models:
         model_id = registry.log_checkpoint(tracking_cfg, mlrun, run_id, model.name, Path(ckpt), version, metrics)
-    tracking.log_eval(tracking_cfg, mlrun, version, metrics, model_id, dataset_ref(eval_path))
+    tracking.log_eval(tracking_cfg, mlrun, version, metrics, model_id, dataset)
     for mode, start, tables in modes:
         batch = traces.batch_for(tracking_cfg, mlrun, f"eval:{mode}:{version}", start,
                                  {**tags, "kind": "eval", "eval_mode": mode, "step": str(version)})

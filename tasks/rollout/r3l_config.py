@@ -1,6 +1,7 @@
 """R3L settings (``rollout.r3l``): every constant of the reference (seed-methods.md §1) in config.
 
-Light on imports (pydantic only) so the run config can be built cheaply.
+It lives beside the rollout's other config slices (``RolloutConfig.r3l`` nests it), below the ``tasks.r3l``
+driver that reads it. Light on imports (pydantic only) so the run config can be built cheaply.
 """
 
 from __future__ import annotations
@@ -42,16 +43,19 @@ class R3LConfig(BaseModel):
     success_threshold: float = 1.0
     """A reward at or above this is a success (the reference: ``reward >= 1.0``)."""
 
-    fewer_steps_rule: bool = True
-    """A retry also succeeds when it reaches success in fewer steps than the base attempt (the
-    reference's ALFWorld rule; its math workflows use only ``r2 > r1 and r2 >= success``)."""
+    fewer_steps_rule: bool = False
+    """A retry also succeeds when it reaches success in fewer steps than the base attempt. False = the
+    reference's math workflows (dapo, qwen_math, countdown: only ``r2 > r1 and r2 >= success``), the tasks
+    here; True = its ALFWorld / WebShop / ScienceWorld rule."""
 
     pivotal_credit: bool = True
     """Mask the assistant turns before the pivot out of the loss in base, distill and retry rows
     (False = the reference's ``R3L_w_o_credit`` ablation)."""
 
     mask_retry: bool = True
-    """Also mask the retry row's prefix (the ALFWorld reference; its math workflow leaves it unmasked)."""
+    """Also mask the retry row's prefix (the ALFWorld reference; its math workflows leave it unmasked). Kept
+    on here: the prefix turns are copied from the base attempt, sampled without the guidance in context, so
+    the retry row trains only tokens sampled under the guidance (docs/methods.md)."""
 
     keep_perfect_reflections: bool = True
     """Train on a reflection that calls a successful attempt ``success`` (reward 1.0, own group)."""
