@@ -203,7 +203,9 @@ def test_opob_baselines_and_std_units_are_per_group_and_its_metrics_add_up(warm_
     totals = dict.fromkeys(_TOTALS, 1.0)
     _opob_step(model, opt, mb, old, None, cfg, 0, totals, _log_weights(mb, old), 1.0)
     assert 0 < b_a < 1 and 0.5 < b_b < 2
-    assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(opt.grads, expected))
+    # float32 gradients up to ~2, summed in another order than the hand-built expectation: 1e-5 (this machine's
+    # kernels differ from the expectation by up to 1.1e-5; the baselines and units under test scale whole rows)
+    assert all(torch.allclose(x, y, rtol=1e-5, atol=2e-5) for x, y in zip(opt.grads, expected))
     with torch.no_grad():
         _, mask, ent = response_logprobs_entropy(model, mb, 0)
     assert totals["loss"] == pytest.approx(1.0 + sum(c * -0.25 for c in coef), abs=1e-5)  # each row's loss: −3/12
