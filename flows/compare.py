@@ -1,14 +1,14 @@
 """Prefect flow ``compare``: CLEANER vs the DAPO baseline (and side arms), over several seeds, in parallel.
 
 1. **Initial evaluation**, once: the starting policy on the fixed held-out prompts at the final
-   evaluation's size (``eval.final_prompts × eval.final_samples``), SAAR off; it is step 0 of
+   evaluation's size (``eval.final_prompts × eval.final_samples``), SAAR off and on; it is step 0 of
    every run (all runs start from the same policy).
 2. **Training**: every arm × seed (``compare.seeds``, or ``compare.arm_seeds[arm]``) is a child
    ``cleaner train`` process with one torch thread, ``compare.parallel`` at a time (one per
    core); the same seed means the same data order in every arm, so runs pair up by seed. Each
    child is its own Prefect flow run and a child MLflow run under the parent; it writes its own
    DuckDB file (one writer per file), merged into ``tracking.duckdb_path`` at the end. Each run
-   evaluates with SAAR off every ``compare.eval_every`` steps (``eval.n_prompts × eval.samples``)
+   evaluates with SAAR off and on every ``compare.eval_every`` steps (``eval.n_prompts × eval.samples``)
    and at its last step at the final size.
 3. **Report** (``tasks.reports.compare``): per seed and paired across arms, JSON + Markdown + PNGs
    in ``<output_dir>/<compare id>/report/`` and the parent run's ``report/`` artifacts.
@@ -37,7 +37,7 @@ from tasks.stores import db, links, tracking
 
 
 def arm_overrides(shared: list[str], arm: list[str], steps: int, every: int, initial_shared: bool) -> list[str]:
-    out = [*shared, *arm, f"train.steps={steps}", f"train.eval_every={every}", "eval.modes=[saar_off]"]
+    out = [*shared, *arm, f"train.steps={steps}", f"train.eval_every={every}", "eval.modes=[saar_off,saar_on]"]
     return out + (["train.eval_at_start=false"] if initial_shared else [])
 
 
@@ -50,7 +50,7 @@ def jobs_of(cfg: RunConfig) -> list[tuple[str, int]]:
 
 @task(name="initial-eval", cache_policy=NO_CACHE)
 def initial_eval_task(cfg: RunConfig, run_id: str, mlrun: str, folder: str) -> dict:
-    """Evaluate the starting policy once, at the final evaluation's size (SAAR off)."""
+    """Evaluate the starting policy once, at the final evaluation's size (SAAR off and on)."""
     from flows.train import ensure_policy
     from tasks.data.loader import ensure_files
     from tasks.training import live, stages
@@ -60,7 +60,7 @@ def initial_eval_task(cfg: RunConfig, run_id: str, mlrun: str, folder: str) -> d
         return json.loads(path.read_text())
     ensure_files(cfg.data, cfg.seed)
     ensure_policy(cfg)
-    eval_cfg = cfg.eval.final().model_copy(update={"modes": ["saar_off"]})
+    eval_cfg = cfg.eval.final().model_copy(update={"modes": ["saar_off", "saar_on"]})
     setup = cfg.setups().eval.model_copy(update={"eval": eval_cfg})
     metrics = stages.eval_stage(run_id, 0, cfg.model.path, mlrun, setup)
     live.close_live()

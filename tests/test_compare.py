@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.reports.compare import ACC, GRADED, TOOL, markdown, summarize, write_report
+from tasks.reports.compare import ACC, ACC_ON, GRADED, TOOL, markdown, summarize, write_report
 from tasks.rollout.saar import TrajStats, aggregate_stats
 from tasks.stores.tracking import RUN_TAG
 from tasks.training.evaluation import summarize as eval_summary
@@ -108,6 +108,29 @@ def test_paired_difference_by_hand(tmp_path):
     assert "cleaner ends higher" in s["verdict"] and "+0.030 ± 0.009" in s["verdict"]
     write_report(s, tmp_path)
     assert "| cleaner − dapo | 4 | +0.030 ± 0.009 [+0.001, +0.059] |" in (tmp_path / "compare.md").read_text()
+    assert s["settings"] == {}, "no run evaluated SAAR on: no second setting is made up"
+
+
+def test_both_evaluation_settings_paired_by_seed(tmp_path):
+    # final SAAR off: dapo .40 .50, cleaner .38 .47; cleaner SAAR on .46 .55 (dapo on .41 .52, never its baseline)
+    # internalisation: -.02 -.03 -> mean -.025, sd .0070711, se .005, t(1) 12.706 -> CI [-.08853, +.03853]
+    # headline: .06 .05 -> mean +.055, se .005
+    off = {"dapo": [0.40, 0.50], "cleaner": [0.38, 0.47]}
+    on = {"dapo": [0.41, 0.52], "cleaner": [0.46, 0.55]}
+    evals = pl.DataFrame(_evals({a: {6: [0.3, 0.3], 12: xs} for a, xs in off.items()}, ACC)
+                         + _evals({a: {6: [0.9, 0.9], 12: xs} for a, xs in on.items()}, ACC_ON)
+                         + _evals({a: {12: [0.8, 0.8]} for a in off}, TOOL))
+    runs = {arm: [f"{arm}-s{i}" for i in range(2)] for arm in off}
+    s = summarize(evals, runs, "dapo", "cleaner")
+    row = s["settings"]["cleaner"]
+    assert row["saar_off"] == pytest.approx(0.425) and row["saar_on"] == pytest.approx(0.505)
+    assert row["internalisation"]["mean"] == pytest.approx(-0.025) and row["internalisation"]["se"] == pytest.approx(0.005)
+    assert row["internalisation"]["ci95"] == pytest.approx([-0.08853, 0.03853], abs=1e-4)
+    assert row["headline"]["mean"] == pytest.approx(0.055) and row["headline"]["seeds"] == [0, 1]
+    assert "headline" not in s["settings"]["dapo"] and s["settings"]["dapo"]["saar_on"] == pytest.approx(0.465)
+    write_report(s, tmp_path)
+    assert ("| cleaner | 0.425 | 0.505 | -0.025 ± 0.005 [-0.089, +0.039] | +0.055 ± 0.005 [-0.009, +0.119] |"
+            in (tmp_path / "compare.md").read_text())
 
 
 def test_refill_stops_at_its_bound_and_when_full():
@@ -175,7 +198,7 @@ def test_compare_flow_trains_every_arm_and_seed_under_one_parent(prefect_harness
     modes = {k.split("/")[1] for k in keys if k.startswith("eval/")}
     lrs = {json.loads(c)["trainer"]["lr"] for (c,) in con.execute("SELECT config FROM runs").fetchall()}
     con.close()
-    assert modes == {"saar_off"} and lrs == {1.0e-4}
+    assert modes == {"saar_off", "saar_on"} and lrs == {1.0e-4}
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.get_experiment_by_name("tiny")
     parent = client.search_runs([exp.experiment_id], filter_string=f"tags.`{RUN_TAG}` = 'cmp'")[0]
