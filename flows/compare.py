@@ -10,7 +10,10 @@
    DuckDB file (one writer per file), merged into ``tracking.duckdb_path`` at the end. Each run
    evaluates with SAAR off and on every ``compare.eval_every`` steps (``eval.n_prompts × eval.samples``)
    and at its last step at the final size.
-3. **Report** (``tasks.reports.compare``): per seed and paired across arms, JSON + Markdown + PNGs
+3. **Fixed-probe entropy** (``tasks.reports.probe``): every run's final checkpoint scores the same tokens
+   (the starting policy's own on ``compare.probe_prompts`` held-out prompts), instead of ``train/entropy``
+   (each arm's own trained tokens), so arms compare like for like.
+4. **Report** (``tasks.reports.compare``): per seed and paired across arms, JSON + Markdown + PNGs
    in ``<output_dir>/<compare id>/report/`` and the parent run's ``report/`` artifacts.
 
 A rerun with the same ``compare_id`` resumes: finished child runs are cached by their own
@@ -113,12 +116,21 @@ def runs_task(config_path: str, jobs: list[tuple[str, str, list[str]]], parent: 
         return [f.result() for f in futures]
 
 
+@task(name="compare-probe", cache_policy=NO_CACHE)
+def probe_task(cfg: RunConfig, folder: str, run_ids: list[str]) -> dict[str, dict]:
+    """Fixed-probe entropy of every run's final checkpoint (``tasks.reports.probe``), the probe built once."""
+    from tasks.reports.probe import PROBE_FILE, build_probe, final_checkpoint, probe_entropy
+
+    probe = build_probe(cfg.model.path, cfg.setups().eval, cfg.compare.probe_prompts, Path(folder) / PROBE_FILE)
+    return {r: probe_entropy(final_checkpoint(Path(cfg.output_dir) / r), probe) for r in run_ids}
+
+
 @task(name="compare-report", cache_policy=NO_CACHE)
 def report_task(duckdb_path: str, runs: dict[str, list[str]], baseline: str, treatment: str, folder: str,
-                initial: dict | None, keys: tuple[str, str] | None = None) -> dict:
+                initial: dict | None, keys: tuple[str, str] | None = None, probe: dict | None = None) -> dict:
     ids = [r for ids in runs.values() for r in ids]
     evals, kinds = db.evaluation_rows(duckdb_path, ids), db.kept_kinds(duckdb_path, ids)
-    summary = summarize(evals, runs, baseline, treatment, kinds, initial, *(keys or ()))
+    summary = summarize(evals, runs, baseline, treatment, kinds, initial, *(keys or ()), probe=probe)
     write_report(summary, Path(folder))
     return summary
 
@@ -158,8 +170,10 @@ def compare_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | 
     if cfg.env is not None:
         played = cfg.env.eval_name or cfg.env.name
         keys = (f"eval/{played}/success", f"eval/{played}/valid_action_rate")
+    probe = (probe_task(eval_cfg, str(folder), [r for _, r, _ in jobs])
+             if shared_initial and cmp.probe_prompts else None)
     summary = report_task(cfg.tracking.duckdb_path, runs, cmp.baseline, cmp.treatment, str(folder / "report"),
-                          initial, keys)
+                          initial, keys, probe)
     summary["wall_s"] = round(time.time() - t0, 1)
     (folder / "report" / "compare.json").write_text(json.dumps(summary, indent=1))
     for f in sorted((folder / "report").iterdir()):

@@ -111,6 +111,32 @@ def test_paired_difference_by_hand(tmp_path):
     assert s["settings"] == {}, "no run evaluated SAAR on: no second setting is made up"
 
 
+def test_probe_entropy_is_paired_by_seed_and_compared_as_a_ratio(tmp_path):
+    # dapo .50 .60 (mean .55), cleaner .55 .62 -> paired +.05 +.02: mean +.035, se .015; ratio .585/.55 = 1.063636
+    probe = {"dapo-s0": {"entropy": 0.50, "tokens": 900.0}, "dapo-s1": {"entropy": 0.60, "tokens": 900.0},
+             "cleaner-s0": {"entropy": 0.55, "tokens": 900.0}, "cleaner-s1": {"entropy": 0.62, "tokens": 900.0}}
+    evals = pl.DataFrame(_evals({a: {12: [0.4, 0.5]} for a in ("dapo", "cleaner")}, ACC)
+                         + _evals({a: {12: [0.8, 0.8]} for a in ("dapo", "cleaner")}, TOOL))
+    runs = {arm: [f"{arm}-s{i}" for i in range(2)] for arm in ("dapo", "cleaner")}
+    s = summarize(evals, runs, "dapo", "cleaner", probe=probe)
+    row = s["probe_entropy"]["cleaner"]
+    assert row["mean"] == pytest.approx(0.585) and row["ratio_to_baseline"] == pytest.approx(1.063636, abs=1e-6)
+    assert row["paired"]["mean"] == pytest.approx(0.035) and row["paired"]["se"] == pytest.approx(0.015)
+    assert "paired" not in s["probe_entropy"]["dapo"] and s["probe_entropy"]["dapo"]["tokens"] == 900.0
+    write_report(s, tmp_path)
+    assert "| cleaner | 0.5850 | 1.064 | +0.035 ± 0.015" in (tmp_path / "compare.md").read_text()
+
+
+def test_probe_entropy_counts_the_probes_policy_tokens(warm_model_dir):
+    from tasks.reports.probe import probe_entropy
+
+    probe = pl.DataFrame({"prompt_ids": [[1, 2, 3], [4, 5]], "response_ids": [[6, 7, 8, 9], [10, 11]],
+                          "response_mask": [[1, 1, 0, 1], [0, 0]]})
+    one, many = probe_entropy(warm_model_dir, probe, micro_batch=1), probe_entropy(warm_model_dir, probe)
+    assert one["tokens"] == many["tokens"] == 3  # the second row has no policy token
+    assert one["entropy"] == pytest.approx(many["entropy"], rel=1e-5) and 0 < one["entropy"]
+
+
 def test_both_evaluation_settings_paired_by_seed(tmp_path):
     # final SAAR off: dapo .40 .50, cleaner .38 .47; cleaner SAAR on .46 .55 (dapo on .41 .52, never its baseline)
     # internalisation: -.02 -.03 -> mean -.025, sd .0070711, se .005, t(1) 12.706 -> CI [-.08853, +.03853]
@@ -185,8 +211,12 @@ def test_compare_flow_trains_every_arm_and_seed_under_one_parent(prefect_harness
                        "dapo": ["rollout.saar.enabled=false"]})
     overrides = [*tiny_overrides(tmp_path, warm_model_dir, steps=1), f"compare.arms={arms}",
                  "compare.seeds=[0]", "compare.arm_seeds={}", "compare.steps=1", "compare.eval_every=1",
-                 "compare.shared=[trainer.lr=1.0e-4]", "eval.n_prompts=4", "eval.samples=2", "eval.ks=[1,2]"]
+                 "compare.shared=[trainer.lr=1.0e-4]", "eval.n_prompts=4", "eval.samples=2", "eval.ks=[1,2]",
+                 "compare.probe_prompts=3"]
     summary = compare_flow("configs/tiny.yaml", overrides, compare_id="cmp")
+    probe = summary["probe_entropy"]  # both arms' final checkpoints scored the same probe tokens
+    assert set(probe) == {"cleaner", "dapo"} and probe["cleaner"]["tokens"] == probe["dapo"]["tokens"] > 0
+    assert probe["cleaner"]["mean"] > 0 and "paired" in probe["cleaner"]
     assert summary["runs"] == {"cleaner": ["cmp-cleaner-s0"], "dapo": ["cmp-dapo-s0"]}
     for arm in ("cleaner", "dapo"):  # the shared initial evaluation is step 0; each run evaluates step 1 (SAAR off)
         assert [row["policy_version"] for row in summary["curves"][arm]["accuracy"]] == [0, 1]

@@ -154,6 +154,22 @@ def settings(evals: pl.DataFrame, runs: dict[str, list[str]], baseline: str) -> 
     return out
 
 
+def probe_summary(probe: dict[str, dict], runs: dict[str, list[str]], baseline: str) -> dict[str, dict]:
+    """Per arm: the seed mean of the final checkpoints' fixed-probe entropy and, against the baseline, its ratio
+    and the paired difference by seed."""
+    base = {seed_of(r): probe[r]["entropy"] for r in runs[baseline] if r in probe}
+    out = {}
+    for arm, ids in runs.items():
+        values = [probe[r]["entropy"] for r in ids if r in probe]
+        row = {**mean_se_ci(values), "tokens": probe[ids[0]]["tokens"] if ids and ids[0] in probe else None}
+        if arm != baseline and base and values:
+            diffs = [probe[r]["entropy"] - base[seed_of(r)] for r in ids if r in probe and seed_of(r) in base]
+            row["paired"] = mean_se_ci(diffs)
+            row["ratio_to_baseline"] = row["mean"] / (sum(base.values()) / len(base))
+        out[arm] = row
+    return out
+
+
 def by_kind(kinds: pl.DataFrame | None, runs: dict[str, list[str]]) -> dict[str, list[dict]]:
     """Per arm: trained trajectories per kind with their mean reward and mean advantage."""
     if kinds is None or not kinds.height:
@@ -178,9 +194,10 @@ def eval_noise(evals: pl.DataFrame, p: float | None) -> dict:
 
 def summarize(evals: pl.DataFrame, runs: dict[str, list[str]], baseline: str, treatment: str,
               kinds: pl.DataFrame | None = None, initial: dict | None = None, acc_key: str = ACC,
-              tool_key: str = TOOL) -> dict:
+              tool_key: str = TOOL, probe: dict[str, dict] | None = None) -> dict:
     """``initial``: the shared initial evaluation's metrics (step 0 of every run); ``acc_key`` / ``tool_key``: the
-    evaluation metrics compared (environment runs: ``eval/<env>/success`` and ``eval/<env>/valid_action_rate``)."""
+    evaluation metrics compared (environment runs: ``eval/<env>/success`` and ``eval/<env>/valid_action_rate``);
+    ``probe``: per run, the fixed-probe entropy of its final checkpoint (``tasks.reports.probe``)."""
     acc, tool = run_curves(evals, acc_key, initial), run_curves(evals, tool_key, initial)
     base_curve = mean_curve(acc, runs[baseline])
     if not base_curve:
@@ -207,6 +224,7 @@ def summarize(evals: pl.DataFrame, runs: dict[str, list[str]], baseline: str, tr
         "paired_pass_at_1": paired(seeds, baseline, "final_pass_at_1"),
         "paired_first_attempt_success": paired(seeds, baseline, "final_first_attempt_success"),
         "settings": settings(evals, runs, baseline) if acc_key == ACC else {},
+        "probe_entropy": probe_summary(probe, runs, baseline) if probe else {},
         "gain_pass_at_1": {arm: mean_se_ci([r["gain_pass_at_1"] for r in rows if r["gain_pass_at_1"] is not None])
                            for arm, rows in seeds.items()},
         "eval_noise": eval_noise(evals, target),
@@ -299,6 +317,15 @@ def markdown(s: dict) -> str:
         for arm, row in s["settings"].items():
             lines.append(f"| {arm} | {_f(row['saar_off'])} | {_f(row['saar_on'])} | "
                          f"{_pm(row.get('internalisation', {}))} | {_pm(row.get('headline', {}))} |")
+    if s.get("probe_entropy"):
+        any_row = next(iter(s["probe_entropy"].values()))
+        lines += ["", f"Fixed-probe entropy of the final checkpoints (nats a token, the same {any_row['tokens']:.0f} "
+                      "tokens of the starting policy scored by every checkpoint; replaces `train/entropy`, which is "
+                      "measured on each arm's own tokens):", "",
+                  f"| arm | entropy (seed mean) | × `{b}` | paired − `{b}` |", "| --- | --- | --- | --- |"]
+        for arm, row in s["probe_entropy"].items():
+            lines.append(f"| {arm} | {_f(row['mean'], '.4f')} | {_f(row.get('ratio_to_baseline'))} | "
+                         f"{_pm(row.get('paired', {}))} |")
     lines += ["", "Change from the initial evaluation (mean over seeds ± s.e.):", "", f"| arm | {acc} |", "| --- | --- |"]
     lines += [f"| {arm} | {_pm(g)} |" for arm, g in s["gain_pass_at_1"].items()]
     if s.get("trained_by_kind"):
