@@ -10,7 +10,7 @@
    DuckDB file (one writer per file), merged into ``tracking.duckdb_path`` at the end. Each run
    evaluates with SAAR off and on every ``compare.eval_every`` steps (``eval.n_prompts × eval.samples``)
    and at its last step at the final size.
-3. **Fixed-probe entropy** (``tasks.reports.probe``): every run's final checkpoint scores the same tokens
+3. **Fixed-probe entropy** (``tasks.training.probe``): every run's final checkpoint scores the same tokens
    (the starting policy's own on ``compare.probe_prompts`` held-out prompts), instead of ``train/entropy``
    (each arm's own trained tokens), so arms compare like for like.
 4. **Report** (``tasks.reports.compare``): per seed and paired across arms, JSON + Markdown + PNGs
@@ -118,8 +118,8 @@ def runs_task(config_path: str, jobs: list[tuple[str, str, list[str]]], parent: 
 
 @task(name="compare-probe", cache_policy=NO_CACHE)
 def probe_task(cfg: RunConfig, folder: str, run_ids: list[str]) -> dict[str, dict]:
-    """Fixed-probe entropy of every run's final checkpoint (``tasks.reports.probe``), the probe built once."""
-    from tasks.reports.probe import PROBE_FILE, build_probe, final_checkpoint, probe_entropy
+    """Fixed-probe entropy of every run's final checkpoint (``tasks.training.probe``), the probe built once."""
+    from tasks.training.probe import PROBE_FILE, build_probe, final_checkpoint, probe_entropy
 
     probe = build_probe(cfg.model.path, cfg.setups().eval, cfg.compare.probe_prompts, Path(folder) / PROBE_FILE)
     return {r: probe_entropy(final_checkpoint(Path(cfg.output_dir) / r), probe) for r in run_ids}

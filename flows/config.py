@@ -130,7 +130,7 @@ class CompareConfig(BaseModel):
     """Evaluate (SAAR off and on) every this many steps."""
 
     probe_prompts: int = Field(128, ge=0)
-    """Held-out prompts of the fixed entropy probe (``tasks.reports.probe``): the starting policy's own tokens on
+    """Held-out prompts of the fixed entropy probe (``tasks.training.probe``): the starting policy's own tokens on
     them, scored by every run's final checkpoint (0 = no probe)."""
 
     @model_validator(mode="after")

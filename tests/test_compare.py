@@ -128,7 +128,7 @@ def test_probe_entropy_is_paired_by_seed_and_compared_as_a_ratio(tmp_path):
 
 
 def test_probe_entropy_counts_the_probes_policy_tokens(warm_model_dir):
-    from tasks.reports.probe import probe_entropy
+    from tasks.training.probe import probe_entropy
 
     probe = pl.DataFrame({"prompt_ids": [[1, 2, 3], [4, 5]], "response_ids": [[6, 7, 8, 9], [10, 11]],
                           "response_mask": [[1, 1, 0, 1], [0, 0]]})

@@ -197,7 +197,7 @@ def summarize(evals: pl.DataFrame, runs: dict[str, list[str]], baseline: str, tr
               tool_key: str = TOOL, probe: dict[str, dict] | None = None) -> dict:
     """``initial``: the shared initial evaluation's metrics (step 0 of every run); ``acc_key`` / ``tool_key``: the
     evaluation metrics compared (environment runs: ``eval/<env>/success`` and ``eval/<env>/valid_action_rate``);
-    ``probe``: per run, the fixed-probe entropy of its final checkpoint (``tasks.reports.probe``)."""
+    ``probe``: per run, the fixed-probe entropy of its final checkpoint (``tasks.training.probe``)."""
     acc, tool = run_curves(evals, acc_key, initial), run_curves(evals, tool_key, initial)
     base_curve = mean_curve(acc, runs[baseline])
     if not base_curve:
