@@ -9,7 +9,8 @@ and on, grades them, and measures per mode:
 
 * ``answered``: share of trajectories that end with a turn of their own that makes no call (``stop``);
 * ``answered_turn2``: share that answer in turn 2 exactly (one call, then the answer);
-* ``answered_after_ok_call``: among trajectories whose first call ran cleanly, the share answered in turn 2;
+* ``answered_after_ok_call``: among trajectories whose first call ran cleanly (``ok_first_call``), the share
+  answered in turn 2;
 * ``turn_cap``: share cut by the turn budget (a second call where the answer had to be);
 * ``pass@1`` and the first-call failure rate.
 
@@ -26,14 +27,16 @@ from tasks.training.evaluation import evaluate_mode
 from tasks.training.setups import EvalSetup
 
 
-def gate_metrics(trajs: pl.DataFrame) -> dict[str, float]:
-    """The gate's shares over a mode's scored trajectories table (``num_turns``, ``finish_reason``, ``tool_calls``,
-    ``first_attempt_success``, ``graded``, ``correct``)."""
+def gate_metrics(trajs: pl.DataFrame, execs: pl.DataFrame) -> dict[str, float]:
+    """The gate's shares over a mode's scored trajectories table (``traj_id``, ``num_turns``, ``finish_reason``,
+    ``tool_calls``, ``graded``, ``correct``) and its executions (``traj_id``, ``exec_idx``, ``ok``): a trajectory's
+    first call is its first execution."""
     n = trajs.height
     if n == 0:
         raise ValueError("turn gate: no trajectories were rolled out (empty held-out slice?)")
     stop = pl.col("finish_reason") == "stop"
-    ok_first = trajs.filter(pl.col("first_attempt_success") > 0)
+    first_ok = execs.sort("exec_idx").group_by("traj_id").agg(pl.col("ok").first()).filter(pl.col("ok"))
+    ok_first = trajs.filter(pl.col("traj_id").is_in(first_ok["traj_id"].to_list()))
     return {
         "trajectories": float(n),
         "answered": trajs.filter(stop).height / n,
@@ -66,6 +69,6 @@ def turn_gate(ckpt: str, setup: EvalSetup, skip: int, n_prompts: int,
     out = {}
     for mode in modes:
         metrics, tables = evaluate_mode(ckpt, items, setup, mode)
-        out[mode] = {**gate_metrics(tables["trajectories"]),
+        out[mode] = {**gate_metrics(tables["trajectories"], tables["executions"]),
                      "first_call_failure_rate": metrics["tools/first_call_failure_rate"]}
     return out
