@@ -148,8 +148,9 @@ def treat_rows(samples: list, old: list[torch.Tensor], cfg) -> tuple[list, list[
         if any(spliced) and (s.rollout_lp is None or len(s.rollout_lp) != n):
             raise ValueError(f"row {i} (group {s.group!r}) has {sum(spliced)} spliced tokens but no behaviour "
                              "log-probs (rollout_lp) of its response: the splice treatment cannot be computed")
-        behaviour = torch.tensor(s.rollout_lp, dtype=o.dtype) if any(spliced) else o
-        view = SpliceView(o, behaviour, torch.tensor(spliced, dtype=o.dtype), torch.tensor(s.response_mask, dtype=o.dtype))
+        like = {"dtype": o.dtype, "device": o.device}
+        behaviour = torch.tensor(s.rollout_lp, **like) if any(spliced) else o
+        view = SpliceView(o, behaviour, torch.tensor(spliced, **like), torch.tensor(s.response_mask, **like))
         t = fn(view, cfg)
         rows.append(dataclasses.replace(s, response_mask=[int(m) for m in t.mask.tolist()]) if any(spliced) else s)
         olds.append(t.old_lp)
