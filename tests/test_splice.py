@@ -111,3 +111,45 @@ def test_treat_rows_applies_the_configured_treatment_and_names_a_row_without_beh
     lacking = Sample([1], [5, 6, 7, 8], [1, 1, 1, 0], 1.0, None, group="g7", spliced=[0, 1, 1, 0])
     with pytest.raises(ValueError, match="row 0 \\(group 'g7'\\) has 2 spliced tokens but no behaviour"):
         treat_rows([lacking], [OLD], TrainerConfig(splice="full"))
+
+
+def _policy_update(warm_model_dir, chat, out, samples, splice: str) -> tuple[dict, torch.Tensor]:
+    from models.engine import load_causal_lm
+    from models.trainer import response_logprobs, update
+
+    cfg = TrainerConfig(lr=1e-3, mini_batches=1, splice=splice)
+    metrics = update(warm_model_dir, samples, cfg, out, chat.tokenizer.pad_token_id, seed=0)
+    with torch.no_grad():
+        lp, _ = response_logprobs(load_causal_lm(out), samples, chat.tokenizer.pad_token_id)
+    return metrics, lp
+
+
+def test_update_trains_mask_like_a_response_mask_without_the_spliced_tokens(warm_model_dir, chat, tmp_path):
+    """The trainer wires the treatment in: ``mask`` on spliced tokens is the same update as ``full`` on rows whose
+    response mask already excludes them; ``truncated_is`` with no gap (behaviour = clean) is the same as ``full``."""
+    from models.engine import load_causal_lm
+    from models.trainer import response_logprobs
+
+    prompt = chat.prompt_ids([{"role": "user", "content": "What is 2 + 2?"}])
+    good, bad = chat.encode("So \\boxed{4}.") + [chat.eos_id], chat.encode("So \\boxed{5}.") + [chat.eos_id]
+    with torch.no_grad():
+        lp, _ = response_logprobs(load_causal_lm(warm_model_dir), [Sample(prompt, good, [1] * len(good), 1.0),
+                                                                    Sample(prompt, bad, [1] * len(bad), -1.0)],
+                                  chat.tokenizer.pad_token_id)
+    spl = [[0, 0, 1, 1] + [0] * (len(good) - 4), [0, 1, 1] + [0] * (len(bad) - 3)]
+    rows = [Sample(prompt, ids, [1] * len(ids), a, lp[i, : len(ids)].tolist(), spliced=s)
+            for i, (ids, a, s) in enumerate([(good, 1.0, spl[0]), (bad, -1.0, spl[1])])]
+    cut = [Sample(prompt, r.response_ids, [1 - f for f in r.spliced], r.advantage) for r in rows]
+    m_mask, lp_mask = _policy_update(warm_model_dir, chat, tmp_path / "mask", rows, "mask")
+    m_cut, lp_cut = _policy_update(warm_model_dir, chat, tmp_path / "cut", cut, "full")
+    assert torch.allclose(lp_mask, lp_cut, atol=1e-6) and m_mask["train/tokens"] == m_cut["train/tokens"]
+    assert m_mask["splice/tokens"] == 2 + 2 and m_mask["splice/effective_weight"] == 0.0
+    assert m_mask["splice/logp_gap"] == pytest.approx(0.0, abs=1e-5)  # behaviour = clean here
+    # behaviour log-probs ln 2 above the clean ones on spliced tokens: π_clean/π_error = 0.5, weight 0.5
+    half = [Sample(prompt, r.response_ids, r.response_mask, r.advantage,
+                   [x + math.log(2.0) * f for x, f in zip(r.rollout_lp, r.spliced)], spliced=r.spliced) for r in rows]
+    m_is, lp_is = _policy_update(warm_model_dir, chat, tmp_path / "is", half, "truncated_is")
+    m_full, lp_full = _policy_update(warm_model_dir, chat, tmp_path / "full", half, "full")
+    assert m_is["splice/effective_weight"] == pytest.approx(0.5, abs=1e-4) and m_full["splice/effective_weight"] == 1.0
+    assert m_is["splice/logp_gap"] == pytest.approx(-math.log(2.0), abs=1e-5)
+    assert not torch.allclose(lp_is, lp_full, atol=1e-5) and not torch.allclose(lp_is, lp_mask, atol=1e-5)
