@@ -55,6 +55,7 @@ def test_compare_report_steps_to_baseline_final(tmp_path):
     assert s["baseline_final_pass_at_1"] == pytest.approx(0.5)
     assert s["steps_to_baseline_final"] == {"dapo": 20, "cleaner": 5}
     assert s["claim_half_the_steps"] and s["claim_higher_first_attempt_success"]
+    assert s["claim_third_of_the_steps"]  # 5 <= 20 / 3
     files = write_report(s, tmp_path)
     assert {f.name for f in files} == {"compare.json", "compare.md", "compare.png", "compare_seeds.png"}
     page = (tmp_path / "compare.md").read_text()
@@ -147,7 +148,9 @@ def test_both_evaluation_settings_paired_by_seed(tmp_path):
                          + _evals({a: {6: [0.9, 0.9], 12: xs} for a, xs in on.items()}, ACC_ON)
                          + _evals({a: {12: [0.8, 0.8]} for a in off}, TOOL))
     runs = {arm: [f"{arm}-s{i}" for i in range(2)] for arm in off}
-    s = summarize(evals, runs, "dapo", "cleaner")
+    s = summarize(evals, runs, "dapo", "cleaner", initial={ACC: 0.30, ACC_ON: 0.42})
+    # dapo reaches its final .45 at step 12, cleaner (.425) never: neither claim holds
+    assert s["claim_half_the_steps"] is False and s["claim_third_of_the_steps"] is False
     row = s["settings"]["cleaner"]
     assert row["saar_off"] == pytest.approx(0.425) and row["saar_on"] == pytest.approx(0.505)
     assert row["internalisation"]["mean"] == pytest.approx(-0.025) and row["internalisation"]["se"] == pytest.approx(0.005)
@@ -155,8 +158,9 @@ def test_both_evaluation_settings_paired_by_seed(tmp_path):
     assert row["headline"]["mean"] == pytest.approx(0.055) and row["headline"]["seeds"] == [0, 1]
     assert "headline" not in s["settings"]["dapo"] and s["settings"]["dapo"]["saar_on"] == pytest.approx(0.465)
     write_report(s, tmp_path)
-    assert ("| cleaner | 0.425 | 0.505 | -0.025 ± 0.005 [-0.089, +0.039] | +0.055 ± 0.005 [-0.009, +0.119] |"
-            in (tmp_path / "compare.md").read_text())
+    page = (tmp_path / "compare.md").read_text()
+    assert "| cleaner | 0.425 | 0.505 | -0.025 ± 0.005 [-0.089, +0.039] | +0.055 ± 0.005 [-0.009, +0.119] |" in page
+    assert "0.300 SAAR off, 0.420 SAAR on: rollback alone gives +0.120 before any training" in page
 
 
 def test_refill_stops_at_its_bound_and_when_full():

@@ -217,6 +217,7 @@ def summarize(evals: pl.DataFrame, runs: dict[str, list[str]], baseline: str, tr
                       "seeds": len(rows)}
     base_steps, treat_steps = steps[baseline], steps[treatment]
     faster = None if not base_steps else treat_steps is not None and treat_steps <= base_steps / 2
+    third = None if not base_steps else treat_steps is not None and treat_steps <= base_steps / 3
     summary = {
         "baseline": baseline, "treatment": treatment, "baseline_final_pass_at_1": target,
         "baseline_initial_pass_at_1": base_curve[0]["mean"], "initial": initial,
@@ -231,6 +232,9 @@ def summarize(evals: pl.DataFrame, runs: dict[str, list[str]], baseline: str, tr
         "metrics": {"accuracy": acc_key, "tools": tool_key},
         "trained_by_kind": by_kind(kinds, runs),
         "claim_half_the_steps": faster,
+        "claim_third_of_the_steps": third,
+        "initial_settings": ({"saar_off": initial[ACC], "saar_on": initial[ACC_ON]}
+                             if initial and ACC in initial and ACC_ON in initial else None),
         "claim_higher_first_attempt_success": bool((final[treatment]["first_attempt_success"] or 0)
                                                    > (final[baseline]["first_attempt_success"] or 0)),
         "curves": curves, "runs": runs,
@@ -317,6 +321,11 @@ def markdown(s: dict) -> str:
         for arm, row in s["settings"].items():
             lines.append(f"| {arm} | {_f(row['saar_off'])} | {_f(row['saar_on'])} | "
                          f"{_pm(row.get('internalisation', {}))} | {_pm(row.get('headline', {}))} |")
+        start = s.get("initial_settings")
+        if start:
+            lines += ["", f"The starting policy (shared initial evaluation): {acc} {start['saar_off']:.3f} SAAR off, "
+                          f"{start['saar_on']:.3f} SAAR on: rollback alone gives "
+                          f"{start['saar_on'] - start['saar_off']:+.3f} before any training."]
     if s.get("probe_entropy"):
         any_row = next(iter(s["probe_entropy"].values()))
         lines += ["", f"Fixed-probe entropy of the final checkpoints (nats a token, the same {any_row['tokens']:.0f} "
@@ -333,8 +342,9 @@ def markdown(s: dict) -> str:
                   "| arm | kind | trajectories | mean reward | mean advantage |", "| --- | --- | --- | --- | --- |"]
         for arm, rows in s["trained_by_kind"].items():
             lines += [f"| {arm} | {r['kind']} | {r['n']} | {r['reward']:.3f} | {r['advantage']:+.3f} |" for r in rows]
-    half = s["claim_half_the_steps"]
+    half, third = s["claim_half_the_steps"], s.get("claim_third_of_the_steps")
     lines += ["", f"- {t} reaches the baseline's final {acc} in at most half the steps: **{_VERDICT[half]}**",
+              f"- {t} reaches it in at most a third of the steps (the paper's claim): **{_VERDICT[third]}**",
               f"- {t} ends with a higher {name['tool_long']} (seed means): "
               f"**{'yes' if s['claim_higher_first_attempt_success'] else 'no'}**", "",
               "![curves](compare.png)", "", "![per seed](compare_seeds.png)"]
