@@ -1,16 +1,19 @@
 """Prefect flow ``compare``: CLEANER vs the DAPO baseline (and side arms), over several seeds, in parallel.
 
 1. **Initial evaluation**, once: the starting policy on the fixed held-out prompts at the final
-   evaluation's size (``eval.final_prompts × eval.final_samples``), SAAR off; it is step 0 of
+   evaluation's size (``eval.final_prompts × eval.final_samples``), SAAR off and on; it is step 0 of
    every run (all runs start from the same policy).
 2. **Training**: every arm × seed (``compare.seeds``, or ``compare.arm_seeds[arm]``) is a child
    ``cleaner train`` process with one torch thread, ``compare.parallel`` at a time (one per
    core); the same seed means the same data order in every arm, so runs pair up by seed. Each
    child is its own Prefect flow run and a child MLflow run under the parent; it writes its own
    DuckDB file (one writer per file), merged into ``tracking.duckdb_path`` at the end. Each run
-   evaluates with SAAR off every ``compare.eval_every`` steps (``eval.n_prompts × eval.samples``)
+   evaluates with SAAR off and on every ``compare.eval_every`` steps (``eval.n_prompts × eval.samples``)
    and at its last step at the final size.
-3. **Report** (``tasks.reports.compare``): per seed and paired across arms, JSON + Markdown + PNGs
+3. **Fixed-probe entropy** (``tasks.training.probe``): every run's final checkpoint scores the same tokens
+   (the starting policy's own on ``compare.probe_prompts`` held-out prompts), instead of ``train/entropy``
+   (each arm's own trained tokens), so arms compare like for like.
+4. **Report** (``tasks.reports.compare``): per seed and paired across arms, JSON + Markdown + PNGs
    in ``<output_dir>/<compare id>/report/`` and the parent run's ``report/`` artifacts.
 
 A rerun with the same ``compare_id`` resumes: finished child runs are cached by their own
@@ -37,7 +40,7 @@ from tasks.stores import db, links, tracking
 
 
 def arm_overrides(shared: list[str], arm: list[str], steps: int, every: int, initial_shared: bool) -> list[str]:
-    out = [*shared, *arm, f"train.steps={steps}", f"train.eval_every={every}", "eval.modes=[saar_off]"]
+    out = [*shared, *arm, f"train.steps={steps}", f"train.eval_every={every}", "eval.modes=[saar_off,saar_on]"]
     return out + (["train.eval_at_start=false"] if initial_shared else [])
 
 
@@ -50,7 +53,7 @@ def jobs_of(cfg: RunConfig) -> list[tuple[str, int]]:
 
 @task(name="initial-eval", cache_policy=NO_CACHE)
 def initial_eval_task(cfg: RunConfig, run_id: str, mlrun: str, folder: str) -> dict:
-    """Evaluate the starting policy once, at the final evaluation's size (SAAR off)."""
+    """Evaluate the starting policy once, at the final evaluation's size (SAAR off and on)."""
     from flows.train import ensure_policy
     from tasks.data.loader import ensure_files
     from tasks.training import live, stages
@@ -60,7 +63,7 @@ def initial_eval_task(cfg: RunConfig, run_id: str, mlrun: str, folder: str) -> d
         return json.loads(path.read_text())
     ensure_files(cfg.data, cfg.seed)
     ensure_policy(cfg)
-    eval_cfg = cfg.eval.final().model_copy(update={"modes": ["saar_off"]})
+    eval_cfg = cfg.eval.final().model_copy(update={"modes": ["saar_off", "saar_on"]})
     setup = cfg.setups().eval.model_copy(update={"eval": eval_cfg})
     metrics = stages.eval_stage(run_id, 0, cfg.model.path, mlrun, setup)
     live.close_live()
@@ -113,12 +116,21 @@ def runs_task(config_path: str, jobs: list[tuple[str, str, list[str]]], parent: 
         return [f.result() for f in futures]
 
 
+@task(name="compare-probe", cache_policy=NO_CACHE)
+def probe_task(cfg: RunConfig, folder: str, run_ids: list[str]) -> dict[str, dict]:
+    """Fixed-probe entropy of every run's final checkpoint (``tasks.training.probe``), the probe built once."""
+    from tasks.training.probe import PROBE_FILE, build_probe, final_checkpoint, probe_entropy
+
+    probe = build_probe(cfg.model.path, cfg.setups().eval, cfg.compare.probe_prompts, Path(folder) / PROBE_FILE)
+    return {r: probe_entropy(final_checkpoint(Path(cfg.output_dir) / r), probe) for r in run_ids}
+
+
 @task(name="compare-report", cache_policy=NO_CACHE)
 def report_task(duckdb_path: str, runs: dict[str, list[str]], baseline: str, treatment: str, folder: str,
-                initial: dict | None, keys: tuple[str, str] | None = None) -> dict:
+                initial: dict | None, keys: tuple[str, str] | None = None, probe: dict | None = None) -> dict:
     ids = [r for ids in runs.values() for r in ids]
     evals, kinds = db.evaluation_rows(duckdb_path, ids), db.kept_kinds(duckdb_path, ids)
-    summary = summarize(evals, runs, baseline, treatment, kinds, initial, *(keys or ()))
+    summary = summarize(evals, runs, baseline, treatment, kinds, initial, *(keys or ()), probe=probe)
     write_report(summary, Path(folder))
     return summary
 
@@ -158,8 +170,10 @@ def compare_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | 
     if cfg.env is not None:
         played = cfg.env.eval_name or cfg.env.name
         keys = (f"eval/{played}/success", f"eval/{played}/valid_action_rate")
+    probe = (probe_task(eval_cfg, str(folder), [r for _, r, _ in jobs])
+             if shared_initial and cmp.probe_prompts else None)
     summary = report_task(cfg.tracking.duckdb_path, runs, cmp.baseline, cmp.treatment, str(folder / "report"),
-                          initial, keys)
+                          initial, keys, probe)
     summary["wall_s"] = round(time.time() - t0, 1)
     (folder / "report" / "compare.json").write_text(json.dumps(summary, indent=1))
     for f in sorted((folder / "report").iterdir()):

@@ -127,7 +127,11 @@ class CompareConfig(BaseModel):
     """RL steps per arm and seed."""
 
     eval_every: int = Field(5, ge=1)
-    """Evaluate (SAAR off) every this many steps."""
+    """Evaluate (SAAR off and on) every this many steps."""
+
+    probe_prompts: int = Field(128, ge=0)
+    """Held-out prompts of the fixed entropy probe (``tasks.training.probe``): the starting policy's own tokens on
+    them, scored by every run's final checkpoint (0 = no probe)."""
 
     @model_validator(mode="after")
     def _arms_exist(self) -> CompareConfig:

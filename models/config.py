@@ -317,3 +317,28 @@ class TrainerConfig(BaseModel):
 
     critic: CriticConfig = CriticConfig()
     """Value head and GAE (``mix.advantage: gae``); off otherwise."""
+
+    splice: str = "full"
+    """Registered splice treatment (``models.splice``): how tokens SAAR spliced in after a failed call train.
+    ``full`` (the paper: like any token, old log-probs recomputed in the clean context), ``mask`` (out of the loss,
+    the clean context kept), ``behaviour_old`` (their old log-probs are the error-context ones they were sampled
+    with, so the clip sees π_clean/π_error) or ``truncated_is`` (loss weight min(1, π_clean/π_error))."""
+
+    @field_validator("splice")
+    @classmethod
+    def _known_splice(cls, name: str) -> str:
+        from models.splice import TREATMENTS  # torch-free at import
+
+        if name not in TREATMENTS:
+            raise ValueError(f"unknown splice treatment {name!r}; registered: {', '.join(sorted(TREATMENTS))}")
+        return name
+
+    @model_validator(mode="after")
+    def _splice_fits_loss(self) -> TrainerConfig:
+        if self.splice == "behaviour_old" and self.loss != "dapo":
+            raise ValueError(f"trainer.splice=behaviour_old needs a ratio loss (dapo); trainer.loss={self.loss!r} "
+                             "never reads the old log-probs")
+        if self.splice == "truncated_is" and self.opob:
+            raise ValueError("trainer.splice=truncated_is and trainer.opob exclude each other (OPOB builds its "
+                             "loss per row without the treatment's weights)")
+        return self

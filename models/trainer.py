@@ -4,7 +4,9 @@ One call of ``update`` is one RL step on the policy side:
 
 1. load the policy from a ``save_pretrained`` checkpoint folder (and its optimizer state);
 2. **recompute old log-probs** on the final sequences (no grad) — SAAR changed the context
-   the rollout log-probs were computed in, so they are never used as the old policy;
+   the rollout log-probs were computed in, so they are never used as the old policy; the splice
+   treatment ``cfg.splice`` (``models.splice``) then decides how the spliced tokens train (``full``:
+   like the others; ``mask``, ``truncated_is``, ``behaviour_old``) and logs ``splice/*``;
 3. for each mini-batch: the registered loss ``cfg.loss`` (``models.losses``: ``dapo`` =
    -min(ratio·A, clip(ratio, 1-ε_low, 1+ε_high)·A) with ratio = exp(new - old), ``opmd`` =
    -A·log π / (1 + τ)), token-mean over the mini-batch's mask-1 tokens (``loss_agg``: or the mean over its
@@ -44,6 +46,7 @@ from models.critic import load_critic, save_critic, token_gae, whiten
 from models.engine import load_causal_lm
 from models.lora import copy_tokenizer, is_adapter, trainable_parameters, trainable_policy
 from models.losses import LossBatch, get_loss, kl_penalty
+from models.splice import treat_rows
 from models.vcpo import ess_ratio, get_lr_scale, opob_baseline, seq_log_weights
 
 
@@ -61,6 +64,8 @@ class Sample:
     """The row's advantage group (OPOB's baseline is per group; its mini-batches hold whole groups)."""
     row_id: str = ""
     """The row's trajectory id, for errors that name rows."""
+    spliced: list[int] | None = None
+    """1 on response tokens SAAR spliced in after a failed call (sampled in the error context); ``models.splice``."""
 
 
 def _pad_batch(samples: list[Sample], pad_id: int, device: str):
@@ -153,6 +158,7 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
     totals = {"loss": 0.0, "grad_norm": 0.0, "clipped": 0.0, "ratio": 0.0, "tokens": 0.0, "kl": 0.0, "entropy": 0.0,
               "approx_kl": 0.0, "value_loss": 0.0, "value": 0.0}
     log_w = _log_weights(samples, old, required=cfg.lr_scale != "none" or cfg.opob)
+    samples, old, weights, splice_stats = treat_rows(samples, old, cfg)
     lr_rule, ess_seen = get_lr_scale(cfg.lr_scale), []
     rng = random.Random(seed)
     n_steps = 0
@@ -171,7 +177,8 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
                 _minibatch_step(model, opt, [samples[i] for i in mb], [old[i] for i in mb],
                                 [ref[i] for i in mb] if ref is not None else None, cfg, pad_id, totals,
                                 log_w[mb] if log_w is not None else None, scale,
-                                critic=critic, targets=[targets[i] for i in mb] if targets is not None else None)
+                                critic=critic, targets=[targets[i] for i in mb] if targets is not None else None,
+                                weights=[weights[i] for i in mb])
             n_steps += 1
             if on_step is not None:
                 on_step()
@@ -186,7 +193,7 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
                           "train/value_mean": totals["value"] / tokens, "train/return_mean": returns / trained}
     ess = ({"train/ess_ratio": sum(r for r, _ in ess_seen) / len(ess_seen), "train/ess_ratio_min": min(r for r, _ in ess_seen),
             "train/lr_scale": sum(f for _, f in ess_seen) / len(ess_seen)} if ess_seen else {})
-    return {**ess, **critic_metrics,
+    return {**ess, **critic_metrics, **splice_stats,
         "train/loss": totals["loss"] / max(n_steps, 1),
         "train/grad_norm": totals["grad_norm"] / max(n_steps, 1),
         "train/clip_frac": totals["clipped"] / tokens,
@@ -306,9 +313,11 @@ def _stack(rows: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
 
 def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: list[torch.Tensor] | None,
                     cfg: TrainerConfig, pad_id: int, totals: dict, log_w: torch.Tensor | None = None,
-                    lr_scale: float = 1.0, critic=None, targets: list | None = None):
+                    lr_scale: float = 1.0, critic=None, targets: list | None = None,
+                    weights: list[torch.Tensor] | None = None):
     """One optimizer step on a mini-batch; with a ``critic`` (head, optimizer) the advantages are the per-token
-    GAE ``targets`` (advantage, return) and the value loss is added."""
+    GAE ``targets`` (advantage, return) and the value loss is added; ``weights`` (``models.splice``) multiply
+    each row's mask in the loss batch."""
     n_tokens = float(sum(sum(s.response_mask) for s in mb)) or 1.0
     loss_fn = get_loss(cfg.loss)
     opt.zero_grad(set_to_none=True)
@@ -324,7 +333,8 @@ def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: 
             adv = torch.tensor([s.advantage for s in chunk], device=new_lp.device)
         else:
             adv = _stack([t[0] for t in targets[lo : lo + cfg.micro_batch]], new_lp)
-        batch = LossBatch(new_lp, _stack(old[lo : lo + cfg.micro_batch], new_lp), adv, mask, n_tokens,
+        loss_mask = mask * _stack(weights[lo : lo + cfg.micro_batch], new_lp) if weights is not None else mask
+        batch = LossBatch(new_lp, _stack(old[lo : lo + cfg.micro_batch], new_lp), adv, loss_mask, n_tokens,
                           _stack(ref[lo : lo + cfg.micro_batch], new_lp) if ref is not None else None,
                           cfg.loss_agg, float(len(mb)))
         loss, stats = loss_fn(batch, cfg)

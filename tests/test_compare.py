@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.reports.compare import ACC, GRADED, TOOL, markdown, summarize, write_report
+from tasks.reports.compare import ACC, ACC_ON, GRADED, TOOL, markdown, summarize, write_report
 from tasks.rollout.saar import TrajStats, aggregate_stats
 from tasks.stores.tracking import RUN_TAG
 from tasks.training.evaluation import summarize as eval_summary
@@ -55,6 +55,7 @@ def test_compare_report_steps_to_baseline_final(tmp_path):
     assert s["baseline_final_pass_at_1"] == pytest.approx(0.5)
     assert s["steps_to_baseline_final"] == {"dapo": 20, "cleaner": 5}
     assert s["claim_half_the_steps"] and s["claim_higher_first_attempt_success"]
+    assert s["claim_third_of_the_steps"]  # 5 <= 20 / 3
     files = write_report(s, tmp_path)
     assert {f.name for f in files} == {"compare.json", "compare.md", "compare.png", "compare_seeds.png"}
     page = (tmp_path / "compare.md").read_text()
@@ -108,6 +109,58 @@ def test_paired_difference_by_hand(tmp_path):
     assert "cleaner ends higher" in s["verdict"] and "+0.030 ± 0.009" in s["verdict"]
     write_report(s, tmp_path)
     assert "| cleaner − dapo | 4 | +0.030 ± 0.009 [+0.001, +0.059] |" in (tmp_path / "compare.md").read_text()
+    assert s["settings"] == {}, "no run evaluated SAAR on: no second setting is made up"
+
+
+def test_probe_entropy_is_paired_by_seed_and_compared_as_a_ratio(tmp_path):
+    # dapo .50 .60 (mean .55), cleaner .55 .62 -> paired +.05 +.02: mean +.035, se .015; ratio .585/.55 = 1.063636
+    probe = {"dapo-s0": {"entropy": 0.50, "tokens": 900.0}, "dapo-s1": {"entropy": 0.60, "tokens": 900.0},
+             "cleaner-s0": {"entropy": 0.55, "tokens": 900.0}, "cleaner-s1": {"entropy": 0.62, "tokens": 900.0}}
+    evals = pl.DataFrame(_evals({a: {12: [0.4, 0.5]} for a in ("dapo", "cleaner")}, ACC)
+                         + _evals({a: {12: [0.8, 0.8]} for a in ("dapo", "cleaner")}, TOOL))
+    runs = {arm: [f"{arm}-s{i}" for i in range(2)] for arm in ("dapo", "cleaner")}
+    s = summarize(evals, runs, "dapo", "cleaner", probe=probe)
+    row = s["probe_entropy"]["cleaner"]
+    assert row["mean"] == pytest.approx(0.585) and row["ratio_to_baseline"] == pytest.approx(1.063636, abs=1e-6)
+    assert row["paired"]["mean"] == pytest.approx(0.035) and row["paired"]["se"] == pytest.approx(0.015)
+    assert "paired" not in s["probe_entropy"]["dapo"] and s["probe_entropy"]["dapo"]["tokens"] == 900.0
+    write_report(s, tmp_path)
+    assert "| cleaner | 0.5850 | 1.064 | +0.035 ± 0.015" in (tmp_path / "compare.md").read_text()
+
+
+def test_probe_entropy_counts_the_probes_policy_tokens(warm_model_dir):
+    from tasks.training.probe import probe_entropy
+
+    probe = pl.DataFrame({"prompt_ids": [[1, 2, 3], [4, 5]], "response_ids": [[6, 7, 8, 9], [10, 11]],
+                          "response_mask": [[1, 1, 0, 1], [0, 0]]})
+    one, many = probe_entropy(warm_model_dir, probe, micro_batch=1), probe_entropy(warm_model_dir, probe)
+    assert one["tokens"] == many["tokens"] == 3  # the second row has no policy token
+    assert one["entropy"] == pytest.approx(many["entropy"], rel=1e-5) and 0 < one["entropy"]
+
+
+def test_both_evaluation_settings_paired_by_seed(tmp_path):
+    # final SAAR off: dapo .40 .50, cleaner .38 .47; cleaner SAAR on .46 .55 (dapo on .41 .52, never its baseline)
+    # internalisation: -.02 -.03 -> mean -.025, sd .0070711, se .005, t(1) 12.706 -> CI [-.08853, +.03853]
+    # headline: .06 .05 -> mean +.055, se .005
+    off = {"dapo": [0.40, 0.50], "cleaner": [0.38, 0.47]}
+    on = {"dapo": [0.41, 0.52], "cleaner": [0.46, 0.55]}
+    evals = pl.DataFrame(_evals({a: {6: [0.3, 0.3], 12: xs} for a, xs in off.items()}, ACC)
+                         + _evals({a: {6: [0.9, 0.9], 12: xs} for a, xs in on.items()}, ACC_ON)
+                         + _evals({a: {12: [0.8, 0.8]} for a in off}, TOOL))
+    runs = {arm: [f"{arm}-s{i}" for i in range(2)] for arm in off}
+    s = summarize(evals, runs, "dapo", "cleaner", initial={ACC: 0.30, ACC_ON: 0.42})
+    # dapo reaches its final .45 at step 12, cleaner (.425) never: neither claim holds
+    assert s["claim_half_the_steps"] is False and s["claim_third_of_the_steps"] is False
+    row = s["settings"]["cleaner"]
+    assert row["saar_off"] == pytest.approx(0.425) and row["saar_on"] == pytest.approx(0.505)
+    assert row["internalisation"]["mean"] == pytest.approx(-0.025) and row["internalisation"]["se"] == pytest.approx(0.005)
+    assert row["internalisation"]["ci95"] == pytest.approx([-0.08853, 0.03853], abs=1e-4)
+    assert row["headline"]["mean"] == pytest.approx(0.055) and row["headline"]["seeds"] == [0, 1]
+    assert "headline" not in s["settings"]["dapo"] and s["settings"]["dapo"]["saar_on"] == pytest.approx(0.465)
+    write_report(s, tmp_path)
+    page = (tmp_path / "compare.md").read_text()
+    assert "| cleaner | 0.425 | 0.505 | -0.025 ± 0.005 [-0.089, +0.039] | +0.055 ± 0.005 [-0.009, +0.119] |" in page
+    assert "0.300 SAAR off, 0.420 SAAR on: rollback alone gives +0.120 before any training" in page
 
 
 def test_refill_stops_at_its_bound_and_when_full():
@@ -162,8 +215,12 @@ def test_compare_flow_trains_every_arm_and_seed_under_one_parent(prefect_harness
                        "dapo": ["rollout.saar.enabled=false"]})
     overrides = [*tiny_overrides(tmp_path, warm_model_dir, steps=1), f"compare.arms={arms}",
                  "compare.seeds=[0]", "compare.arm_seeds={}", "compare.steps=1", "compare.eval_every=1",
-                 "compare.shared=[trainer.lr=1.0e-4]", "eval.n_prompts=4", "eval.samples=2", "eval.ks=[1,2]"]
+                 "compare.shared=[trainer.lr=1.0e-4]", "eval.n_prompts=4", "eval.samples=2", "eval.ks=[1,2]",
+                 "compare.probe_prompts=3"]
     summary = compare_flow("configs/tiny.yaml", overrides, compare_id="cmp")
+    probe = summary["probe_entropy"]  # both arms' final checkpoints scored the same probe tokens
+    assert set(probe) == {"cleaner", "dapo"} and probe["cleaner"]["tokens"] == probe["dapo"]["tokens"] > 0
+    assert probe["cleaner"]["mean"] > 0 and "paired" in probe["cleaner"]
     assert summary["runs"] == {"cleaner": ["cmp-cleaner-s0"], "dapo": ["cmp-dapo-s0"]}
     for arm in ("cleaner", "dapo"):  # the shared initial evaluation is step 0; each run evaluates step 1 (SAAR off)
         assert [row["policy_version"] for row in summary["curves"][arm]["accuracy"]] == [0, 1]
@@ -175,7 +232,7 @@ def test_compare_flow_trains_every_arm_and_seed_under_one_parent(prefect_harness
     modes = {k.split("/")[1] for k in keys if k.startswith("eval/")}
     lrs = {json.loads(c)["trainer"]["lr"] for (c,) in con.execute("SELECT config FROM runs").fetchall()}
     con.close()
-    assert modes == {"saar_off"} and lrs == {1.0e-4}
+    assert modes == {"saar_off", "saar_on"} and lrs == {1.0e-4}
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.get_experiment_by_name("tiny")
     parent = client.search_runs([exp.experiment_id], filter_string=f"tags.`{RUN_TAG}` = 'cmp'")[0]

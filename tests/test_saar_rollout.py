@@ -70,7 +70,8 @@ def tool_spans(chat, traj):
 
 
 def check_bookkeeping(chat, traj):
-    assert len(traj.response_ids) == len(traj.response_mask) == len(traj.logprobs) == len(traj.versions)
+    assert len(traj.response_ids) == len(traj.response_mask) == len(traj.logprobs) == len(traj.versions) \
+        == len(traj.spliced)
     tool_msgs = [m["content"] for m in traj.messages if m["role"] == "tool"]
     spans = tool_spans(chat, traj)
     assert len(spans) == len(tool_msgs)
@@ -98,6 +99,10 @@ def test_shallow_recovery_keeps_old_reasoning_and_erases_error(chat, box):
     assert traj.logprobs[0] == pytest.approx(-0.01) and traj.logprobs[len(reasoning)] == pytest.approx(-0.02)
     assert traj.assistant_turns == 2 and traj.stats.first_attempt_total == 1 and traj.stats.first_attempt_success == 0
     assert traj.stats.errors_kept == 0 and traj.stats.retry_loops == 0
+    # exactly the regenerated call is marked spliced, with the error context's (behaviour) log-probs
+    spliced = [i for i, f in enumerate(traj.spliced) if f]
+    assert spliced == list(range(len(reasoning), traj.response_mask.index(0)))
+    assert all(traj.logprobs[i] == pytest.approx(-0.02) for i in spliced)
 
 
 def test_deep_recovery_replaces_the_whole_turn(chat, box):
@@ -109,6 +114,7 @@ def test_deep_recovery_replaces_the_whole_turn(chat, box):
     assert event.kind == "deep" and event.similarity < 0.5
     new_ids = chat.encode(fixed) + [chat.eos_id]
     assert traj.response_ids[: len(new_ids)] == new_ids
+    assert [i for i, f in enumerate(traj.spliced) if f] == list(range(len(new_ids)))
     assert "Multiply." not in chat.decode(traj.response_ids)
     assert "SyntaxError" not in chat.decode(traj.response_ids)
 

@@ -266,11 +266,12 @@ class R3LRollout:
                        parent=base.traj_id, state=State.TERMINATED, finish_reason=retry.finish_reason,
                        assistant_turns=retry.assistant_turns, stats=retry.stats, events=list(retry.events),
                        executions=list(retry.executions))
-        ids, mask, lps = retry.response_ids, retry.response_mask, retry.logprobs
+        ids, mask, lps, spl = retry.response_ids, retry.response_mask, retry.logprobs, retry.spliced
         if r.guidance is not None:
             s, e, plain = r.guidance
             ids, mask, lps = ids[:s] + plain + ids[e:], mask[:s] + [0] * len(plain) + mask[e:], lps[:s] + [0.0] * len(plain) + lps[e:]
-        d.response_ids, d.response_mask, d.logprobs = list(ids), list(mask), list(lps)
+            spl = spl[:s] + [0] * len(plain) + spl[e:]
+        d.response_ids, d.response_mask, d.logprobs, d.spliced = list(ids), list(mask), list(lps), list(spl)
         r.distill = d
         r.r2 = self.reward_fn(d)
         r.steps2 = count_steps(split_messages(d, self.chat)[1])

@@ -15,6 +15,11 @@ the evaluation's own sampling noise (binomial s.e. of one final evaluation) to c
 spread with; and a verdict in words. ``write_report`` writes JSON, Markdown and plots (curves
 mean ± std, per-seed finals with pairs joined, paired differences with their intervals).
 
+Both evaluation settings side by side (``settings``, when the runs evaluated SAAR on too): the
+**internalisation test** (every arm with SAAR off against the baseline with SAAR off: what the policy
+learnt on its own) and the paper's **headline setting** (the arm with SAAR on — rollback at evaluation,
+as the paper's evaluation scripts do — against the baseline with SAAR off), each paired by seed.
+
 When the baseline ends no higher than it started, the "half the steps" claim cannot be tested
 and is reported as ``None``, never as a pass.
 """
@@ -31,6 +36,7 @@ import polars as pl
 from tasks.reports.compare_plots import plot
 
 ACC = "eval/saar_off/all/pass_at_1"
+ACC_ON = "eval/saar_on/all/pass_at_1"
 TOOL = "eval/saar_off/tools/first_attempt_success_rate"
 GRADED = "eval/saar_off/eval/graded"
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -120,6 +126,50 @@ def paired(seeds: dict[str, list[dict]], baseline: str, field: str) -> dict[str,
     return out
 
 
+def final_values(evals: pl.DataFrame, key: str) -> dict[str, float]:
+    """Per run: ``key`` at its last evaluated version."""
+    rows = evals.filter(pl.col("key") == key).sort("policy_version").group_by("run_id").agg(pl.col("value").last())
+    return dict(zip(rows["run_id"], rows["value"]))
+
+
+def settings(evals: pl.DataFrame, runs: dict[str, list[str]], baseline: str) -> dict[str, dict]:
+    """Per arm other than the baseline, paired by seed against the baseline's final SAAR-off pass@1: the arm's
+    final SAAR-off pass@1 (``internalisation``) and its final SAAR-on pass@1 (``headline``, the paper's setting);
+    per arm, the seed-mean final pass@1 in both modes. Empty when no run evaluated SAAR on."""
+    off, on = final_values(evals, ACC), final_values(evals, ACC_ON)
+    if not on:
+        return {}
+    base = {seed_of(r): off[r] for r in runs[baseline] if r in off}
+
+    def pair(values: dict[str, float], ids: list[str]) -> dict:
+        diffs = [(seed_of(r), values[r] - base[seed_of(r)]) for r in ids if r in values and seed_of(r) in base]
+        return {**mean_se_ci([d for _, d in diffs]), "seeds": [s for s, _ in diffs]}
+
+    out: dict[str, dict] = {}
+    for arm, ids in runs.items():
+        out[arm] = {"saar_off": mean_se_ci([off[r] for r in ids if r in off])["mean"],
+                    "saar_on": mean_se_ci([on[r] for r in ids if r in on])["mean"]}
+        if arm != baseline:
+            out[arm] |= {"internalisation": pair(off, ids), "headline": pair(on, ids)}
+    return out
+
+
+def probe_summary(probe: dict[str, dict], runs: dict[str, list[str]], baseline: str) -> dict[str, dict]:
+    """Per arm: the seed mean of the final checkpoints' fixed-probe entropy and, against the baseline, its ratio
+    and the paired difference by seed."""
+    base = {seed_of(r): probe[r]["entropy"] for r in runs[baseline] if r in probe}
+    out = {}
+    for arm, ids in runs.items():
+        values = [probe[r]["entropy"] for r in ids if r in probe]
+        row = {**mean_se_ci(values), "tokens": probe[ids[0]]["tokens"] if ids and ids[0] in probe else None}
+        if arm != baseline and base and values:
+            diffs = [probe[r]["entropy"] - base[seed_of(r)] for r in ids if r in probe and seed_of(r) in base]
+            row["paired"] = mean_se_ci(diffs)
+            row["ratio_to_baseline"] = row["mean"] / (sum(base.values()) / len(base))
+        out[arm] = row
+    return out
+
+
 def by_kind(kinds: pl.DataFrame | None, runs: dict[str, list[str]]) -> dict[str, list[dict]]:
     """Per arm: trained trajectories per kind with their mean reward and mean advantage."""
     if kinds is None or not kinds.height:
@@ -144,9 +194,10 @@ def eval_noise(evals: pl.DataFrame, p: float | None) -> dict:
 
 def summarize(evals: pl.DataFrame, runs: dict[str, list[str]], baseline: str, treatment: str,
               kinds: pl.DataFrame | None = None, initial: dict | None = None, acc_key: str = ACC,
-              tool_key: str = TOOL) -> dict:
+              tool_key: str = TOOL, probe: dict[str, dict] | None = None) -> dict:
     """``initial``: the shared initial evaluation's metrics (step 0 of every run); ``acc_key`` / ``tool_key``: the
-    evaluation metrics compared (environment runs: ``eval/<env>/success`` and ``eval/<env>/valid_action_rate``)."""
+    evaluation metrics compared (environment runs: ``eval/<env>/success`` and ``eval/<env>/valid_action_rate``);
+    ``probe``: per run, the fixed-probe entropy of its final checkpoint (``tasks.training.probe``)."""
     acc, tool = run_curves(evals, acc_key, initial), run_curves(evals, tool_key, initial)
     base_curve = mean_curve(acc, runs[baseline])
     if not base_curve:
@@ -166,18 +217,24 @@ def summarize(evals: pl.DataFrame, runs: dict[str, list[str]], baseline: str, tr
                       "seeds": len(rows)}
     base_steps, treat_steps = steps[baseline], steps[treatment]
     faster = None if not base_steps else treat_steps is not None and treat_steps <= base_steps / 2
+    third = None if not base_steps else treat_steps is not None and treat_steps <= base_steps / 3
     summary = {
         "baseline": baseline, "treatment": treatment, "baseline_final_pass_at_1": target,
         "baseline_initial_pass_at_1": base_curve[0]["mean"], "initial": initial,
         "steps_to_baseline_final": steps, "final": final, "per_seed": seeds,
         "paired_pass_at_1": paired(seeds, baseline, "final_pass_at_1"),
         "paired_first_attempt_success": paired(seeds, baseline, "final_first_attempt_success"),
+        "settings": settings(evals, runs, baseline) if acc_key == ACC else {},
+        "probe_entropy": probe_summary(probe, runs, baseline) if probe else {},
         "gain_pass_at_1": {arm: mean_se_ci([r["gain_pass_at_1"] for r in rows if r["gain_pass_at_1"] is not None])
                            for arm, rows in seeds.items()},
         "eval_noise": eval_noise(evals, target),
         "metrics": {"accuracy": acc_key, "tools": tool_key},
         "trained_by_kind": by_kind(kinds, runs),
         "claim_half_the_steps": faster,
+        "claim_third_of_the_steps": third,
+        "initial_settings": ({"saar_off": initial[ACC], "saar_on": initial[ACC_ON]}
+                             if initial and ACC in initial and ACC_ON in initial else None),
         "claim_higher_first_attempt_success": bool((final[treatment]["first_attempt_success"] or 0)
                                                    > (final[baseline]["first_attempt_success"] or 0)),
         "curves": curves, "runs": runs,
@@ -256,6 +313,28 @@ def markdown(s: dict) -> str:
               f"| arm | pairs | final {acc} | {tool} |", "| --- | --- | --- | --- |"]
     for arm, d in s["paired_pass_at_1"].items():
         lines.append(f"| {arm} − {b} | {d['n']} | {_pm(d)} | {_pm(s['paired_first_attempt_success'][arm])} |")
+    if s.get("settings"):
+        lines += ["", f"Both evaluation settings, final {acc} paired by seed against `{b}` with SAAR off "
+                      "(internalisation: the arm with SAAR off; the paper's headline: the arm with SAAR on):", "",
+                  f"| arm | SAAR off | SAAR on | internalisation (off − {b} off) | headline (on − {b} off) |",
+                  "| --- | --- | --- | --- | --- |"]
+        for arm, row in s["settings"].items():
+            lines.append(f"| {arm} | {_f(row['saar_off'])} | {_f(row['saar_on'])} | "
+                         f"{_pm(row.get('internalisation', {}))} | {_pm(row.get('headline', {}))} |")
+        start = s.get("initial_settings")
+        if start:
+            lines += ["", f"The starting policy (shared initial evaluation): {acc} {start['saar_off']:.3f} SAAR off, "
+                          f"{start['saar_on']:.3f} SAAR on: rollback alone gives "
+                          f"{start['saar_on'] - start['saar_off']:+.3f} before any training."]
+    if s.get("probe_entropy"):
+        any_row = next(iter(s["probe_entropy"].values()))
+        lines += ["", f"Fixed-probe entropy of the final checkpoints (nats a token, the same {any_row['tokens']:.0f} "
+                      "tokens of the starting policy scored by every checkpoint; replaces `train/entropy`, which is "
+                      "measured on each arm's own tokens):", "",
+                  f"| arm | entropy (seed mean) | × `{b}` | paired − `{b}` |", "| --- | --- | --- | --- |"]
+        for arm, row in s["probe_entropy"].items():
+            lines.append(f"| {arm} | {_f(row['mean'], '.4f')} | {_f(row.get('ratio_to_baseline'))} | "
+                         f"{_pm(row.get('paired', {}))} |")
     lines += ["", "Change from the initial evaluation (mean over seeds ± s.e.):", "", f"| arm | {acc} |", "| --- | --- |"]
     lines += [f"| {arm} | {_pm(g)} |" for arm, g in s["gain_pass_at_1"].items()]
     if s.get("trained_by_kind"):
@@ -263,8 +342,9 @@ def markdown(s: dict) -> str:
                   "| arm | kind | trajectories | mean reward | mean advantage |", "| --- | --- | --- | --- | --- |"]
         for arm, rows in s["trained_by_kind"].items():
             lines += [f"| {arm} | {r['kind']} | {r['n']} | {r['reward']:.3f} | {r['advantage']:+.3f} |" for r in rows]
-    half = s["claim_half_the_steps"]
+    half, third = s["claim_half_the_steps"], s.get("claim_third_of_the_steps")
     lines += ["", f"- {t} reaches the baseline's final {acc} in at most half the steps: **{_VERDICT[half]}**",
+              f"- {t} reaches it in at most a third of the steps (the paper's claim): **{_VERDICT[third]}**",
               f"- {t} ends with a higher {name['tool_long']} (seed means): "
               f"**{'yes' if s['claim_higher_first_attempt_success'] else 'no'}**", "",
               "![curves](compare.png)", "", "![per seed](compare_seeds.png)"]

@@ -72,7 +72,7 @@ def _record(t: Trajectory) -> dict:
                        for e in t.executions],
         "snapshot": t.snapshot.__dict__ if t.snapshot else None, "kind": t.kind, "group_id": t.group_id,
         "fixed_reward": t.fixed_reward, "pivot": t.pivot, "parent": t.parent, "budget_extra": t.budget_extra,
-        "has_carry": t.carry is not None,
+        "has_carry": t.carry is not None, "spliced": t.spliced,
     }
 
 
@@ -95,7 +95,7 @@ def trajectory_of(row: dict, item: PromptItem) -> Trajectory:
         kind=rec["kind"], group_id=rec["group_id"], fixed_reward=rec["fixed_reward"], pivot=rec["pivot"],
         parent=rec["parent"], budget_extra=rec["budget_extra"], versions=list(row["token_versions"]),
         version=max(row["max_version"], row["start_step"]), start_step=row["start_step"],
-        carry=carry if rec["has_carry"] else None,
+        carry=carry if rec["has_carry"] else None, spliced=list(rec.get("spliced") or [0] * len(row["response_ids"])),
     )
 
 

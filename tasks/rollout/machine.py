@@ -24,7 +24,9 @@ Token bookkeeping (ids are appended turn by turn, never re-tokenised)::
 
 In RETRYING the engine sees ``prompt + response + error tool turn``, but the error tokens are
 kept aside (``Snapshot.retry_suffix``); the accepted regeneration is spliced over the failed
-turn (``tasks.rollout.saar.splice``), so a recovered position carries no error text. Retries do not
+turn (``tasks.rollout.saar.splice``), so a recovered position carries no error text. The spliced-in
+tokens are marked (``Trajectory.spliced``: sampled in the error context, their log-probs are that
+context's, the behaviour policy's; the old reasoning a shallow splice keeps is not marked). Retries do not
 count against the turn budget. Infrastructure failures of the sandbox raise out of the
 rollout (``SandboxInfraError``): they are never a code failure, a SAAR trigger or a reward.
 """
@@ -290,8 +292,10 @@ class Rollout:
         sp = splice(old_ids, old_lps, out.token_ids, out.logprobs, self.chat.call_start(old_ids),
                     new_call, self.chat.decode, self.cfg.saar.similarity_threshold)
         kept = t.versions[snap.turn_start : snap.turn_start + sp.kept_old_prefix]
+        kept_spliced = t.spliced[snap.turn_start : snap.turn_start + sp.kept_old_prefix]
         t.truncate(snap.turn_start)
-        t.append(sp.ids, 1, sp.logprobs, kept + (versions[new_call:] if sp.decision == "shallow" else versions))
+        t.append(sp.ids, 1, sp.logprobs, kept + (versions[new_call:] if sp.decision == "shallow" else versions),
+                 kept_spliced + [1] * (len(sp.ids) - sp.kept_old_prefix))
         t.append(self.closer(out), 0)
         spliced_text = self.chat.decode(sp.ids)
         t.messages[-1] = {"role": "assistant", "content": spliced_text}

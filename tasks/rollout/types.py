@@ -117,13 +117,17 @@ class Trajectory:
     """The step this trajectory was started in (later than it only for partial rollouts carried over)."""
     carry: Carry | None = None
     """The turn an abort cut short (partial rollouts); the next request continues it."""
+    spliced: list[int] = field(default_factory=list)
+    """1 on response tokens sampled in an error context and spliced over the failed turn (SAAR); their
+    ``logprobs`` are the behaviour log-probs of that context (``models.splice``)."""
 
     def append(self, ids: list[int], mask: int, lps: list[float] | None = None,
-               versions: list[int] | None = None) -> None:
+               versions: list[int] | None = None, spliced: list[int] | None = None) -> None:
         self.response_ids += ids
         self.response_mask += [mask] * len(ids)
         self.logprobs += lps if lps is not None else [0.0] * len(ids)
         self.versions += versions if versions is not None else [self.version] * len(ids)
+        self.spliced += spliced if spliced is not None else [0] * len(ids)
 
     def truncate(self, n: int) -> None:
-        del self.response_ids[n:], self.response_mask[n:], self.logprobs[n:], self.versions[n:]
+        del self.response_ids[n:], self.response_mask[n:], self.logprobs[n:], self.versions[n:], self.spliced[n:]

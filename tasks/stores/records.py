@@ -4,7 +4,8 @@ A rollout writes four Parquet files into the step folder; every later stage read
 writes its own file, and the tracking stage loads them into DuckDB as they are::
 
     trajectories.parquet   one row per trajectory: ids, mask, log-probs, the policy version of each token
-                           (``token_versions``; ``start_step`` < step for a partial rollout carried over), SAAR
+                           (``token_versions``; ``start_step`` < step for a partial rollout carried over), the
+                           tokens SAAR spliced in from an error context (``spliced``), SAAR
                            statistics, and its training role (``kind``, advantage ``group_id``, ``fixed_reward``,
                            R3L ``masked_turns``, ``parent``)
     turns.parquet          one row per message of the final (purified) conversation
@@ -39,7 +40,7 @@ def trajectory_frames(trajs: list[Trajectory], run_id: str, step: int, decode) -
             "messages": json.dumps(t.messages, ensure_ascii=False), "finish_reason": t.finish_reason,
             "num_turns": t.assistant_turns, "kind": t.kind, "group_id": t.group_id or t.item.prompt_id,
             "fixed_reward": t.fixed_reward, "masked_turns": t.pivot, "parent": t.parent, "start_step": t.start_step,
-            "token_versions": t.versions, **t.stats.scalars(),
+            "token_versions": t.versions, "spliced": t.spliced, **t.stats.scalars(),
             "failure_reasons": json.dumps(dict(t.stats.failure_reasons)),
         })
         for i, m in enumerate(t.messages):
@@ -65,6 +66,7 @@ def trajectory_frames(trajs: list[Trajectory], run_id: str, step: int, decode) -
 _ID_LISTS = {
     "prompt_ids": pl.List(pl.Int32), "response_ids": pl.List(pl.Int32),
     "response_mask": pl.List(pl.Int8), "rollout_logprobs": pl.List(pl.Float32), "token_versions": pl.List(pl.Int32),
+    "spliced": pl.List(pl.Int8),
 }
 _ROW_META = {"kind": pl.String, "group_id": pl.String, "fixed_reward": pl.Float64, "masked_turns": pl.Int64,
              "parent": pl.String, "start_step": pl.Int64}

@@ -158,7 +158,7 @@ def update_stage(step_dir: Path, ckpt: str, out_ckpt: Path, setup: UpdateSetup) 
     with _timed(step_dir, "update", metrics):
         samples = [Sample(r["prompt_ids"], r["response_ids"], r["response_mask"], r["advantage"],
                           r.get("rollout_logprobs"), r.get("reward") or 0.0, r.get("group_id") or r["prompt_id"],
-                          r.get("traj_id") or "")
+                          r.get("traj_id") or "", r.get("spliced"))
                    for r in training_rows(step_dir).iter_rows(named=True) if sum(r["response_mask"])]
         pad = get_chat(ckpt, ChatConfig()).tokenizer.pad_token_id or 0
         step = _step_of(step_dir)
