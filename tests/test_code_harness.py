@@ -98,7 +98,7 @@ def test_assert_cases_split_check_into_tests_with_their_setup():
     assert "import math" in cases[0] and "xs = [1, 2]" not in cases[0]
     assert "xs = [1, 2]" in cases[1] and "assert candidate(1) == 1" not in cases[1]
     assert "check(f)" not in cases[2]
-    assert lookup == ["poly"] and shadow == ["check", "helper"]
+    assert lookup == ("poly",) and shadow == ("check", "helper")
 
 
 def test_assert_cases_one_line_per_test_as_the_reference_writes_them():

@@ -28,12 +28,24 @@ gets a ``GraderError`` with ``infra=True``) - it is never turned into a reward.
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import re
+from dataclasses import replace
 
 from sandbox.result import ExecutionResult, SandboxInfraError
 from tasks.rewards.config import RewardConfig
-from tasks.rewards.harness import SUSPECTED, CodeTest, Kind, Outcome, assert_cases, build_tests, judge_result
+from tasks.rewards.harness import (
+    SUSPECTED,
+    CodeTest,
+    Kind,
+    Outcome,
+    assert_cases,
+    build_tests,
+    check_helpers,
+    judge_result,
+    probe_free,
+)
 from tasks.rewards.registry import GraderError, RewardResult, register_reward
 
 _FENCE = re.compile(r"```(?:python3?|py)[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
@@ -62,6 +74,8 @@ def parse_tests(ground_truth) -> dict:
         raise ValueError(f"code ground truth must be an object, got {type(spec).__name__}")
     if "test_code" in spec:
         missing = {"test_code", "entry_point"} - spec.keys()
+        if not missing:
+            check_helpers(spec, assert_cases(spec["test_code"])[1])
     else:
         missing = {"inputs", "outputs"} - spec.keys()
         if not missing and len(spec["inputs"]) != len(spec["outputs"]):
@@ -71,11 +85,14 @@ def parse_tests(ground_truth) -> dict:
     return spec
 
 
-def run_with_retries(sandbox, snippets: list[str], retries: int) -> tuple[list[ExecutionResult], int]:
-    """``sandbox.run_many`` retried on ``SandboxInfraError``; returns the results and the retries used."""
+def run_with_retries(sandbox, snippets: list[str], retries: int,
+                     timeout_s: float | None = None) -> tuple[list[ExecutionResult], int]:
+    """``sandbox.run_many`` retried on ``SandboxInfraError``; returns the results and the retries used.
+    ``timeout_s``: the per-snippet wall-clock limit the sandbox enforces from outside the snippet."""
+    kwargs = {} if timeout_s is None else {"timeout_s": timeout_s}
     for attempt in range(retries + 1):
         try:
-            return sandbox.run_many(snippets), attempt
+            return sandbox.run_many(snippets, **kwargs), attempt
         except SandboxInfraError:
             if attempt == retries:
                 raise
@@ -103,6 +120,14 @@ def _format_error(cfg: RewardConfig, code: str | None, *, no_block: bool, n_test
     return RewardResult(cfg.code_format_error_reward, False, metrics, code)
 
 
+_UNPARSABLE = (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError)
+"""What ``ast.parse`` raises on a block it cannot parse (too deep, too big): a format error, never a crash."""
+
+OUTER_SLACK_S = 0.5
+"""Seconds the sandbox grants a test snippet beyond ``cfg.code_timeout_s`` (its start-up and report)
+before it kills it from outside: the per-test limit does not rest on the answer's own process."""
+
+
 def prepare(solution_str: str, ground_truth, cfg: RewardConfig) -> RewardResult | tuple[str, list[CodeTest]]:
     """Either the final result of a response that cannot run (format error) or (code, tests) to run."""
     spec = parse_tests(ground_truth)
@@ -112,7 +137,7 @@ def prepare(solution_str: str, ground_truth, cfg: RewardConfig) -> RewardResult 
         return _format_error(cfg, None, no_block=True, n_tests=declared)
     try:
         ast.parse(code)
-    except (SyntaxError, ValueError):
+    except _UNPARSABLE:
         return _format_error(cfg, code, no_block=False, n_tests=declared)
     tests = build_tests(code, spec, cfg.code_timeout_s)[: cfg.code_max_tests]
     if not tests:
@@ -121,26 +146,27 @@ def prepare(solution_str: str, ground_truth, cfg: RewardConfig) -> RewardResult 
 
 
 def finish(code: str, tests: list[CodeTest], results: list[ExecutionResult], retries: int) -> RewardResult:
-    """The reward of one response from its tests' sandbox results: fraction passed (``HarnessError``,
-    an infrastructure failure, when the judge could not run a test)."""
+    """The reward of one response from its tests' sandbox results (``HarnessError``, an infrastructure
+    failure, when the judge could not run a test): 1.0 when every test passed, else the tests passed that
+    no non-solution passes (not ``CodeTest.free``) over all tests but the free ones passed: a free test
+    never earns, failing it still costs, so a non-solution earns nothing."""
     outcomes = [judge_result(t, r) for t, r in zip(tests, results, strict=True)]
     n_pass = sum(o.passed for o in outcomes)
+    free_passed = sum(o.passed and t.free for t, o in zip(tests, outcomes))
+    reward = 1.0 if n_pass == len(tests) else (n_pass - free_passed) / (len(tests) - free_passed)
     metrics = {"acc": float(n_pass == len(tests)), "pass_rate": n_pass / len(tests), **outcome_metrics(outcomes),
-               "no_code_block": 0.0, "syntax_error": 0.0, "infra_retries": float(retries)}
-    return RewardResult(n_pass / len(tests), n_pass == len(tests), metrics, code)
+               "tests_free": float(sum(t.free for t in tests)), "no_code_block": 0.0, "syntax_error": 0.0,
+               "infra_retries": float(retries)}
+    return RewardResult(reward, n_pass == len(tests), metrics, code)
 
 
 @register_reward("livecodebench*", "lcb*", "*code*")
 def code_reward(solution_str: str, ground_truth, extra_info: dict, *, sandbox, cfg: RewardConfig) -> RewardResult:
-    """Code: fraction of tests passed in the sandbox; format errors score ``cfg.code_format_error_reward``."""
-    prepared = prepare(solution_str, ground_truth, cfg)
-    if isinstance(prepared, RewardResult):
-        return prepared
-    if sandbox is None:
-        raise ValueError("code grading needs a sandbox (pass sandbox=make_sandbox(SandboxConfig(...)))")
-    code, tests = prepared
-    results, retries = run_with_retries(sandbox, [t.snippet for t in tests], cfg.infra_retries)
-    return finish(code, tests, results, retries)
+    """Code: see ``finish``; format errors score ``cfg.code_format_error_reward``."""
+    (result,) = grade_code_batch([("code", solution_str, ground_truth, extra_info)], sandbox=sandbox, cfg=cfg)
+    if isinstance(result, GraderError):
+        raise result.__cause__ or result
+    return result
 
 
 def grade_code_batch(
@@ -148,10 +174,10 @@ def grade_code_batch(
 ) -> list[RewardResult | GraderError]:
     """Grade many ``(data_source, solution_str, ground_truth, extra_info)`` code responses at once.
 
-    All their tests go through one ``run_many``, so the sandbox pool stays busy across
-    responses. Each item gets a ``RewardResult`` or, when its grading crashed, a
-    ``GraderError`` (returned, not raised, so one bad row does not sink the batch; a
-    sandbox that stays broken gives every item that needed it a ``GraderError`` with ``infra=True``).
+    All their tests (and the probes of assert tests not yet known, ``_free_flags``) go through one
+    ``run_many``, so the sandbox pool stays busy across responses. Every item gets a result: a
+    ``RewardResult`` whatever the answer did, or a ``GraderError`` when its ground truth is malformed
+    or (``infra=True``) the sandbox stayed broken. Returned, never raised: no row sinks the batch.
     """
     cfg = cfg or RewardConfig()
     prepared: list[RewardResult | GraderError | tuple[str, list[CodeTest]]] = []
@@ -162,20 +188,24 @@ def grade_code_batch(
             prepared.append(_grader_error(source, extra, err))
     runnable = [p for p in prepared if isinstance(p, tuple)]
     snippets = [t.snippet for _, tests in runnable for t in tests]
+    probes = sorted({t.probe for _, tests in runnable for t in tests if t.probe and _key(t.probe) not in _FREE})
     results: list[ExecutionResult] = []
     retries = 0
     if snippets:
         if sandbox is None:
             raise ValueError("code grading needs a sandbox (pass sandbox=make_sandbox(SandboxConfig(...)))")
         try:
-            results, retries = run_with_retries(sandbox, snippets, cfg.infra_retries)
+            results, retries = run_with_retries(sandbox, snippets + probes, cfg.infra_retries,
+                                                cfg.code_timeout_s + OUTER_SLACK_S)
         except SandboxInfraError as err:
             return [_grader_error(it[0], it[3], err) if isinstance(p, tuple) else p for it, p in zip(items, prepared)]
+    free = _free_flags(probes, results[len(snippets):])
     out: list[RewardResult | GraderError] = []
     pos = 0
     for it, p in zip(items, prepared):
         if isinstance(p, tuple):
             code, tests = p
+            tests = [replace(t, free=_is_free(t, free)) for t in tests]
             try:
                 p = finish(code, tests, results[pos : pos + len(tests)], retries)
             except SandboxInfraError as err:  # the judge could not run (HarnessError)
@@ -184,6 +214,34 @@ def grade_code_batch(
         out.append(p)
     return out
 
+
+_FREE: dict[str, bool] = {}
+"""Probe verdicts by the sha256 of the probe snippet: a property of the test, asked once per process."""
+_FREE_MAX = 100_000
+
+
+def _key(probe: str) -> str:
+    return hashlib.sha256(probe.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _free_flags(probes: list[str], results: list[ExecutionResult]) -> dict[str, bool]:
+    """Whether a non-solution passes each assert test, from the new probes' results; the clean verdicts
+    are cached, a probe without one counts as free (no credit from that test) and is asked again next time."""
+    if len(_FREE) > _FREE_MAX:
+        _FREE.clear()
+    flags = {}
+    for probe, result in zip(probes, results, strict=True):
+        free = probe_free(result)
+        if free is not None:
+            _FREE[_key(probe)] = free
+        flags[probe] = True if free is None else free
+    return flags
+
+
+def _is_free(test: CodeTest, fresh: dict[str, bool]) -> bool:
+    if test.probe is None:
+        return test.free
+    return fresh[test.probe] if test.probe in fresh else _FREE.get(_key(test.probe), True)
 
 def _grader_error(data_source: str, extra_info: dict | None, err: Exception) -> GraderError:
     extra = extra_info or {}

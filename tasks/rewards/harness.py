@@ -117,11 +117,15 @@ class Outcome:
 @dataclass(frozen=True)
 class CodeTest:
     """One test: the snippet to run, its format (``stdin`` | ``functional`` | ``assert``) and, for the
-    formats compared here, the expected answer (kept on this side)."""
+    formats compared here, the expected answer (kept on this side). ``free``: a non-solution passes
+    it too (its expected answer is trivial); for the assert format that is learnt by running ``probe``
+    (a snippet of the test's trusted code with trivial candidates, no solution)."""
 
     snippet: str
     mode: str
     expected: str | None = None
+    free: bool = False
+    probe: str | None = None
 
 
 # ------------------------------------------------------------------------------ snippets
@@ -155,7 +159,7 @@ def _boot(modules: tuple[str, ...]) -> str:
 
 def _call(entry: str, *args) -> str:
     judged = entry == "judge_assert"  # the in-process runner needs neither the judge nor the child server
-    head = _boot(PROGRAM_MODULES if judged else PROGRAM_MODULES[:2])
+    head = _boot(PROGRAM_MODULES if entry != "run_program" else PROGRAM_MODULES[:2])
     return head + f"_g[{entry!r}]({', '.join(map(repr, args))}{', _program' if judged else ''})\n"
 
 
@@ -174,32 +178,61 @@ def _names(tree: ast.AST) -> tuple[set[str], set[str]]:
     return loaded, bound
 
 
-def assert_cases(test_code: str) -> tuple[list[str], list[str], list[str]]:
+@functools.lru_cache(maxsize=4096)
+def assert_cases(test_code: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """The tests of an assert-format ``test_code``: one module source per test (the preamble and a
     ``check`` holding one assert statement after the setup statements before it), the names the test
-    uses but never defines (looked up in the solution) and the names it defines at top level."""
+    uses but never defines (the spec's ``helpers`` or ``import_prefix`` must) and the names it defines
+    at top level. An assert that uses no value derived from the candidate (``assert True, '...'``)
+    is no test and is left out."""
     try:
         tree = ast.parse(test_code)
-    except SyntaxError as err:
-        raise ValueError(f"code ground truth: test_code does not parse ({err.msg}, line {err.lineno})") from None
+    except (SyntaxError, RecursionError, MemoryError) as err:
+        raise ValueError(f"code ground truth: test_code does not parse ({err})") from None
     checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
-    if not checks:
+    if not checks or not checks[-1].args.args:
         raise ValueError("code ground truth: test_code defines no check(candidate)")
     check = checks[-1]
     preamble = [n for n in tree.body if n is not check and not _calls_check(n)]
-    cases, setup = [], []
+    tainted = {check.args.args[0].arg}  # the candidate and every name bound from it
+    cases, setup, asserted = [], [], False
     for stmt in check.body:
+        loaded, bound = _names(stmt)
         if any(isinstance(n, ast.Assert) for n in ast.walk(stmt)):
-            one = ast.FunctionDef(check.name, check.args, setup + [stmt], [], None, None)
-            cases.append(ast.unparse(ast.fix_missing_locations(ast.Module([*preamble, one], []))))
-        else:
-            setup.append(stmt)
-    if not cases:
+            asserted = True
+            if loaded & tainted:
+                one = ast.FunctionDef(check.name, check.args, setup + [stmt], [], None, None)
+                cases.append(ast.unparse(ast.fix_missing_locations(ast.Module([*preamble, one], []))))
+            continue
+        setup.append(stmt)
+        if loaded & tainted:
+            tainted |= bound
+    if not asserted and _names(check)[0] & {check.args.args[0].arg}:
         cases = [ast.unparse(ast.Module([*preamble, check], []))]
+    if not cases:
+        raise ValueError("code ground truth: no assert of check(candidate) uses the candidate")
     loaded, bound = _names(ast.Module([*preamble, check], []))
     lookup = sorted(n for n in loaded - bound if not hasattr(builtins, n))
     shadow = sorted(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
-    return cases, lookup, shadow
+    return tuple(cases), tuple(lookup), tuple(shadow)
+
+
+def check_helpers(spec: dict, lookup: tuple[str, ...]) -> None:
+    """``ValueError`` naming the names the test uses that neither ``helpers`` nor ``import_prefix``
+    define (skipped when either has a star import: its names are unknown here)."""
+    bound: set[str] = set()
+    for field in ("import_prefix", "helpers"):
+        try:
+            tree = ast.parse(spec.get(field) or "")
+        except (SyntaxError, RecursionError, MemoryError) as err:
+            raise ValueError(f"code ground truth: {field} does not parse ({err})") from None
+        if any(isinstance(n, ast.alias) and n.name == "*" for n in ast.walk(tree)):
+            return
+        bound |= {n for stmt in tree.body for n in _names(stmt)[1]}
+    missing = [n for n in lookup if n not in bound]
+    if missing:
+        raise ValueError(f"code ground truth: test_code uses {missing}, which neither test_code, 'helpers' nor "
+                         "'import_prefix' define (put the prompt's definitions in the 'helpers' field)")
 
 
 def _calls_check(stmt: ast.stmt) -> bool:
@@ -208,18 +241,53 @@ def _calls_check(stmt: ast.stmt) -> bool:
             and isinstance(stmt.value.func, ast.Name) and stmt.value.func.id == "check")
 
 
+PROBE_S = 1.0
+"""Seconds the trivial candidates of ``probe`` get per test (past it the test counts as not free)."""
+
+TRIVIAL_VALUES = (None, 0, "", [], True, False)
+"""Return values of a non-solution (beside raising and returning its first argument)."""
+
+TRIVIAL_OUTPUTS = ("", "0", "1", "-1", "YES", "NO", "Yes", "No", "True", "False", "None")
+"""Stdout of a non-solution (beside echoing its input)."""
+
+
 def build_tests(code: str, spec: dict, timeout_s: float) -> list[CodeTest]:
     """One snippet per test of ``spec`` (see ``tasks.rewards.code.parse_tests``) for ``code``."""
     if "test_code" in spec:
-        cases, lookup, shadow = assert_cases(spec["test_code"])
-        prefix = spec.get("import_prefix", "")
-        return [CodeTest(_call("judge_assert", code, prefix, case, spec["entry_point"], lookup, shadow, timeout_s),
-                         "assert") for case in cases]
+        cases, _, shadow = assert_cases(spec["test_code"])
+        prefix, helpers = spec.get("import_prefix", ""), spec.get("helpers", "")
+        return [CodeTest(_call("judge_assert", code, prefix, helpers, case, spec["entry_point"], list(shadow),
+                               timeout_s),
+                         "assert", probe=_call("probe_assert", prefix, helpers, case, min(PROBE_S, timeout_s)))
+                for case in cases]
     fn_name = spec.get("fn_name")
     mode = "functional" if fn_name else "stdin"
     return [CodeTest(_call("run_program", code, IMPORT_PREFIX, "" if fn_name else str(inp), fn_name or None,
-                           str(inp) if fn_name else "", timeout_s, INLINE_CHARS), mode, str(expected))
+                           str(inp) if fn_name else "", timeout_s, INLINE_CHARS), mode, str(expected),
+                     free=trivially_passed(mode, str(inp), str(expected)))
             for inp, expected in zip(spec["inputs"], spec["outputs"])]
+
+
+def trivially_passed(mode: str, inp: str, expected: str) -> bool:
+    """Does a non-solution pass this stdin / functional test: a trivial stdout or its input echoed,
+    a trivial return value or its first argument."""
+    if mode == "stdin":
+        return any(outputs_match(out, expected) for out in (*TRIVIAL_OUTPUTS, inp))
+    first = next((line for line in inp.split("\n") if line.strip()), "null")
+    try:
+        values = [*TRIVIAL_VALUES, json.loads(first)]
+    except ValueError:
+        values = list(TRIVIAL_VALUES)
+    return any(values_match(v, expected) for v in values)
+
+
+def probe_free(result: ExecutionResult) -> bool | None:
+    """Whether a probe snippet's verdict says a non-solution passes its test; None when it gave no
+    clean verdict (the caller then counts the test as free: no partial credit from it)."""
+    verdict, problem = _read_verdict(result)
+    if problem is not None or verdict is None or not result.ok or type(verdict.get("free")) is not bool:
+        return None
+    return verdict["free"]
 
 
 # ------------------------------------------------------------------------------ verdicts
@@ -236,7 +304,7 @@ def _read_verdict(result: ExecutionResult) -> tuple[dict | None, Kind | None]:
         return None, Kind.FORGED_VERDICT
     try:
         verdict = json.loads(line[len(VERDICT_MARK):])
-    except (ValueError, RecursionError):
+    except (ValueError, RecursionError, MemoryError):
         return None, Kind.FORGED_VERDICT
     return (verdict, None) if isinstance(verdict, dict) else (None, Kind.FORGED_VERDICT)
 
@@ -338,7 +406,17 @@ def _program_outcome(test: CodeTest, verdict: dict) -> Outcome:
 
 def judge_result(test: CodeTest, result: ExecutionResult) -> Outcome:
     """The outcome of one test from its snippet's sandbox result (``HarnessError`` when the judge could
-    not run the test at all: infrastructure, never a score)."""
+    not run the test at all: infrastructure, never a score). Whatever the answer made the snippet
+    print, this never raises anything else: what cannot be read or compared is a failure."""
+    try:
+        return _judge_result(test, result)
+    except HarnessError:
+        raise
+    except Exception as err:  # noqa: BLE001 - answer content must not crash the host (OverflowError, ...)
+        return Outcome(Kind.WRONG_ANSWER, f"ungradable answer: {type(err).__name__}")
+
+
+def _judge_result(test: CodeTest, result: ExecutionResult) -> Outcome:
     verdict, problem = _read_verdict(result)
     if problem is not None:
         return Outcome(problem)
