@@ -13,6 +13,7 @@ import math
 import pytest
 
 from sandbox.result import ExecutionResult
+from tasks.rewards.cases import assert_cases
 from tasks.rewards.harness import (
     CHANNEL_EXIT,
     TIMEOUT_EXIT,
@@ -20,7 +21,6 @@ from tasks.rewards.harness import (
     CodeTest,
     HarnessError,
     Kind,
-    assert_cases,
     judge_result,
 )
 from tasks.rewards.judge.wire import Unencodable, decode, digest, dump, encode, has_nan, json_plain, normal_lines

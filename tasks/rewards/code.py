@@ -1,6 +1,6 @@
 """Code reward: the response's last fenced Python block run against the task's tests in the sandbox.
 
-Registered for ``livecodebench*`` and ``*code*`` data sources (see ``tasks.rewards.registry``).
+Registered for ``livecodebench*``, ``humaneval*`` and ``*code*`` data sources (see ``tasks.rewards.registry``).
 Ground truth (a dict or its JSON string) is one of three test formats:
 
 - **stdin/stdout** ``{"inputs": [str], "outputs": [str]}``: the program reads the input on
@@ -34,18 +34,9 @@ import re
 from dataclasses import replace
 
 from sandbox.result import ExecutionResult, SandboxInfraError
+from tasks.rewards.cases import assert_cases, check_helpers
 from tasks.rewards.config import RewardConfig
-from tasks.rewards.harness import (
-    SUSPECTED,
-    CodeTest,
-    Kind,
-    Outcome,
-    assert_cases,
-    build_tests,
-    check_helpers,
-    judge_result,
-    probe_free,
-)
+from tasks.rewards.harness import SUSPECTED, CodeTest, Kind, Outcome, build_tests, judge_result, probe_free
 from tasks.rewards.registry import GraderError, RewardResult, register_reward
 
 _FENCE = re.compile(r"```(?:python3?|py)[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
@@ -75,7 +66,7 @@ def parse_tests(ground_truth) -> dict:
     if "test_code" in spec:
         missing = {"test_code", "entry_point"} - spec.keys()
         if not missing:
-            check_helpers(spec, assert_cases(spec["test_code"])[1])
+            check_helpers(spec, assert_cases(spec["test_code"], spec["entry_point"])[1])
     else:
         missing = {"inputs", "outputs"} - spec.keys()
         if not missing and len(spec["inputs"]) != len(spec["outputs"]):
@@ -132,7 +123,7 @@ def prepare(solution_str: str, ground_truth, cfg: RewardConfig) -> RewardResult 
     """Either the final result of a response that cannot run (format error) or (code, tests) to run."""
     spec = parse_tests(ground_truth)
     code = extract_code(solution_str)
-    declared = len(spec["inputs"]) if "inputs" in spec else len(assert_cases(spec["test_code"])[0])
+    declared = len(spec["inputs"]) if "inputs" in spec else len(assert_cases(spec["test_code"], spec["entry_point"])[0])
     if code is None:
         return _format_error(cfg, None, no_block=True, n_tests=declared)
     try:
@@ -160,7 +151,7 @@ def finish(code: str, tests: list[CodeTest], results: list[ExecutionResult], ret
     return RewardResult(reward, n_pass == len(tests), metrics, code)
 
 
-@register_reward("livecodebench*", "lcb*", "*code*")
+@register_reward("livecodebench*", "lcb*", "*code*", "humaneval*")
 def code_reward(solution_str: str, ground_truth, extra_info: dict, *, sandbox, cfg: RewardConfig) -> RewardResult:
     """Code: see ``finish``; format errors score ``cfg.code_format_error_reward``."""
     (result,) = grade_code_batch([("code", solution_str, ground_truth, extra_info)], sandbox=sandbox, cfg=cfg)

@@ -19,15 +19,15 @@ patched builtins, forged verdicts); the code reward counts them per response
 for counting, never a reason to pass.
 
 Test formats (``build_tests``): stdin/stdout, functional (LiveCodeBench ``fn_name``: newline
-separated JSON arguments, JSON result) and assert (``check(candidate)``; every top-level statement
-of ``check`` holding an ``assert`` is one test, run after the statements before it that hold none).
+separated JSON arguments, JSON result) and assert (``check(candidate)``, split by
+``tasks.rewards.cases``). A test a non-solution passes too is ``free`` (it earns no partial credit):
+for stdin/functional when its expected answer is trivial (``TRIVIAL_OUTPUTS`` / ``TRIVIAL_VALUES``,
+or the input itself), for assert tests when a probe snippet (``judge.probe``) says so.
 """
 
 from __future__ import annotations
 
-import ast
 import binascii
-import builtins
 import functools
 import json
 import marshal
@@ -38,6 +38,7 @@ from enum import Enum
 
 from sandbox.result import ExecutionResult, SandboxInfraError
 from tasks.rewards.answers import answer_matches, outputs_match, values_match
+from tasks.rewards.cases import assert_cases
 from tasks.rewards.judge import PROGRAM_MODULES, program_source
 from tasks.rewards.judge import wire as judge
 from tasks.rewards.judge.wire import CHANNEL_EXIT, TIMEOUT_EXIT, VERDICT_MARK
@@ -163,84 +164,6 @@ def _call(entry: str, *args) -> str:
     return head + f"_g[{entry!r}]({', '.join(map(repr, args))}{', _program' if judged else ''})\n"
 
 
-def _names(tree: ast.AST) -> tuple[set[str], set[str]]:
-    """Names a module loads, and names it binds anywhere (assignments, defs, imports, parameters)."""
-    loaded, bound = set(), set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-        elif isinstance(node, ast.arg):
-            bound.add(node.arg)
-        elif isinstance(node, ast.alias):
-            bound.add((node.asname or node.name).split(".")[0])
-    return loaded, bound
-
-
-@functools.lru_cache(maxsize=4096)
-def assert_cases(test_code: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    """The tests of an assert-format ``test_code``: one module source per test (the preamble and a
-    ``check`` holding one assert statement after the setup statements before it), the names the test
-    uses but never defines (the spec's ``helpers`` or ``import_prefix`` must) and the names it defines
-    at top level. An assert that uses no value derived from the candidate (``assert True, '...'``)
-    is no test and is left out."""
-    try:
-        tree = ast.parse(test_code)
-    except (SyntaxError, RecursionError, MemoryError) as err:
-        raise ValueError(f"code ground truth: test_code does not parse ({err})") from None
-    checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
-    if not checks or not checks[-1].args.args:
-        raise ValueError("code ground truth: test_code defines no check(candidate)")
-    check = checks[-1]
-    preamble = [n for n in tree.body if n is not check and not _calls_check(n)]
-    tainted = {check.args.args[0].arg}  # the candidate and every name bound from it
-    cases, setup, asserted = [], [], False
-    for stmt in check.body:
-        loaded, bound = _names(stmt)
-        if any(isinstance(n, ast.Assert) for n in ast.walk(stmt)):
-            asserted = True
-            if loaded & tainted:
-                one = ast.FunctionDef(check.name, check.args, setup + [stmt], [], None, None)
-                cases.append(ast.unparse(ast.fix_missing_locations(ast.Module([*preamble, one], []))))
-            continue
-        setup.append(stmt)
-        if loaded & tainted:
-            tainted |= bound
-    if not asserted and _names(check)[0] & {check.args.args[0].arg}:
-        cases = [ast.unparse(ast.Module([*preamble, check], []))]
-    if not cases:
-        raise ValueError("code ground truth: no assert of check(candidate) uses the candidate")
-    loaded, bound = _names(ast.Module([*preamble, check], []))
-    lookup = sorted(n for n in loaded - bound if not hasattr(builtins, n))
-    shadow = sorted(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
-    return tuple(cases), tuple(lookup), tuple(shadow)
-
-
-def check_helpers(spec: dict, lookup: tuple[str, ...]) -> None:
-    """``ValueError`` naming the names the test uses that neither ``helpers`` nor ``import_prefix``
-    define (skipped when either has a star import: its names are unknown here)."""
-    bound: set[str] = set()
-    for field in ("import_prefix", "helpers"):
-        try:
-            tree = ast.parse(spec.get(field) or "")
-        except (SyntaxError, RecursionError, MemoryError) as err:
-            raise ValueError(f"code ground truth: {field} does not parse ({err})") from None
-        if any(isinstance(n, ast.alias) and n.name == "*" for n in ast.walk(tree)):
-            return
-        bound |= {n for stmt in tree.body for n in _names(stmt)[1]}
-    missing = [n for n in lookup if n not in bound]
-    if missing:
-        raise ValueError(f"code ground truth: test_code uses {missing}, which neither test_code, 'helpers' nor "
-                         "'import_prefix' define (put the prompt's definitions in the 'helpers' field)")
-
-
-def _calls_check(stmt: ast.stmt) -> bool:
-    """A top-level ``check(...)`` call (some test files end with one): the harness makes that call."""
-    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
-            and isinstance(stmt.value.func, ast.Name) and stmt.value.func.id == "check")
-
-
 PROBE_S = 1.0
 """Seconds the trivial candidates of ``probe`` get per test (past it the test counts as not free)."""
 
@@ -254,11 +177,11 @@ TRIVIAL_OUTPUTS = ("", "0", "1", "-1", "YES", "NO", "Yes", "No", "True", "False"
 def build_tests(code: str, spec: dict, timeout_s: float) -> list[CodeTest]:
     """One snippet per test of ``spec`` (see ``tasks.rewards.code.parse_tests``) for ``code``."""
     if "test_code" in spec:
-        cases, _, shadow = assert_cases(spec["test_code"])
+        cases, _, shadow = assert_cases(spec["test_code"], spec["entry_point"])
         prefix, helpers = spec.get("import_prefix", ""), spec.get("helpers", "")
         return [CodeTest(_call("judge_assert", code, prefix, helpers, case, spec["entry_point"], list(shadow),
                                timeout_s),
-                         "assert", probe=_call("probe_assert", prefix, helpers, case, min(PROBE_S, timeout_s)))
+                         "assert", probe=_call("probe_assert", prefix, helpers, case, spec["entry_point"], min(PROBE_S, timeout_s)))
                 for case in cases]
     fn_name = spec.get("fn_name")
     mode = "functional" if fn_name else "stdin"

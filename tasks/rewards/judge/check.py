@@ -5,9 +5,17 @@ starts a fresh interpreter with ``posix_spawn`` (no copy of the judge's memory, 
 that runs ``child_main``: load the solution, answer calls over two pipes. ``check`` runs in the
 judge with ``candidate`` a proxy whose return values are decoded into exact builtin types. Any
 end of the child before ``check`` returned is a failure of its kind; a fault the test code
-swallowed still fails the test.
-"""
+swallowed still fails the test; a test that never called the candidate does not pass.
 
+What a correct answer does the way Python would: arguments of type list, dict and set it mutates
+come back mutated (in place, in the judge's objects); a returned closure or iterator (a generator)
+stays in the solution's process and is called or advanced from the judge (``_Handle``). Names the
+test uses but does not define come from the spec's ``helpers`` (the prompt's definitions), never
+from the solution; the entry point's own name means the candidate.
+
+``probe.probe_assert`` runs a test with trivial candidates only (no solution at all) and tells whether
+one passes it: such a test earns no partial credit (see ``tasks.rewards.code.finish``).
+"""
 import os
 import signal
 import sys
@@ -327,7 +335,7 @@ def _undumpable():
         return False
 
 
-def _namespace(prefix, helpers):
+def test_namespace(prefix, helpers):
     """The test's globals: the import prefix and the prompt's definitions (trusted spec fields)."""
     import builtins
 
@@ -359,14 +367,16 @@ def judge_assert(solution, prefix, helpers, test_src, entry, shadow, timeout, pr
         return
     kind, detail = "pass", None
     try:
-        tns = _namespace(prefix, helpers)
+        tns = test_namespace(prefix, helpers)
         load = child.rpc({"path": sys.path, "prefix": prefix, "source": solution, "shadow": shadow})
         if not load.get("ok"):
             raise child.ended(load)
         if load.get("shadowed"):
             child.hints.add("redefined_helper")
+        candidate = _Remote(child, entry)
+        tns.setdefault(entry, candidate)  # a test naming the entry point means the candidate (HumanEval/33)
         exec(test_src, tns)
-        tns["check"](_Remote(child, entry))
+        tns["check"](candidate)
         if not child.calls:
             kind, detail = "wrong_answer", "candidate never called"
     except _Fault as fault:
@@ -379,54 +389,3 @@ def judge_assert(solution, prefix, helpers, test_src, entry, shadow, timeout, pr
     kind = child.fault or kind  # a fault the test code swallowed still fails the test
     child.kill()
     emit(channel, {"pass": kind == "pass", "kind": kind, "exc": detail, "hints": sorted(child.hints)})
-
-
-class _Late(BaseException):
-    """The probes' time is up."""
-
-
-def _late(signum, frame):
-    raise _Late
-
-
-class _AnyError(ValueError, TypeError, KeyError, IndexError, ZeroDivisionError, OverflowError, AssertionError,
-                NotImplementedError):
-    """What a non-solution that raises raises: caught by a test expecting any of the common errors."""
-
-
-def _probe_raise(*args, **kwargs):
-    raise _AnyError("not implemented")
-
-
-_PROBES = (lambda *a, **k: None, _probe_raise, lambda *a, **k: a[0] if a else None, lambda *a, **k: 0,
-           lambda *a, **k: "", lambda *a, **k: [], lambda *a, **k: True, lambda *a, **k: False)
-"""Non-solutions: return None, raise, return the first argument, 0, '', [], True, False."""
-
-
-def probe_assert(prefix, helpers, test_src, timeout):
-    """Does a non-solution (``_PROBES``) pass this test: emit ``{"free": bool}``. No solution runs here:
-    only the spec's trusted code, with ``candidate`` a trivial function. A probe past ``timeout`` fails."""
-    channel = verdict_channel()
-    null = os.open(os.devnull, os.O_RDWR)
-    os.dup2(null, 1)
-    os.close(null)
-    free = False
-    signal.signal(signal.SIGALRM, _late)
-    signal.setitimer(signal.ITIMER_REAL, timeout, 0.05)  # re-fires: a bare ``except`` cannot swallow it for good
-    try:
-        for probe in _PROBES:
-            try:
-                tns = _namespace(prefix, helpers)
-                exec(test_src, tns)
-                tns["check"](probe)
-            except _Late:
-                break
-            except BaseException:  # noqa: BLE001 - the probe failed the test, as it should
-                continue
-            free = True
-            break
-    except _Late:
-        pass
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    signal.signal(signal.SIGALRM, signal.SIG_IGN)
-    emit(channel, {"free": free})
