@@ -57,8 +57,8 @@ def assert_cases(test_code: str, entry: str = "") -> tuple[tuple[str, ...], tupl
                 cases.append(ast.unparse(ast.fix_missing_locations(ast.Module([*preamble, one], []))))
             continue
         setup.append(stmt)
-        if loaded & tainted:
-            tainted |= bound
+        if loaded & tainted:  # what it binds, and what it hands the candidate (mutated in place)
+            tainted |= bound | loaded
     if not asserted and _names(check)[0] & tainted:
         cases = [ast.unparse(ast.Module([*preamble, check], []))]
     if not cases:
