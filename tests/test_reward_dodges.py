@@ -106,6 +106,21 @@ def test_an_answer_that_switches_its_alarm_off_still_times_out(sandbox):
         assert res.reward == 0.0 and res.metrics["timeouts"] == 3.0, (key, res.metrics)
 
 
+FORGE_STATUS = "import os, time\ntry:\n    os.write(3, bytes([0]))\nexcept OSError:\n    pass\nos.closerange(0, 3)\ntime.sleep(5)"
+
+
+def test_an_exit_status_forged_on_the_executors_status_pipe_scores_zero(sandbox):
+    """fd 3 is the executor's status pipe where the answer runs in the snippet's process (functional, stdin):
+    "exit 0" written there, stdio closed - no verdict reaches the host. In the assert format fd 3 is the
+    solution process's request pipe: nothing to forge, it just hangs."""
+    cfg = RewardConfig(code_timeout_s=1.0)
+    items = [("code", square("return x * x", fmt, module=FORGE_STATUS), SPECS[fmt], None) for fmt in FORMATS]
+    results = grade_code_batch(items, sandbox=sandbox, cfg=cfg)
+    assert [r.reward for r in results] == [0.0] * 3
+    assert results[0].metrics["timeouts"] == 3.0
+    assert [r.metrics["suspected_hacks/channel_closed"] for r in results[1:]] == [3.0, 3.0]
+
+
 # ------------------------------------------------------------------ 4. no free tests, non-solutions earn 0
 
 def test_asserts_that_never_use_the_candidate_are_no_tests():
