@@ -85,6 +85,8 @@ def test_compute_reward_grades_a_huge_answer_instead_of_raising(sandbox):
     assert isinstance(res, RewardResult) and res.reward == 0.0 and res.metrics["wrong_answers"] == 3.0
     deep = compute_reward("code", fenced(DEEP[3000]), SPECS["stdin"], sandbox=sandbox, cfg=CFG)
     assert deep.reward == -1.0 and deep.metrics["syntax_error"] == 1.0
+    huge = compute_reward("code", fenced("x = 1\n" * 12_000_000), SPECS["stdin"], sandbox=sandbox, cfg=CFG)
+    assert huge.reward == -1.0 and huge.metrics["syntax_error"] == 1.0  # 72 MB: more than a sandbox request holds
 
 
 # ------------------------------------------------------------------ 3. the time limit is enforced from outside

@@ -114,6 +114,9 @@ def _format_error(cfg: RewardConfig, code: str | None, *, no_block: bool, n_test
 _UNPARSABLE = (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError)
 """What ``ast.parse`` raises on a block it cannot parse (too deep, too big): a format error, never a crash."""
 
+MAX_CODE_CHARS = 4_000_000
+"""A longer block is a format error: no model writes one, and the sandbox's 64 MiB request frame must hold it."""
+
 OUTER_SLACK_S = 0.5
 """Seconds the sandbox grants a test snippet beyond ``cfg.code_timeout_s`` (its start-up and report)
 before it kills it from outside: the per-test limit does not rest on the answer's own process."""
@@ -126,6 +129,8 @@ def prepare(solution_str: str, ground_truth, cfg: RewardConfig) -> RewardResult 
     declared = len(spec["inputs"]) if "inputs" in spec else len(assert_cases(spec["test_code"], spec["entry_point"])[0])
     if code is None:
         return _format_error(cfg, None, no_block=True, n_tests=declared)
+    if len(code) > MAX_CODE_CHARS:
+        return _format_error(cfg, code[:200], no_block=False, n_tests=declared)
     try:
         ast.parse(code)
     except _UNPARSABLE:
