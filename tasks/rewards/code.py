@@ -11,12 +11,16 @@ Ground truth (a dict or its JSON string) is one of three test formats:
   function ``fn_name``) must return the JSON-decoded expected output;
 - **assert** ``{"import_prefix": str, "test_code": str, "entry_point": str}`` (the
   reference's training data, HumanEval): ``test_code`` defines ``check(candidate)``; each of its
-  top-level statements holding an ``assert`` is one test (one per line in the reference's data).
+  top-level statements holding an ``assert`` that uses the candidate is one test (one per line in
+  the reference's data); names the test uses but does not define come from the trusted ``helpers``
+  field (the prompt's definitions), never from the answer (``tasks.rewards.cases``).
 
 Each test is one sandbox snippet (built by ``tasks.rewards.harness``), so a crash, an exit or a
 time-out fails only that test, and a test passes only when it ran to its end and its answer was
-right (``sandbox/THREAT_MODEL.md``, "Grading"). The reward is the fraction of tests passed;
-``correct`` means all passed. Failures are counted by kind; ``suspected_hacks/<kind>`` counts the
+right (``sandbox/THREAT_MODEL.md``, "Grading"); the sandbox enforces its time limit from outside.
+The reward is 1.0 when all tests pass, else partial credit from the tests no non-solution passes
+(``finish``); ``correct`` means all passed. No answer crashes grading: whatever it holds or prints
+it gets a reward ("Rewards no answer can dodge" in the threat model). Failures are counted by kind; ``suspected_hacks/<kind>`` counts the
 kinds that suggest an attempt on the grader (``tasks.rewards.harness.SUSPECTED``). As in the reference (``code_math.compute_score``)
 a response without a fenced Python block or whose block does not parse scores
 ``cfg.code_format_error_reward`` (-1.0) without running. ``grade_code_batch`` grades many
@@ -238,6 +242,7 @@ def _is_free(test: CodeTest, fresh: dict[str, bool]) -> bool:
     if test.probe is None:
         return test.free
     return fresh[test.probe] if test.probe in fresh else _FREE.get(_key(test.probe), True)
+
 
 def _grader_error(data_source: str, extra_info: dict | None, err: Exception) -> GraderError:
     extra = extra_info or {}

@@ -167,7 +167,7 @@ def _call(entry: str, *args) -> str:
 PROBE_S = 1.0
 """Seconds the trivial candidates of ``probe`` get per test (past it the test counts as not free)."""
 
-TRIVIAL_VALUES = (None, 0, "", [], True, False)
+TRIVIAL_VALUES = (None, 0, 1, -1, "", [], {}, True, False)
 """Return values of a non-solution (beside raising and returning its first argument)."""
 
 TRIVIAL_OUTPUTS = ("", "0", "1", "-1", "YES", "NO", "Yes", "No", "True", "False", "None")
@@ -178,10 +178,10 @@ def build_tests(code: str, spec: dict, timeout_s: float) -> list[CodeTest]:
     """One snippet per test of ``spec`` (see ``tasks.rewards.code.parse_tests``) for ``code``."""
     if "test_code" in spec:
         cases, _, shadow = assert_cases(spec["test_code"], spec["entry_point"])
-        prefix, helpers = spec.get("import_prefix", ""), spec.get("helpers", "")
-        return [CodeTest(_call("judge_assert", code, prefix, helpers, case, spec["entry_point"], list(shadow),
-                               timeout_s),
-                         "assert", probe=_call("probe_assert", prefix, helpers, case, spec["entry_point"], min(PROBE_S, timeout_s)))
+        prefix, helpers, entry = spec.get("import_prefix", ""), spec.get("helpers", ""), spec["entry_point"]
+        probe_s = min(PROBE_S, timeout_s)
+        return [CodeTest(_call("judge_assert", code, prefix, helpers, case, entry, list(shadow), timeout_s), "assert",
+                         probe=_call("probe_assert", prefix, helpers, case, entry, probe_s))
                 for case in cases]
     fn_name = spec.get("fn_name")
     mode = "functional" if fn_name else "stdin"

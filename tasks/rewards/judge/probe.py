@@ -1,8 +1,8 @@
 """Probes (shipped in the judge program after ``check``): does a non-solution pass an assert-format test.
 
 ``probe_assert`` runs one test's trusted code (prefix, helpers, test) with trivial candidates only
-(``_PROBES``: return None, raise an error of every common type, return the first argument, 0, '', [],
-True, False; no solution runs here at all) and emits ``{"free": bool}``: whether one of them passed.
+(``_PROBES``: return None, raise an error of every common type, return or empty the first argument,
+return 0, 1, -1, '', [], (), {}, True or False; no solution runs here at all) and emits ``{"free": bool}``: whether one of them passed.
 A free test earns no partial credit (``tasks.rewards.code.finish``). The probes share a time budget;
 past it the test counts as not free.
 """
@@ -32,9 +32,18 @@ def _probe_raise(*args, **kwargs):
     raise _AnyError("not implemented")
 
 
-_PROBES = (lambda *a, **k: None, _probe_raise, lambda *a, **k: a[0] if a else None, lambda *a, **k: 0,
-           lambda *a, **k: "", lambda *a, **k: [], lambda *a, **k: True, lambda *a, **k: False)
-"""Non-solutions: return None, raise, return the first argument, 0, '', [], True, False."""
+def _probe_empty_first(*args, **kwargs):
+    """Empty the first argument in place and return it (a test comparing it with itself afterwards passes)."""
+    if args and type(args[0]) in (list, dict, set):
+        args[0].clear()
+        return args[0]
+    return None
+
+
+_PROBES = (lambda *a, **k: None, _probe_raise, lambda *a, **k: a[0] if a else None, _probe_empty_first,
+           *[lambda *a, _v=v, **k: type(_v)(_v) for v in (0, 1, -1, "", [], (), {}, True, False)])
+"""Non-solutions: return None, raise, return the first argument, empty it, or return a constant
+(0, 1, -1, '', [], (), {}, True, False: a fresh copy per call)."""
 
 
 def probe_assert(prefix, helpers, test_src, entry, timeout):
