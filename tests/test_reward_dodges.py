@@ -22,7 +22,7 @@ import pytest
 
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
-from tasks.data.formats import load_tasks
+from tasks.data.formats import DatasetError, load_tasks
 from tasks.rewards.cases import assert_cases
 from tasks.rewards.code import grade_code_batch, parse_tests
 from tasks.rewards.config import RewardConfig
@@ -228,6 +228,15 @@ def test_humaneval_loader_fills_helpers_from_the_prompt():
     assert rows["HumanEval/32"].ground_truth["import_prefix"] == "import math\n"
     cases = sum(len(assert_cases(r.ground_truth["test_code"], r.ground_truth["entry_point"])[0]) for r in rows.values())
     assert cases == 1181 - 48  # HumanEval's 48 ``assert True, '...'`` lines are no tests
+
+
+def test_humaneval_rows_whose_prompt_lacks_the_entry_point_are_refused_by_name(tmp_path):
+    path = tmp_path / "he.jsonl"
+    good = {"task_id": "t/0", "prompt": "def f(x):\n    \"\"\"Double.\"\"\"\n", "entry_point": "f",
+            "test": "def check(candidate):\n    assert candidate(2) == 4\n"}
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "task_id": "t/1", "entry_point": "g"}) + "\n")
+    with pytest.raises(DatasetError, match=r"row 1, column 'prompt': prompt does not define the entry point 'g'"):
+        load_tasks(path)
 
 
 # ------------------------------------------------------------------ HumanEval whole
