@@ -176,6 +176,10 @@ PYTHONIC = [  # (entry, correct solution, test_code, functional spec or None)
     ("evens", "def evens(n):\n    for i in range(n):\n        if i % 2 == 0:\n            yield i\n",
      "def check(candidate):\n    assert list(candidate(5)) == [0, 2, 4]\n    g = candidate(3)\n    assert next(g) == 0\n"
      "    assert sum(candidate(7)) == 12\n", {"fn_name": "evens", "inputs": ["5", "1"], "outputs": ["[0, 2, 4]", "[0]"]}),
+    ("count_up", "def count_up(n):\n    yield from range(n)\n    raise ValueError('done')\n",  # items first, then the error
+     "def check(candidate):\n    out = []\n    try:\n        for x in candidate(3):\n            out.append(x)\n"
+     "    except ValueError:\n        out.append('err')\n    assert out == [0, 1, 2, 'err']\n"
+     "    assert sum(x for _, x in zip(range(20000), candidate(20000))) == 199990000\n", None),
     ("adder", "def adder(k):\n    def add(x):\n        return x + k\n    return add\n",
      "def check(candidate):\n    assert candidate(2)(5) == 7\n    f = candidate(-1)\n    assert f(1) == 0 and f(10) == 9\n",
      None),
