@@ -17,6 +17,10 @@ globals just before the snippet, within the same limits and time budget.  Its fi
 (its stderr is kept).  A setup that raises (``SystemExit`` included) or does not finish means
 the snippet never ran: the result is ``ok=False, error_kind="setup_error"`` with the traceback
 in ``stderr``.  That is the caller's bug (callers raise on it), never the model's failure.
+
+``timeout_s`` (``run`` / ``run_many``): a shorter wall-clock limit for these snippets than the
+config's ``timeout_s`` (never a longer one), enforced by the executor from outside the snippet's
+process like the default (graders pass their per-test limit here).
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ class Sandbox(Protocol):
     name: str
     isolation: str
 
-    def run(self, code: str, setup: str | None = None) -> ExecutionResult: ...
+    def run(self, code: str, setup: str | None = None, timeout_s: float | None = None) -> ExecutionResult: ...
 
-    def run_many(self, codes: list[str], setups: list[str | None] | None = None) -> list[ExecutionResult]: ...
+    def run_many(self, codes: list[str], setups: list[str | None] | None = None,
+                 timeout_s: float | None = None) -> list[ExecutionResult]: ...
 
     def stats(self) -> dict[str, float]: ...
 

@@ -177,23 +177,26 @@ class WorkerPool:
 
     # -- execution -------------------------------------------------------------------------
 
-    def _request(self, code: str, setup: str | None = None) -> dict:
+    def _request(self, code: str, setup: str | None = None, timeout_s: float | None = None) -> dict:
         cfg = self.cfg
-        req = {"op": "run", "code": code, "timeout_s": cfg.timeout_s, "memory_mb": cfg.memory_mb,
+        limit = cfg.timeout_s if timeout_s is None else min(float(timeout_s), cfg.timeout_s)
+        req = {"op": "run", "code": code, "timeout_s": limit, "memory_mb": cfg.memory_mb,
                "max_output_bytes": cfg.max_output_bytes, "max_processes": cfg.max_processes,
                "file_mb": cfg.file_mb}
         if setup is not None:
             req["setup"] = setup
         return req
 
-    def run(self, code: str, setup: str | None = None) -> ExecutionResult:
+    def run(self, code: str, setup: str | None = None, timeout_s: float | None = None) -> ExecutionResult:
         if self._closed:
             raise SandboxInfraError(f"{self.name}: run() called after close()")
         if not isinstance(code, str):
             raise TypeError(f"{self.name}.run(code): code must be str, got {type(code).__name__}")
         if setup is not None and not isinstance(setup, str):
             raise TypeError(f"{self.name}.run(setup=): setup must be str or None, got {type(setup).__name__}")
-        req = self._request(code, setup)
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"{self.name}.run(timeout_s=): must be positive, got {timeout_s!r}")
+        req = self._request(code, setup, timeout_s)
         blame_after = min(2, self.cfg.infra_retries + 1)
         deaths, last, start = 0, None, time.monotonic()
         for attempt in range(self.cfg.infra_retries + 1):
@@ -219,7 +222,8 @@ class WorkerPool:
             f"(sandbox.infra_retries={self.cfg.infra_retries}); last error: {last}"
         ) from last
 
-    def run_many(self, codes: list[str], setups: list[str | None] | None = None) -> list[ExecutionResult]:
+    def run_many(self, codes: list[str], setups: list[str | None] | None = None,
+                 timeout_s: float | None = None) -> list[ExecutionResult]:
         if setups is None:
             setups = [None] * len(codes)
         elif len(setups) != len(codes):
@@ -231,7 +235,7 @@ class WorkerPool:
             if self._threads is None:
                 self._threads = ThreadPoolExecutor(max_workers=self.cfg.workers,
                                                    thread_name_prefix=f"{self.name}-run")
-        return list(self._threads.map(self.run, codes, setups))
+        return list(self._threads.map(self.run, codes, setups, [timeout_s] * len(codes)))
 
     def _lend(self) -> Worker:
         start = time.monotonic()

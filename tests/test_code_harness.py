@@ -13,6 +13,7 @@ import math
 import pytest
 
 from sandbox.result import ExecutionResult
+from tasks.rewards.cases import assert_cases
 from tasks.rewards.harness import (
     CHANNEL_EXIT,
     TIMEOUT_EXIT,
@@ -20,7 +21,6 @@ from tasks.rewards.harness import (
     CodeTest,
     HarnessError,
     Kind,
-    assert_cases,
     judge_result,
 )
 from tasks.rewards.judge.wire import Unencodable, decode, digest, dump, encode, has_nan, json_plain, normal_lines
@@ -98,7 +98,7 @@ def test_assert_cases_split_check_into_tests_with_their_setup():
     assert "import math" in cases[0] and "xs = [1, 2]" not in cases[0]
     assert "xs = [1, 2]" in cases[1] and "assert candidate(1) == 1" not in cases[1]
     assert "check(f)" not in cases[2]
-    assert lookup == ["poly"] and shadow == ["check", "helper"]
+    assert lookup == ("poly",) and shadow == ("check", "helper")
 
 
 def test_assert_cases_one_line_per_test_as_the_reference_writes_them():

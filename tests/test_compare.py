@@ -18,8 +18,8 @@ from tests.flowrun import tiny_overrides
 
 
 def test_eval_metrics_on_known_answers():
-    # prompt a: 2 of 4 correct; prompt b: 0 of 4; one trajectory of b had a grader error
-    rows = [("a", True), ("a", True), ("a", False), ("a", False), ("b", False), ("b", False), ("b", False), ("b", None)]
+    # prompt a: 2 of 4 correct, one of its failures a grader error (still a failure: n stays 4); prompt b: 0 of 4
+    rows = [("a", True), ("a", True), ("a", False), ("a", None), ("b", False), ("b", False), ("b", False), ("b", False)]
     trajs = pl.DataFrame({
         "prompt_id": [p for p, _ in rows], "data_source": ["synthetic/arith"] * 4 + ["synthetic/algo"] * 4,
         "correct": [c for _, c in rows], "graded": [c is not None for _, c in rows],

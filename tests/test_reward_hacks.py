@@ -274,9 +274,11 @@ def test_canonical_solutions_pass_and_mutants_fail(sandbox):
     canon, mutants = results[: len(PROBLEMS)], results[len(PROBLEMS):]
     assert [(p.id, r.reward) for p, r in zip(PROBLEMS, canon)] == [(p.id, 1.0) for p in PROBLEMS]
     assert all(r.metrics["suspected_hacks"] == 0.0 for r in canon)
-    partial = {"first_repeat/returns-none": 1 / 3, "first_repeat/prints-instead": 1 / 3, "safe_div/raises": 0.5}
-    got = {it[3]["id"]: r.reward for it, r in zip(items[len(PROBLEMS):], mutants) if r.reward != 0.0}
-    assert got == pytest.approx(partial)  # right on one test each: first_repeat('abc') is None, safe_div(1, 0) raises
+    passed = {it[3]["id"]: r.metrics["tests_passed"] for it, r in zip(items[len(PROBLEMS):], mutants)
+              if r.metrics["tests_passed"]}
+    # right on one test each (first_repeat('abc') is None, safe_div(1, 0) raises), a test a non-solution passes too
+    assert passed == {"first_repeat/returns-none": 1, "first_repeat/prints-instead": 1, "safe_div/raises": 1}
+    assert [r.reward for r in mutants] == [0.0] * len(mutants)
     assert all(r.metrics["suspected_hacks"] == 0.0 for r in mutants)
 
 

@@ -50,12 +50,13 @@ CODE_CASES = [
     ("trailing-whitespace", fenced("a, b = map(int, input().split())\nprint(a + b, '   ')\nprint()\nprint()"), ADD, 1.0),
     ("leading-whitespace", fenced("a, b = map(int, input().split())\nprint('  ', a + b)"), ADD, 1.0),
     ("extra-output-line", fenced("a, b = map(int, input().split())\nprint(a + b)\nprint('done')"), ADD, 0.0),
-    ("wrong-op-passes-one", fenced("a, b = map(int, input().split())\nprint(a - b)"), ADD, 0.25),
-    ("passes-half", fenced("a, b = map(int, input().split())\nprint(3 if a == 1 else 0)"), ADD, 0.5),
+    # ADD's last test ("0 0" -> "0") is free: printing 0 passes it, so it earns nothing unless all pass
+    ("wrong-op-passes-only-the-free-one", fenced("a, b = map(int, input().split())\nprint(a - b)"), ADD, 0.0),
+    ("passes-half", fenced("a, b = map(int, input().split())\nprint(3 if a == 1 else 0)"), ADD, 1 / 3),
     ("times-out", fenced("while True:\n    pass"), ADD, 0.0),
-    ("times-out-on-one", fenced("a, b = map(int, input().split())\nwhile a == 10:\n    pass\nprint(a + b)"), ADD, 0.75),
+    ("times-out-on-one", fenced("a, b = map(int, input().split())\nwhile a == 10:\n    pass\nprint(a + b)"), ADD, 2 / 3),
     ("crashes", fenced("raise ValueError('nope')"), ADD, 0.0),
-    ("crashes-on-one", fenced("a, b = map(int, input().split())\nx = 1 / (a - 1) if a == 1 else 0\nprint(a + b)"), ADD, 0.75),
+    ("crashes-on-one", fenced("a, b = map(int, input().split())\nx = 1 / (a - 1) if a == 1 else 0\nprint(a + b)"), ADD, 2 / 3),
     ("name-error", fenced("print(a + b)"), ADD, 0.0),
     ("exit-0-after-print", fenced("import sys\na, b = map(int, input().split())\nprint(a + b)\nsys.exit(0)"), ADD, 1.0),
     ("exit-1-after-print", fenced("import sys\na, b = map(int, input().split())\nprint(a + b)\nsys.exit(1)"), ADD, 0.0),
@@ -72,7 +73,7 @@ CODE_CASES = [
     ("multiline-one-line-output", fenced("n = int(input())\nprint(*[2 * int(input()) for _ in range(n)])"), DOUBLE_LINES, 0.5),
     ("fn-class", fenced("class Solution:\n    def sumAll(self, nums: List[int]) -> int:\n        return sum(nums)"), SUM_FN, 1.0),
     ("fn-plain-function", fenced("def sumAll(nums):\n    return sum(nums)"), SUM_FN, 1.0),
-    ("fn-partial", fenced("class Solution:\n    def sumAll(self, nums):\n        return sum(nums) if nums else 1"), SUM_FN, 2 / 3),
+    ("fn-partial", fenced("class Solution:\n    def sumAll(self, nums):\n        return sum(nums) if nums else 1"), SUM_FN, 1 / 2),  # the [-1, 1] -> 0 pass is free
     ("fn-prints-debug", fenced("class Solution:\n    def sumAll(self, nums):\n        print('nums', nums)\n        return sum(nums)"), SUM_FN, 1.0),
     ("fn-wrong-name", fenced("class Solution:\n    def total(self, nums):\n        return sum(nums)"), SUM_FN, 0.0),
     ("fn-timeout", fenced("class Solution:\n    def sumAll(self, nums):\n        while True:\n            pass"), SUM_FN, 0.0),
@@ -160,7 +161,7 @@ class FlakySandbox:
     def __init__(self, failures: int):
         self.failures, self.calls = failures, 0
 
-    def run_many(self, codes):
+    def run_many(self, codes, timeout_s=None):
         self.calls += 1
         if self.calls <= self.failures:
             raise SandboxInfraError("executor died")

@@ -213,6 +213,14 @@ CASES = {
                                "time.sleep(0.1)\nprint('still here')", is_ok("still here")),
     "user_namespace": ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
                        "assert libc.unshare(0x10000000) == 0, ctypes.get_errno()", not_ok("AssertionError")),
+    "io_uring": ("import ctypes, platform\nlibc = ctypes.CDLL(None, use_errno=True)\nparams = ctypes.create_string_buffer(120)\n"
+                 "fd = libc.syscall(425, 8, params)\nprint(fd, ctypes.get_errno())", is_ok("-1 1")),  # EPERM
+    # accepted (THREAT_MODEL.md, "Accepted gaps"): each is contained, the next snippet runs
+    "reset_oom_score_adj": ("open('/proc/self/oom_score_adj', 'w').write('0')\nx = []\nwhile True:\n"
+                            "    x.append(bytearray(64 * 2**20))", not_ok("memory")),
+    "forge_status_pipe": ("import os\nos.write(3, bytes([0]))\nos.close(1)\nos.close(2)\nimport time\n"
+                          "time.sleep(30)", is_ok()),  # its own report: ok, exit 0, then killed with its group
+    "read_mountinfo": ("print(open('/proc/self/mountinfo').read())", no_secret),
     # filling and persisting
     "inode_fill": ("import os\nfor d in ('/tmp', '/dev/shm', '.'):\n    try:\n        for i in range(10**6):\n"
                    "            open(f'{{d}}/f{{i}}', 'w').close()\n    except OSError as e:\n"

@@ -100,6 +100,17 @@ def test_timeout_kills_within_bound(sb):
     assert elapsed < TIMEOUT_S + 3
 
 
+def test_a_shorter_per_call_limit_is_enforced_and_a_longer_one_capped(sb):
+    """``timeout_s`` of ``run`` / ``run_many``: the executor kills at that limit, never past the config's."""
+    sleeper = "import signal, time\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\ntime.sleep({})\nprint('woke')"
+    short, quick = sb.run_many([sleeper.format(1.0), sleeper.format(0.05)], timeout_s=0.3)
+    assert short.timed_out and short.stdout == "" and quick.ok and quick.stdout == "woke\n"
+    capped = sb.run(sleeper.format(TIMEOUT_S + 1.0), timeout_s=60)
+    assert capped.timed_out
+    with pytest.raises(ValueError, match="timeout_s"):
+        sb.run("pass", timeout_s=0)
+
+
 def test_memory_hog_is_memory_exceeded(sb):
     r = sb.run("blocks = []\nwhile True:\n    blocks.append(bytearray(50 * 2**20))")
     assert r.memory_exceeded and r.error_kind == "memory" and not r.ok

@@ -112,19 +112,23 @@ def _after_clone() -> None:
 
 
 def _isolate(uid: int | None, guard) -> None:
-    """New session, unprivileged uid, the guard, first in line for the OOM killer."""
+    """New session, first in line for the OOM killer, unprivileged uid, the guard.
+
+    The OOM mark is set before the uid drop: written with ``CAP_SYS_RESOURCE`` (an executor running
+    as root) it is also a floor the snippet cannot go below; written without (the docker and bwrap
+    workers), the snippet can set it back to the worker's own value (``sandbox/THREAT_MODEL.md``)."""
     os.setsid()
-    if uid is not None and os.geteuid() == 0:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-    guard.apply()
     try:
         fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
         os.write(fd, b"1000")  # under a cgroup limit the snippet, not the executor, is killed
         os.close(fd)
     except OSError:
         pass
+    if uid is not None and os.geteuid() == 0:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+    guard.apply()
 
 
 def _read_request() -> tuple[tuple, str, str | None]:

@@ -14,6 +14,8 @@ snippet's processes are gone:
   message queues (``mq_open``), kernel keyrings (``add_key``, ``keyctl``, ``request_key``);
 * new namespaces (``unshare``, ``setns``, ``clone`` with a namespace flag; ``clone3`` answers
   ``ENOSYS`` so libc falls back to ``clone``), ``bpf``, ``perf_event_open``, ``userfaultfd``;
+* ``io_uring_setup`` / ``_enter`` / ``_register``: the operations of a ring run in kernel workers,
+  out of this filter's sight (they would bypass every rule above);
 * syscalls of a foreign ABI (i386/x32 on x86_64), which would bypass the numbers above.
 
 Filters are built for x86_64 and aarch64; elsewhere ``seccomp_program`` returns None and the
@@ -47,6 +49,7 @@ _DENY = {
     "mq_open": (240, 180), "add_key": (248, 217), "keyctl": (250, 219),
     "request_key": (249, 218), "unshare": (272, 97), "setns": (308, 268), "bpf": (321, 280),
     "perf_event_open": (298, 241), "userfaultfd": (323, 282),
+    "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
 }
 _SELF_ONLY = {  # name: (x86_64, aarch64, index of the pid argument): denied unless that argument is 0
     "prlimit64": (302, 261, 0), "setpriority": (141, 140, 1), "sched_setaffinity": (203, 122, 0),

@@ -9,15 +9,26 @@
 - **gpqa**: ``problem``, ``solution`` (the option letter), ``domain``; options either inside
   ``problem`` already or given as ``choices`` (list) and appended as ``(A) ...``;
 - **livecodebench**: ``problem``, ``reward_model`` and ``extra_info`` as JSON strings
-  (``ground_truth`` holds ``inputs``/``outputs`` and, for functional tests, ``fn_name``).
+  (``ground_truth`` holds ``inputs``/``outputs`` and, for functional tests, ``fn_name``);
+- **humaneval**: ``task_id``, ``prompt`` (code: imports, helper definitions, the entry point's
+  signature and docstring), ``entry_point``, ``test`` (``check(candidate)``). The ground truth is
+  the assert format: ``test_code``, ``entry_point``, the prompt's imports as ``import_prefix`` and
+  its other definitions as ``helpers``.
+
+Code ground truths in the assert format (``test_code``, ``entry_point``, optional ``import_prefix``)
+take the definitions the test uses but does not make (HumanEval's ``poly``, ``encode_cyclic``) from
+the trusted field ``helpers`` (source code, run before the test), never from the answer: the
+humaneval loader fills it from the prompt; a verl row must carry it (the code reward names what is
+missing).
 
 Prompts come from ``tasks.data.prompts`` (the paper's format). Files are Parquet (read with
-pyarrow) or JSON lines. Malformed input raises ``DatasetError`` naming the file, row and
+pyarrow) or JSON lines (``.jsonl``, or gzipped ``.jsonl.gz``). Malformed input raises ``DatasetError`` naming the file, row and
 column. Run ``cleaner data inspect FILE`` for a summary of any of these files.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,7 +78,7 @@ def read_records(path: str | Path) -> tuple[list[str], list[dict]]:
     path = Path(path)
     if not path.exists():
         raise DatasetError(path, None, None, "file not found")
-    if path.suffix in (".jsonl", ".ndjson", ".json"):
+    if path.suffix in (".jsonl", ".ndjson", ".json") or "".join(path.suffixes[-2:]) == ".jsonl.gz":
         return _read_jsonl(path)
     import pyarrow.parquet as pq
 
@@ -81,7 +92,10 @@ def read_records(path: str | Path) -> tuple[list[str], list[dict]]:
 def _read_jsonl(path: Path) -> tuple[list[str], list[dict]]:
     rows: list[dict] = []
     columns: dict[str, None] = {}
-    with path.open(encoding="utf-8") as fh:
+    import gzip
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as fh:
         for i, line in enumerate(fh):
             if not line.strip():
                 continue
@@ -97,8 +111,10 @@ def _read_jsonl(path: Path) -> tuple[list[str], list[dict]]:
 
 
 def detect_format(columns: list[str]) -> str:
-    """``verl`` | ``aime2024`` | ``aime2025`` | ``gpqa`` | ``livecodebench`` from the column names."""
+    """``verl`` | ``aime2024`` | ``aime2025`` | ``gpqa`` | ``livecodebench`` | ``humaneval`` from the column names."""
     cols = set(columns)
+    if {"task_id", "prompt", "entry_point", "test"} <= cols:
+        return "humaneval"
     if {"prompt", "reward_model"} <= cols:
         return "verl"
     if {"Problem", "Answer"} <= cols:
@@ -249,6 +265,34 @@ def _lcb_row(row: _Row) -> TaskRow:
     return TaskRow(row.row_id(source, extra), source, ability, messages, truth, extra)
 
 
+def prompt_definitions(prompt: str, entry_point: str) -> tuple[str, str]:
+    """The imports and the other definitions of a HumanEval-style code prompt (the entry point left out):
+    ``import_prefix`` and ``helpers`` of its ground truth. ``ValueError`` when it does not parse."""
+    try:
+        tree = ast.parse(prompt)
+    except SyntaxError as err:
+        raise ValueError(f"prompt is not Python ({err.msg}, line {err.lineno})") from None
+    body = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name == entry_point)]
+    if len(body) == len(tree.body):
+        raise ValueError(f"prompt does not define the entry point {entry_point!r}")
+    imports = [n for n in body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    rest = [n for n in body if n not in imports]
+    return "".join(ast.unparse(n) + "\n" for n in imports), "\n\n".join(ast.unparse(n) for n in rest)
+
+
+def _humaneval_row(row: _Row) -> TaskRow:
+    source = row.get("data_source", default="humaneval")
+    prompt, entry, test = row.get("prompt"), row.get("entry_point"), row.get("test")
+    try:
+        prefix, helpers = prompt_definitions(prompt, entry)
+    except ValueError as err:
+        raise row.error("prompt", str(err)) from None
+    truth = {"test_code": test, "entry_point": entry, "import_prefix": prefix, "helpers": helpers}
+    extra = {"id": row.get("task_id"), "entry_point": entry}
+    return TaskRow(row.row_id(source, {"id": extra["id"]}), source, "code", prompts.function_prompt(prompt), truth,
+                   extra)
+
+
 def _builders(template: bool) -> dict[str, Callable[[_Row], TaskRow]]:
     return {
         "verl": lambda r: _verl_row(r, template=template),
@@ -256,6 +300,7 @@ def _builders(template: bool) -> dict[str, Callable[[_Row], TaskRow]]:
         "aime2025": lambda r: _aime_row(r, "problem", "answer", "AIME2025"),
         "gpqa": _gpqa_row,
         "livecodebench": _lcb_row,
+        "humaneval": _humaneval_row,
     }
 
 

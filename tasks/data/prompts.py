@@ -8,6 +8,7 @@ from ``TOOLS`` (``code_interpreter`` with one ``code`` argument, ``models.chat.P
 - ``math_prompt(problem)``: AIME and the math half of the training mix;
 - ``choice_prompt(problem, domain)``: GPQA (the option letter goes in ``\\boxed{}``);
 - ``code_prompt(problem, inputs, outputs, starter_code)``: LiveCodeBench (a fenced Python block);
+- ``function_prompt(code)``: HumanEval-style "complete this code" (not in the reference);
 - ``wrap_train_prompt(messages, data_source)``: what the reference appends to verl-format
   training rows (``math_dapo`` / ``mega-science`` / the Skywork-style math and code mix).
 
@@ -106,6 +107,19 @@ def code_prompt(
     hints = AGENT_NOTE if tool else ""
     submit = CODE_SUBMIT if tool else ""
     return _user(CODE_INTRO + problem + examples + hints + rule + submit)
+
+
+FUNCTION_RULE = (
+    "Complete the following Python code; submit the whole program, the definitions given here included.\n"
+    "```python\n{code}\n```"
+)
+
+
+def function_prompt(code: str, *, tool: bool = True) -> list[dict]:
+    """A function to complete (HumanEval: imports, helpers, the signature and docstring), in a fenced block."""
+    hints = AGENT_NOTE if tool else ""
+    submit = CODE_SUBMIT if tool else ""
+    return _user(CODE_INTRO + FUNCTION_RULE.format(code=code.rstrip()) + hints + submit)
 
 
 def wrap_train_prompt(messages: list[dict], data_source: str, *, tool: bool = True) -> list[dict]:

@@ -28,8 +28,8 @@ _SPEC = {
 # (solution code, expected reward on _SPEC)
 _SOLUTIONS = [
     ("a, b = map(int, input().split())\nprint(a + b)", 1.0),
-    ("import sys\na, b = map(int, sys.stdin.read().split())\nprint(a - b)", 0.2),
-    ("a, b = map(int, input().split())\nprint(a + b if a < 5 else 1 / 0)", 0.6),
+    ("import sys\na, b = map(int, sys.stdin.read().split())\nprint(a - b)", 0.0),  # passes only "0 0", which printing 0 passes too
+    ("a, b = map(int, input().split())\nprint(a + b if a < 5 else 1 / 0)", 0.5),  # 2 of the 4 tests a non-solution fails
     ("def main():\n    a, b = map(int, input().split())\n    print(sum([a, b]))\nmain()", 1.0),
 ]
 

@@ -1,6 +1,6 @@
 """Code reward: the response's last fenced Python block run against the task's tests in the sandbox.
 
-Registered for ``livecodebench*`` and ``*code*`` data sources (see ``tasks.rewards.registry``).
+Registered for ``livecodebench*``, ``humaneval*`` and ``*code*`` data sources (see ``tasks.rewards.registry``).
 Ground truth (a dict or its JSON string) is one of three test formats:
 
 - **stdin/stdout** ``{"inputs": [str], "outputs": [str]}``: the program reads the input on
@@ -11,12 +11,16 @@ Ground truth (a dict or its JSON string) is one of three test formats:
   function ``fn_name``) must return the JSON-decoded expected output;
 - **assert** ``{"import_prefix": str, "test_code": str, "entry_point": str}`` (the
   reference's training data, HumanEval): ``test_code`` defines ``check(candidate)``; each of its
-  top-level statements holding an ``assert`` is one test (one per line in the reference's data).
+  top-level statements holding an ``assert`` that uses the candidate is one test (one per line in
+  the reference's data); names the test uses but does not define come from the trusted ``helpers``
+  field (the prompt's definitions), never from the answer (``tasks.rewards.cases``).
 
 Each test is one sandbox snippet (built by ``tasks.rewards.harness``), so a crash, an exit or a
 time-out fails only that test, and a test passes only when it ran to its end and its answer was
-right (``sandbox/THREAT_MODEL.md``, "Grading"). The reward is the fraction of tests passed;
-``correct`` means all passed. Failures are counted by kind; ``suspected_hacks/<kind>`` counts the
+right (``sandbox/THREAT_MODEL.md``, "Grading"); the sandbox enforces its time limit from outside.
+The reward is 1.0 when all tests pass, else partial credit from the tests no non-solution passes
+(``finish``); ``correct`` means all passed. No answer crashes grading: whatever it holds or prints
+it gets a reward ("Rewards no answer can dodge" in the threat model). Failures are counted by kind; ``suspected_hacks/<kind>`` counts the
 kinds that suggest an attempt on the grader (``tasks.rewards.harness.SUSPECTED``). As in the reference (``code_math.compute_score``)
 a response without a fenced Python block or whose block does not parse scores
 ``cfg.code_format_error_reward`` (-1.0) without running. ``grade_code_batch`` grades many
@@ -28,12 +32,15 @@ gets a ``GraderError`` with ``infra=True``) - it is never turned into a reward.
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import re
+from dataclasses import replace
 
 from sandbox.result import ExecutionResult, SandboxInfraError
+from tasks.rewards.cases import assert_cases, check_helpers
 from tasks.rewards.config import RewardConfig
-from tasks.rewards.harness import SUSPECTED, CodeTest, Kind, Outcome, assert_cases, build_tests, judge_result
+from tasks.rewards.harness import SUSPECTED, CodeTest, Kind, Outcome, build_tests, judge_result, probe_free
 from tasks.rewards.registry import GraderError, RewardResult, register_reward
 
 _FENCE = re.compile(r"```(?:python3?|py)[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
@@ -62,6 +69,8 @@ def parse_tests(ground_truth) -> dict:
         raise ValueError(f"code ground truth must be an object, got {type(spec).__name__}")
     if "test_code" in spec:
         missing = {"test_code", "entry_point"} - spec.keys()
+        if not missing:
+            check_helpers(spec, assert_cases(spec["test_code"], spec["entry_point"])[1])
     else:
         missing = {"inputs", "outputs"} - spec.keys()
         if not missing and len(spec["inputs"]) != len(spec["outputs"]):
@@ -71,11 +80,14 @@ def parse_tests(ground_truth) -> dict:
     return spec
 
 
-def run_with_retries(sandbox, snippets: list[str], retries: int) -> tuple[list[ExecutionResult], int]:
-    """``sandbox.run_many`` retried on ``SandboxInfraError``; returns the results and the retries used."""
+def run_with_retries(sandbox, snippets: list[str], retries: int,
+                     timeout_s: float | None = None) -> tuple[list[ExecutionResult], int]:
+    """``sandbox.run_many`` retried on ``SandboxInfraError``; returns the results and the retries used.
+    ``timeout_s``: the per-snippet wall-clock limit the sandbox enforces from outside the snippet."""
+    kwargs = {} if timeout_s is None else {"timeout_s": timeout_s}
     for attempt in range(retries + 1):
         try:
-            return sandbox.run_many(snippets), attempt
+            return sandbox.run_many(snippets, **kwargs), attempt
         except SandboxInfraError:
             if attempt == retries:
                 raise
@@ -103,16 +115,29 @@ def _format_error(cfg: RewardConfig, code: str | None, *, no_block: bool, n_test
     return RewardResult(cfg.code_format_error_reward, False, metrics, code)
 
 
+_UNPARSABLE = (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError)
+"""What ``ast.parse`` raises on a block it cannot parse (too deep, too big): a format error, never a crash."""
+
+MAX_CODE_CHARS = 4_000_000
+"""A longer block is a format error: no model writes one, and the sandbox's 64 MiB request frame must hold it."""
+
+OUTER_SLACK_S = 0.5
+"""Seconds the sandbox grants a test snippet beyond ``cfg.code_timeout_s`` (its start-up and report)
+before it kills it from outside: the per-test limit does not rest on the answer's own process."""
+
+
 def prepare(solution_str: str, ground_truth, cfg: RewardConfig) -> RewardResult | tuple[str, list[CodeTest]]:
     """Either the final result of a response that cannot run (format error) or (code, tests) to run."""
     spec = parse_tests(ground_truth)
     code = extract_code(solution_str)
-    declared = len(spec["inputs"]) if "inputs" in spec else len(assert_cases(spec["test_code"])[0])
+    declared = len(spec["inputs"]) if "inputs" in spec else len(assert_cases(spec["test_code"], spec["entry_point"])[0])
     if code is None:
         return _format_error(cfg, None, no_block=True, n_tests=declared)
+    if len(code) > MAX_CODE_CHARS:
+        return _format_error(cfg, code[:200], no_block=False, n_tests=declared)
     try:
         ast.parse(code)
-    except (SyntaxError, ValueError):
+    except _UNPARSABLE:
         return _format_error(cfg, code, no_block=False, n_tests=declared)
     tests = build_tests(code, spec, cfg.code_timeout_s)[: cfg.code_max_tests]
     if not tests:
@@ -121,26 +146,27 @@ def prepare(solution_str: str, ground_truth, cfg: RewardConfig) -> RewardResult 
 
 
 def finish(code: str, tests: list[CodeTest], results: list[ExecutionResult], retries: int) -> RewardResult:
-    """The reward of one response from its tests' sandbox results: fraction passed (``HarnessError``,
-    an infrastructure failure, when the judge could not run a test)."""
+    """The reward of one response from its tests' sandbox results (``HarnessError``, an infrastructure
+    failure, when the judge could not run a test): 1.0 when every test passed, else the tests passed that
+    no non-solution passes (not ``CodeTest.free``) over all tests but the free ones passed: a free test
+    never earns, failing it still costs, so a non-solution earns nothing."""
     outcomes = [judge_result(t, r) for t, r in zip(tests, results, strict=True)]
     n_pass = sum(o.passed for o in outcomes)
+    free_passed = sum(o.passed and t.free for t, o in zip(tests, outcomes))
+    reward = 1.0 if n_pass == len(tests) else (n_pass - free_passed) / (len(tests) - free_passed)
     metrics = {"acc": float(n_pass == len(tests)), "pass_rate": n_pass / len(tests), **outcome_metrics(outcomes),
-               "no_code_block": 0.0, "syntax_error": 0.0, "infra_retries": float(retries)}
-    return RewardResult(n_pass / len(tests), n_pass == len(tests), metrics, code)
+               "tests_free": float(sum(t.free for t in tests)), "no_code_block": 0.0, "syntax_error": 0.0,
+               "infra_retries": float(retries)}
+    return RewardResult(reward, n_pass == len(tests), metrics, code)
 
 
-@register_reward("livecodebench*", "lcb*", "*code*")
+@register_reward("livecodebench*", "lcb*", "*code*", "humaneval*")
 def code_reward(solution_str: str, ground_truth, extra_info: dict, *, sandbox, cfg: RewardConfig) -> RewardResult:
-    """Code: fraction of tests passed in the sandbox; format errors score ``cfg.code_format_error_reward``."""
-    prepared = prepare(solution_str, ground_truth, cfg)
-    if isinstance(prepared, RewardResult):
-        return prepared
-    if sandbox is None:
-        raise ValueError("code grading needs a sandbox (pass sandbox=make_sandbox(SandboxConfig(...)))")
-    code, tests = prepared
-    results, retries = run_with_retries(sandbox, [t.snippet for t in tests], cfg.infra_retries)
-    return finish(code, tests, results, retries)
+    """Code: see ``finish``; format errors score ``cfg.code_format_error_reward``."""
+    (result,) = grade_code_batch([("code", solution_str, ground_truth, extra_info)], sandbox=sandbox, cfg=cfg)
+    if isinstance(result, GraderError):
+        raise result.__cause__ or result
+    return result
 
 
 def grade_code_batch(
@@ -148,10 +174,10 @@ def grade_code_batch(
 ) -> list[RewardResult | GraderError]:
     """Grade many ``(data_source, solution_str, ground_truth, extra_info)`` code responses at once.
 
-    All their tests go through one ``run_many``, so the sandbox pool stays busy across
-    responses. Each item gets a ``RewardResult`` or, when its grading crashed, a
-    ``GraderError`` (returned, not raised, so one bad row does not sink the batch; a
-    sandbox that stays broken gives every item that needed it a ``GraderError`` with ``infra=True``).
+    All their tests (and the probes of assert tests not yet known, ``_free_flags``) go through one
+    ``run_many``, so the sandbox pool stays busy across responses. Every item gets a result: a
+    ``RewardResult`` whatever the answer did, or a ``GraderError`` when its ground truth is malformed
+    or (``infra=True``) the sandbox stayed broken. Returned, never raised: no row sinks the batch.
     """
     cfg = cfg or RewardConfig()
     prepared: list[RewardResult | GraderError | tuple[str, list[CodeTest]]] = []
@@ -162,20 +188,24 @@ def grade_code_batch(
             prepared.append(_grader_error(source, extra, err))
     runnable = [p for p in prepared if isinstance(p, tuple)]
     snippets = [t.snippet for _, tests in runnable for t in tests]
+    probes = sorted({t.probe for _, tests in runnable for t in tests if t.probe and _key(t.probe) not in _FREE})
     results: list[ExecutionResult] = []
     retries = 0
     if snippets:
         if sandbox is None:
             raise ValueError("code grading needs a sandbox (pass sandbox=make_sandbox(SandboxConfig(...)))")
         try:
-            results, retries = run_with_retries(sandbox, snippets, cfg.infra_retries)
+            results, retries = run_with_retries(sandbox, snippets + probes, cfg.infra_retries,
+                                                cfg.code_timeout_s + OUTER_SLACK_S)
         except SandboxInfraError as err:
             return [_grader_error(it[0], it[3], err) if isinstance(p, tuple) else p for it, p in zip(items, prepared)]
+    free = _free_flags(probes, results[len(snippets):])
     out: list[RewardResult | GraderError] = []
     pos = 0
     for it, p in zip(items, prepared):
         if isinstance(p, tuple):
             code, tests = p
+            tests = [replace(t, free=_is_free(t, free)) for t in tests]
             try:
                 p = finish(code, tests, results[pos : pos + len(tests)], retries)
             except SandboxInfraError as err:  # the judge could not run (HarnessError)
@@ -183,6 +213,35 @@ def grade_code_batch(
             pos += len(tests)
         out.append(p)
     return out
+
+
+_FREE: dict[str, bool] = {}
+"""Probe verdicts by the sha256 of the probe snippet: a property of the test, asked once per process."""
+_FREE_MAX = 100_000
+
+
+def _key(probe: str) -> str:
+    return hashlib.sha256(probe.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _free_flags(probes: list[str], results: list[ExecutionResult]) -> dict[str, bool]:
+    """Whether a non-solution passes each assert test, from the new probes' results; the clean verdicts
+    are cached, a probe without one counts as free (no credit from that test) and is asked again next time."""
+    if len(_FREE) > _FREE_MAX:
+        _FREE.clear()
+    flags = {}
+    for probe, result in zip(probes, results, strict=True):
+        free = probe_free(result)
+        if free is not None:
+            _FREE[_key(probe)] = free
+        flags[probe] = True if free is None else free
+    return flags
+
+
+def _is_free(test: CodeTest, fresh: dict[str, bool]) -> bool:
+    if test.probe is None:
+        return test.free
+    return fresh[test.probe] if test.probe in fresh else _FREE.get(_key(test.probe), True)
 
 
 def _grader_error(data_source: str, extra_info: dict | None, err: Exception) -> GraderError:

@@ -36,8 +36,9 @@ class RewardConfig(BaseModel):
     """Multiple choice: when no ``\\boxed{}`` letter exists, accept a final "answer is (X)" / "Answer: X" phrase."""
 
     code_timeout_s: float = Field(4.0, gt=0)
-    """Wall-clock limit per code test, in seconds; a test past it fails (``timeout``). Keep it below
-    ``sandbox.timeout_s``, the hard limit that backs it up."""
+    """Wall-clock limit per code test, in seconds; a test past it fails (``timeout``). The sandbox
+    enforces it from outside the answer's process (plus 0.5 s for the snippet's start-up); keep it
+    below ``sandbox.timeout_s``, which caps every snippet."""
 
     code_format_error_reward: float = -1.0
     """Code reward when the response has no fenced Python block or the block does not parse

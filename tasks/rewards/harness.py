@@ -19,15 +19,15 @@ patched builtins, forged verdicts); the code reward counts them per response
 for counting, never a reason to pass.
 
 Test formats (``build_tests``): stdin/stdout, functional (LiveCodeBench ``fn_name``: newline
-separated JSON arguments, JSON result) and assert (``check(candidate)``; every top-level statement
-of ``check`` holding an ``assert`` is one test, run after the statements before it that hold none).
+separated JSON arguments, JSON result) and assert (``check(candidate)``, split by
+``tasks.rewards.cases``). A test a non-solution passes too is ``free`` (it earns no partial credit):
+for stdin/functional when its expected answer is trivial (``TRIVIAL_OUTPUTS`` / ``TRIVIAL_VALUES``,
+or the input itself), for assert tests when a probe snippet (``judge.probe``) says so.
 """
 
 from __future__ import annotations
 
-import ast
 import binascii
-import builtins
 import functools
 import json
 import marshal
@@ -38,6 +38,7 @@ from enum import Enum
 
 from sandbox.result import ExecutionResult, SandboxInfraError
 from tasks.rewards.answers import answer_matches, outputs_match, values_match
+from tasks.rewards.cases import assert_cases
 from tasks.rewards.judge import PROGRAM_MODULES, program_source
 from tasks.rewards.judge import wire as judge
 from tasks.rewards.judge.wire import CHANNEL_EXIT, TIMEOUT_EXIT, VERDICT_MARK
@@ -117,11 +118,15 @@ class Outcome:
 @dataclass(frozen=True)
 class CodeTest:
     """One test: the snippet to run, its format (``stdin`` | ``functional`` | ``assert``) and, for the
-    formats compared here, the expected answer (kept on this side)."""
+    formats compared here, the expected answer (kept on this side). ``free``: a non-solution passes
+    it too (its expected answer is trivial); for the assert format that is learnt by running ``probe``
+    (a snippet of the test's trusted code with trivial candidates, no solution)."""
 
     snippet: str
     mode: str
     expected: str | None = None
+    free: bool = False
+    probe: str | None = None
 
 
 # ------------------------------------------------------------------------------ snippets
@@ -155,71 +160,57 @@ def _boot(modules: tuple[str, ...]) -> str:
 
 def _call(entry: str, *args) -> str:
     judged = entry == "judge_assert"  # the in-process runner needs neither the judge nor the child server
-    head = _boot(PROGRAM_MODULES if judged else PROGRAM_MODULES[:2])
+    head = _boot(PROGRAM_MODULES if entry != "run_program" else PROGRAM_MODULES[:2])
     return head + f"_g[{entry!r}]({', '.join(map(repr, args))}{', _program' if judged else ''})\n"
 
 
-def _names(tree: ast.AST) -> tuple[set[str], set[str]]:
-    """Names a module loads, and names it binds anywhere (assignments, defs, imports, parameters)."""
-    loaded, bound = set(), set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-        elif isinstance(node, ast.arg):
-            bound.add(node.arg)
-        elif isinstance(node, ast.alias):
-            bound.add((node.asname or node.name).split(".")[0])
-    return loaded, bound
+PROBE_S = 1.0
+"""Seconds the trivial candidates of ``probe`` get per test (past it the test counts as not free)."""
 
+TRIVIAL_VALUES = (None, 0, 1, -1, "", [], {}, True, False)
+"""Return values of a non-solution (beside raising and returning its first argument)."""
 
-def assert_cases(test_code: str) -> tuple[list[str], list[str], list[str]]:
-    """The tests of an assert-format ``test_code``: one module source per test (the preamble and a
-    ``check`` holding one assert statement after the setup statements before it), the names the test
-    uses but never defines (looked up in the solution) and the names it defines at top level."""
-    try:
-        tree = ast.parse(test_code)
-    except SyntaxError as err:
-        raise ValueError(f"code ground truth: test_code does not parse ({err.msg}, line {err.lineno})") from None
-    checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
-    if not checks:
-        raise ValueError("code ground truth: test_code defines no check(candidate)")
-    check = checks[-1]
-    preamble = [n for n in tree.body if n is not check and not _calls_check(n)]
-    cases, setup = [], []
-    for stmt in check.body:
-        if any(isinstance(n, ast.Assert) for n in ast.walk(stmt)):
-            one = ast.FunctionDef(check.name, check.args, setup + [stmt], [], None, None)
-            cases.append(ast.unparse(ast.fix_missing_locations(ast.Module([*preamble, one], []))))
-        else:
-            setup.append(stmt)
-    if not cases:
-        cases = [ast.unparse(ast.Module([*preamble, check], []))]
-    loaded, bound = _names(ast.Module([*preamble, check], []))
-    lookup = sorted(n for n in loaded - bound if not hasattr(builtins, n))
-    shadow = sorted(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
-    return cases, lookup, shadow
-
-
-def _calls_check(stmt: ast.stmt) -> bool:
-    """A top-level ``check(...)`` call (some test files end with one): the harness makes that call."""
-    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
-            and isinstance(stmt.value.func, ast.Name) and stmt.value.func.id == "check")
+TRIVIAL_OUTPUTS = ("", "0", "1", "-1", "YES", "NO", "Yes", "No", "True", "False", "None")
+"""Stdout of a non-solution (beside echoing its input)."""
 
 
 def build_tests(code: str, spec: dict, timeout_s: float) -> list[CodeTest]:
     """One snippet per test of ``spec`` (see ``tasks.rewards.code.parse_tests``) for ``code``."""
     if "test_code" in spec:
-        cases, lookup, shadow = assert_cases(spec["test_code"])
-        prefix = spec.get("import_prefix", "")
-        return [CodeTest(_call("judge_assert", code, prefix, case, spec["entry_point"], lookup, shadow, timeout_s),
-                         "assert") for case in cases]
+        cases, _, shadow = assert_cases(spec["test_code"], spec["entry_point"])
+        prefix, helpers, entry = spec.get("import_prefix", ""), spec.get("helpers", ""), spec["entry_point"]
+        probe_s = min(PROBE_S, timeout_s)
+        return [CodeTest(_call("judge_assert", code, prefix, helpers, case, entry, list(shadow), timeout_s), "assert",
+                         probe=_call("probe_assert", prefix, helpers, case, entry, probe_s))
+                for case in cases]
     fn_name = spec.get("fn_name")
     mode = "functional" if fn_name else "stdin"
     return [CodeTest(_call("run_program", code, IMPORT_PREFIX, "" if fn_name else str(inp), fn_name or None,
-                           str(inp) if fn_name else "", timeout_s, INLINE_CHARS), mode, str(expected))
+                           str(inp) if fn_name else "", timeout_s, INLINE_CHARS), mode, str(expected),
+                     free=trivially_passed(mode, str(inp), str(expected)))
             for inp, expected in zip(spec["inputs"], spec["outputs"])]
+
+
+def trivially_passed(mode: str, inp: str, expected: str) -> bool:
+    """Does a non-solution pass this stdin / functional test: a trivial stdout or its input echoed,
+    a trivial return value or its first argument."""
+    if mode == "stdin":
+        return any(outputs_match(out, expected) for out in (*TRIVIAL_OUTPUTS, inp))
+    first = next((line for line in inp.split("\n") if line.strip()), "null")
+    try:
+        values = [*TRIVIAL_VALUES, json.loads(first)]
+    except ValueError:
+        values = list(TRIVIAL_VALUES)
+    return any(values_match(v, expected) for v in values)
+
+
+def probe_free(result: ExecutionResult) -> bool | None:
+    """Whether a probe snippet's verdict says a non-solution passes its test; None when it gave no
+    clean verdict (the caller then counts the test as free: no partial credit from it)."""
+    verdict, problem = _read_verdict(result)
+    if problem is not None or verdict is None or not result.ok or type(verdict.get("free")) is not bool:
+        return None
+    return verdict["free"]
 
 
 # ------------------------------------------------------------------------------ verdicts
@@ -236,7 +227,7 @@ def _read_verdict(result: ExecutionResult) -> tuple[dict | None, Kind | None]:
         return None, Kind.FORGED_VERDICT
     try:
         verdict = json.loads(line[len(VERDICT_MARK):])
-    except (ValueError, RecursionError):
+    except (ValueError, RecursionError, MemoryError):
         return None, Kind.FORGED_VERDICT
     return (verdict, None) if isinstance(verdict, dict) else (None, Kind.FORGED_VERDICT)
 
@@ -338,7 +329,17 @@ def _program_outcome(test: CodeTest, verdict: dict) -> Outcome:
 
 def judge_result(test: CodeTest, result: ExecutionResult) -> Outcome:
     """The outcome of one test from its snippet's sandbox result (``HarnessError`` when the judge could
-    not run the test at all: infrastructure, never a score)."""
+    not run the test at all: infrastructure, never a score). Whatever the answer made the snippet
+    print, this never raises anything else: what cannot be read or compared is a failure."""
+    try:
+        return _judge_result(test, result)
+    except HarnessError:
+        raise
+    except Exception as err:  # noqa: BLE001 - answer content must not crash the host (OverflowError, ...)
+        return Outcome(Kind.WRONG_ANSWER, f"ungradable answer: {type(err).__name__}")
+
+
+def _judge_result(test: CodeTest, result: ExecutionResult) -> Outcome:
     verdict, problem = _read_verdict(result)
     if problem is not None:
         return Outcome(problem)

@@ -11,7 +11,7 @@ sub-metrics, the extracted answer). Graders:
   final 100 characters, exact string match) with ``RewardConfig.math_mode="strict"``;
 - **multiple choice** (``gpqa*``): the option letter from the last ``\\boxed{}`` (or an
   "answer is (X)" phrase), compared with the ground-truth letter;
-- **code** (``livecodebench*``, ``*code*``): the last fenced Python block run against the
+- **code** (``livecodebench*``, ``humaneval*``, ``*code*``): the last fenced Python block run against the
   tests in the sandbox, reward = fraction passed (see ``tasks.rewards.code``).
 
 A grader that crashes raises ``GraderError`` naming the data source and row id: the caller
@@ -225,6 +225,15 @@ def _math_verify_equal(gold: str, answer: str, timeout_s: int) -> bool:
     return bool(verify(gold_parsed, pred_parsed, timeout_seconds=timeout))
 
 
+def _verified(gold: str, answer: str, timeout_s: int) -> bool:
+    """``_math_verify_equal``; an answer math-verify cannot parse or compare (too deep, too big, too slow)
+    is graded wrong, never a grader crash."""
+    try:
+        return _math_verify_equal(gold, answer, timeout_s)
+    except Exception:  # noqa: BLE001 - answer content must not crash grading
+        return False
+
+
 def _norm_space(s: str) -> str:
     return re.sub(r"\s+", "", s)
 
@@ -239,7 +248,7 @@ def math_reward(solution_str: str, ground_truth, extra_info: dict, *, sandbox=No
     else:
         answer = unbox(last_boxed(solution_str))
         correct = answer is not None and (
-            _norm_space(answer) == _norm_space(gold) or _math_verify_equal(gold, answer, cfg.math_timeout_s)
+            _norm_space(answer) == _norm_space(gold) or _verified(gold, answer, cfg.math_timeout_s)
         )
     reward = cfg.correct_reward if correct else cfg.incorrect_reward
     metrics = {"acc": float(correct), "has_answer": float(answer is not None)}

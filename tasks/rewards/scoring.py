@@ -3,8 +3,10 @@
 Reads ``trajectories.parquet`` of a step, grades each response with the reward registry
 (``tasks.rewards.registry.compute_reward``, keyed by ``data_source``), adds the overlong penalty and
 writes ``scores.parquet`` (keys + ``score``, ``correct``, ``overlong_penalty``, ``reward``,
-``graded``). A grader that raises is counted (``score/grader_errors``) and its trajectory is
-marked ``graded = false`` so it never trains — it is not scored 0. A row whose method fixed its
+``graded``). A grader that raises is counted (``score/grader_errors``; ``score/grader_errors_infra``
+those caused by a sandbox that stayed broken) and its trajectory is marked ``graded = false`` so it
+never trains — it is not scored 0. No answer causes one: whatever a response holds, the graders give
+it a reward (a failure, or the format-error reward); only infrastructure and malformed ground truths do. A row whose method fixed its
 reward (``fixed_reward``: R3L's reflect and retry rows, 1.0) is not graded. The ``rollout/*``
 metrics describe the policy's first attempts only (kinds ``rollout`` and R3L ``base``).
 ``score/suspected_hacks/<kind>`` counts the responses whose grading saw a failure of that kind
@@ -31,7 +33,7 @@ FIRST_ATTEMPT_KINDS = ("rollout", "base")
 def score_rows(trajs: pl.DataFrame, reward_cfg: RewardConfig, cfg: ScoreConfig, max_response_tokens: int,
                sandbox=None) -> tuple[pl.DataFrame, dict[str, float]]:
     """Grade every trajectory; returns the scores table and ``score/*`` metrics."""
-    rows, errors, hacks = [], 0, {}
+    rows, errors, infra, hacks = [], 0, 0, {}
     for t in trajs.iter_rows(named=True):
         base = {"run_id": t["run_id"], "step": t["step"], "traj_id": t["traj_id"]}
         if t.get("fixed_reward") is not None:
@@ -41,10 +43,11 @@ def score_rows(trajs: pl.DataFrame, reward_cfg: RewardConfig, cfg: ScoreConfig, 
         try:
             res = compute_reward(t["data_source"], t["response_text"], t["ground_truth"], None,
                                  sandbox=sandbox, cfg=reward_cfg)
-        except GraderError:
+        except GraderError as err:
             errors += 1
+            infra += err.infra
             rows.append({**base, "score": None, "correct": None, "overlong_penalty": 0.0, "reward": None,
-                         "graded": False, "reward_metrics": "{}"})
+                         "graded": False, "reward_metrics": json.dumps({"grader_error": 1.0, "infra": float(err.infra)})})
             continue
         pen = 0.0
         if cfg.overlong_buffer:
@@ -60,7 +63,7 @@ def score_rows(trajs: pl.DataFrame, reward_cfg: RewardConfig, cfg: ScoreConfig, 
     if "kind" in joined.columns:
         joined = joined.filter(pl.col("kind").is_in(list(FIRST_ATTEMPT_KINDS)))
     graded = joined.filter(pl.col("graded"))
-    metrics = {"score/grader_errors": errors, "rollout/reward_mean": _mean(graded["reward"]),
+    metrics = {"score/grader_errors": errors, "score/grader_errors_infra": infra, "rollout/reward_mean": _mean(graded["reward"]),
                "rollout/accuracy": _mean(graded["correct"].cast(pl.Float64)),
                "rollout/response_tokens_mean": _mean(joined["response_ids"].list.len()),
                "rollout/turns_mean": _mean(joined["num_turns"])}

@@ -6,6 +6,10 @@ first-attempt tool success, failures counted per failure, mean turns and tokens,
 share of trajectories containing an error-and-retry loop. With SAAR **on** (raw share 0)
 they add how often the policy fixes a failed call once it sees the error
 (``saar/global_recovery_rate``). Metric names are prefixed ``eval/<mode>/``.
+
+pass@k counts every attempted trajectory: one the grader could not grade (an infrastructure failure
+that outlived its retries, a malformed ground truth) counts as a failure, so the denominator never
+shrinks; ``eval/grader_errors`` (beside ``eval/graded``) says how many there were.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from tasks.training.setups import EvalSetup
 def summarize(trajs: pl.DataFrame, stats: dict[str, float], ks: list[int]) -> dict[str, float]:
     """Evaluation metrics of one mode from the scored trajectories table and the SAAR statistics."""
     graded = trajs.filter(pl.col("graded"))
-    records = list(zip(graded["data_source"], graded["prompt_id"], graded["correct"]))
+    # every attempted trajectory counts: one that could not be graded is no success (never a smaller n)
+    correct = (trajs["graded"].fill_null(False) & trajs["correct"].fill_null(False)).to_list()
+    records = list(zip(trajs["data_source"], trajs["prompt_id"], correct))
     by_source = pass_at_k_by_source(records, tuple(ks))
     overall = pass_at_k_by_source([("all", p, c) for _, p, c in records], tuple(ks))
     out = {**stats, **_mlflow_names(overall), **{f"by_source/{k}": v for k, v in _mlflow_names(by_source).items()}}

@@ -1,6 +1,6 @@
 """The sandbox side of the code harness: the program every test snippet runs (stdlib only, shipped whole).
 
-``tasks.rewards.harness`` compiles ``wire``, ``run`` and ``check`` (in that order, as one program,
+``tasks.rewards.harness`` compiles ``wire``, ``run``, ``check`` and ``probe`` (in that order, as one program,
 ``program_source``) once, ships the code object marshalled into each snippet (the source goes along
 for a sandbox whose Python differs) and calls one entry point; every run ends with one verdict line
 ``VERDICT_MARK {json}`` written on a copy of fd 1 taken before any solution code ran.
@@ -19,6 +19,8 @@ for a sandbox whose Python differs) and calls one entry point; every run ends wi
   loads the solution and answers calls over two pipes (``check.child_main``), and runs ``check``
   with ``candidate`` a proxy. Values cross the pipe as plain data decoded into exact builtin types,
   so what ``check`` compares cannot pretend to be equal.
+- ``probe.probe_assert``: runs a test with trivial candidates only (no solution): does a non-solution
+  pass it (then it earns no partial credit).
 
 Inside the sandbox the modules share one namespace (``__name__ == "cleaner_judge"``), so their
 imports of each other are skipped there.
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PROGRAM_MODULES = ("wire", "run", "check")
+PROGRAM_MODULES = ("wire", "run", "check", "probe")
 """The modules of the shipped program, in the order they are concatenated."""
 
 

@@ -5,9 +5,17 @@ starts a fresh interpreter with ``posix_spawn`` (no copy of the judge's memory, 
 that runs ``child_main``: load the solution, answer calls over two pipes. ``check`` runs in the
 judge with ``candidate`` a proxy whose return values are decoded into exact builtin types. Any
 end of the child before ``check`` returned is a failure of its kind; a fault the test code
-swallowed still fails the test.
-"""
+swallowed still fails the test; a test that never called the candidate does not pass.
 
+What a correct answer does the way Python would: arguments of type list, dict and set it mutates
+come back mutated (in place, in the judge's objects); a returned closure or iterator (a generator)
+stays in the solution's process and is called or advanced from the judge (``_Handle``). Names the
+test uses but does not define come from the spec's ``helpers`` (the prompt's definitions), never
+from the solution; the entry point's own name means the candidate.
+
+``probe.probe_assert`` runs a test with trivial candidates only (no solution at all) and tells whether
+one passes it: such a test earns no partial credit (see ``tasks.rewards.code.finish``).
+"""
 import os
 import signal
 import sys
@@ -79,27 +87,76 @@ def child_main():
         exec(compile(msg["source"], "<solution>", "exec"), ns)
     except BaseException as exc:  # noqa: BLE001 - reported to the judge
         reply = _child_end(exc)
-    found = {}
-    for name in msg["lookup"]:
-        if name in ns:
-            try:
-                found[name] = "callable" if callable(ns[name]) else {"value": encode(ns[name])}
-            except Unencodable:
-                pass
-    reply.update(found=found, shadowed=[n for n in msg["shadow"] if n in ns])
+    reply["shadowed"] = [n for n in msg["shadow"] if n in ns]
     seen = _child_reply(reply, snap, out, 0)
-    while reply.get("ok"):
+    handles, loaded = [], reply.get("ok")
+    while loaded:  # a solution's exception ends one call, not the process: the test may expect it
         req = recv_trusted(3)
         if req is None:
             return
         try:
-            fn = ns.get(req["name"])
-            if not callable(fn):
-                raise NameError(f"name {req['name']!r} is not defined")
-            reply = {"ok": True, "value": encode(fn(*decode(req["args"]), **decode(req["kwargs"])))}
+            reply = _child_call(ns, handles, req)
         except BaseException as exc:  # noqa: BLE001 - reported to the judge
             reply = _child_end(exc)
         seen = _child_reply(reply, snap, out, seen)
+
+
+_MUTABLE = (list, dict, set)
+
+
+def _child_call(ns, handles, req):
+    """One request: call a named function or a returned closure, or advance a returned iterator.
+    A value outside the codec that is callable or an iterator stays here as a handle; the
+    arguments of mutable types (list, dict, set) go back as they are after the call."""
+    args, kwargs = decode(req["args"]), decode(req["kwargs"])
+    if "handle" in req:
+        fn = handles[req["handle"]]
+        if req.get("op") == "next":
+            return _child_next(handles, req["handle"], args[0])
+    else:
+        fn = ns.get(req["name"])
+        if not callable(fn):
+            raise NameError(f"name {req['name']!r} is not defined")
+    value = fn(*args, **kwargs)
+    reply = {"ok": True}
+    try:
+        reply["value"] = encode(value)
+    except Unencodable:
+        if hasattr(type(value), "__next__"):
+            kind = "iter"
+        elif callable(value):
+            kind = "call"
+        else:
+            raise
+        handles.append(value)
+        reply["handle"], reply["hkind"] = len(handles) - 1, kind
+    back = {}
+    for i, arg in enumerate(args):
+        if type(arg) in _MUTABLE:
+            back[str(i)] = encode(arg)
+    if back:
+        reply["args"] = back
+    return reply
+
+
+def _child_next(handles, number, count):
+    """Up to ``count`` items of iterator ``number`` (``(items, exhausted)``); an exception after some
+    items is kept for the next request, so the judge sees the items first, as a lazy caller would."""
+    it = handles[number]
+    if isinstance(it, BaseException):
+        handles[number] = iter(())
+        raise it
+    items, done = [], False
+    try:
+        while len(items) < count:
+            items.append(encode(next(it)))
+    except StopIteration:
+        done = True
+    except BaseException as exc:  # noqa: BLE001 - raised at the next request, after these items
+        if not items:
+            raise
+        handles[number] = exc
+    return {"ok": True, "value": {"t": [items, done]}}
 
 
 def _child_reply(reply, snap, out, seen, _exit=os._exit):
@@ -152,7 +209,7 @@ class _Child:
         self.pid = os.posix_spawn(sys.executable, argv, dict(os.environ), file_actions=actions)
         os.close(req_r)
         os.close(rep_w)
-        self.fault, self.raised, self.hints = None, None, set()
+        self.fault, self.raised, self.hints, self.calls = None, None, set(), 0
         data = len(program).to_bytes(4, "big") + program
         while data:
             data = data[os.write(self.req_w, data):]
@@ -212,17 +269,26 @@ class _Child:
             self.raised = RuntimeError(f"{name}: {reply.get('msg', '')}")
         return self.raised
 
-    def call(self, name, args, kwargs):
+    def call(self, target, args, kwargs, op="call"):
+        """Call ``target`` (a name, or a handle number) in the child, or advance a handle (``op``
+        ``next``); mutable arguments take back what the call did to them."""
         try:
-            payload = {"name": name, "args": encode(list(args)), "kwargs": encode(dict(kwargs))}
+            payload = {"args": encode(list(args)), "kwargs": encode(dict(kwargs)), "op": op}
         except Unencodable:
             raise self.fail("harness_limit") from None
+        payload["name" if type(target) is str else "handle"] = target
+        self.calls += 1
         reply = self.rpc(payload)
-        if "value" not in reply:
+        if "value" not in reply and "handle" not in reply:
             raise self.ended(reply)
         try:
-            value = decode(reply["value"])
-        except (ValueError, TypeError, RecursionError):
+            if "handle" in reply:
+                value = _Handle(self, int(reply["handle"]), reply.get("hkind") == "iter")
+            else:
+                value = decode(reply["value"])
+            for index, encoded in dict(reply.get("args") or {}).items():
+                _write_back(args[int(index)], decode(encoded))
+        except (ValueError, TypeError, RecursionError, IndexError, KeyError):
             raise self.fail("tampering") from None
         if has_nan(value):
             self.hints.add("nan")
@@ -237,14 +303,54 @@ class _Child:
                 pass
 
 
+def _write_back(arg, new):
+    """Make the judge's argument equal to what the call left of it (lists, dicts, sets, in place)."""
+    if type(arg) is not type(new):
+        raise TypeError("mutated argument changed type")
+    if type(arg) is list:
+        arg[:] = new
+    else:
+        arg.clear()
+        arg.update(new)
+
+
 class _Remote:
-    """``candidate`` (or a helper the solution defines) in the judge: each call runs in the child."""
+    """``candidate`` in the judge: each call runs in the child."""
 
     def __init__(self, child, name):
         self._child, self.__name__ = child, name
 
     def __call__(self, *args, **kwargs):
         return self._child.call(self.__name__, args, kwargs)
+
+
+class _Handle:
+    """A closure or an iterator the solution returned: it stays in the child, used from here."""
+
+    def __init__(self, child, number, iterator):
+        self._child, self._number, self._iterator = child, number, iterator
+        self._items, self._done, self._batch = [], False, 1
+
+    def __call__(self, *args, **kwargs):
+        return self._child.call(self._number, args, kwargs)
+
+    def __iter__(self):
+        if not self._iterator:
+            raise TypeError("returned object is not iterable")
+        return self
+
+    def __next__(self):
+        if not self._iterator:
+            raise TypeError("returned object is not an iterator")
+        if not self._items:
+            if self._done:
+                raise StopIteration
+            items, self._done = self._child.call(self._number, (self._batch,), {}, op="next")
+            self._items = list(reversed(items))
+            self._batch = min(2 * self._batch, 512)  # 1, 2, 4, ...: lazy at first, few round trips for many
+            if not self._items:
+                raise StopIteration
+        return self._items.pop()
 
 
 def _undumpable():
@@ -258,13 +364,22 @@ def _undumpable():
         return False
 
 
-def judge_assert(solution, prefix, test_src, entry, lookup, shadow, timeout, program):
-    """Run ``check(candidate)`` of ``test_src`` here against the solution in a fresh child and emit
-    ``{"pass", "kind", "exc", "hints"}``. ``lookup``: names the test uses but does not define (the
-    solution's helpers, e.g. HumanEval's ``poly``); ``shadow``: names the test defines; ``program``:
-    this file, marshalled, for the child."""
+def test_namespace(prefix, helpers):
+    """The test's globals: the import prefix and the prompt's definitions (trusted spec fields)."""
     import builtins
 
+    tns = {"__name__": "__cleaner_check__", "__builtins__": builtins}
+    exec(prefix, tns)
+    exec(helpers, tns)
+    return tns
+
+
+def judge_assert(solution, prefix, helpers, test_src, entry, shadow, timeout, program):
+    """Run ``check(candidate)`` of ``test_src`` here against the solution in a fresh child and emit
+    ``{"pass", "kind", "exc", "hints"}``. ``helpers``: the prompt's definitions the test uses
+    (HumanEval's ``poly``), from the spec, never from the solution; ``shadow``: names the test
+    defines; ``program``: this file, marshalled, for the child. A test that never called the
+    candidate does not pass."""
     channel = verdict_channel()
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 1)  # the test code's own prints stay off the verdict channel
@@ -281,20 +396,18 @@ def judge_assert(solution, prefix, test_src, entry, lookup, shadow, timeout, pro
         return
     kind, detail = "pass", None
     try:
-        tns = {"__name__": "__cleaner_check__", "__builtins__": builtins}
-        exec(prefix, tns)
-        missing = [n for n in lookup if n not in tns and not hasattr(builtins, n)]
-        load = child.rpc({"path": sys.path, "prefix": prefix, "source": solution, "lookup": missing,
-                          "shadow": shadow})
+        tns = test_namespace(prefix, helpers)
+        load = child.rpc({"path": sys.path, "prefix": prefix, "source": solution, "shadow": shadow})
         if not load.get("ok"):
             raise child.ended(load)
         if load.get("shadowed"):
             child.hints.add("redefined_helper")
-        for name, how in dict(load.get("found") or {}).items():
-            if name in missing:
-                tns[name] = _Remote(child, name) if how == "callable" else decode(dict(how).get("value"))
+        candidate = _Remote(child, entry)
+        tns.setdefault(entry, candidate)  # a test naming the entry point means the candidate (HumanEval/33)
         exec(test_src, tns)
-        tns["check"](_Remote(child, entry))
+        tns["check"](candidate)
+        if not child.calls:
+            kind, detail = "wrong_answer", "candidate never called"
     except _Fault as fault:
         kind = str(fault)
     except BaseException as exc:  # noqa: BLE001 - every ending is a verdict

@@ -1,7 +1,8 @@
 """The solution runs here (stdin/stdout and functional formats): what it produced, not whether it passed.
 
 ``run_program`` feeds the test input on stdin (a memfd: ``input()``, ``sys.stdin``, ``open(0)``),
-captures the solution's stdout in another memfd, runs it under its own alarm, then emits one
+captures the solution's stdout in another memfd, runs it under its own alarm (a courtesy: the sandbox
+kills the snippet from outside at the test's limit, whatever the solution does to the alarm), then emits one
 verdict line on a copy of fd 1 taken before the solution ran: its output or return value (inline,
 or a sha256 of the canonical form when long), how the run ended, and tamper hints (patched builtins
 or ``__eq__`` of builtin types, fd 1 closed or replaced, a verdict mark printed, harness names
@@ -154,7 +155,10 @@ def run_program(source, prefix, stdin, fn_name, args_text, timeout, inline,
         exec(compile(source, "<solution>", "exec"), ns)
         if fn_name is not None:
             fn = getattr(ns["Solution"](), fn_name) if "Solution" in ns else ns[fn_name]
-            report = _value_report(encode(fn(*args)), inline)
+            value = fn(*args)
+            if hasattr(type(value), "__next__"):  # a generator (or another iterator): what it yields, as a list
+                value = list(value)
+            report = _value_report(encode(value), inline)
         _join_threads()
     except BaseException as exc:  # noqa: BLE001 - every ending is reported
         report = end_of(exc)

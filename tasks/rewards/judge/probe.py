@@ -1,0 +1,76 @@
+"""Probes (shipped in the judge program after ``check``): does a non-solution pass an assert-format test.
+
+``probe_assert`` runs one test's trusted code (prefix, helpers, test) with trivial candidates only
+(``_PROBES``: return None, raise an error of every common type, return or empty the first argument,
+return 0, 1, -1, '', [], (), {}, True or False; no solution runs here at all) and emits ``{"free": bool}``: whether one of them passed.
+A free test earns no partial credit (``tasks.rewards.code.finish``). The probes share a time budget;
+past it the test counts as not free.
+"""
+
+import os
+import signal
+
+if __name__ != "cleaner_judge":  # shipped into the sandbox as one program, these names are defined above
+    from tasks.rewards.judge.check import test_namespace
+    from tasks.rewards.judge.run import emit, verdict_channel
+
+
+class _Late(BaseException):
+    """The probes' time is up."""
+
+
+def _late(signum, frame):
+    raise _Late
+
+
+class _AnyError(ValueError, TypeError, KeyError, IndexError, ZeroDivisionError, OverflowError, AssertionError,
+                NotImplementedError):
+    """What a non-solution that raises raises: caught by a test expecting any of the common errors."""
+
+
+def _probe_raise(*args, **kwargs):
+    raise _AnyError("not implemented")
+
+
+def _probe_empty_first(*args, **kwargs):
+    """Empty the first argument in place and return it (a test comparing it with itself afterwards passes)."""
+    if args and type(args[0]) in (list, dict, set):
+        args[0].clear()
+        return args[0]
+    return None
+
+
+_PROBES = (lambda *a, **k: None, _probe_raise, lambda *a, **k: a[0] if a else None, _probe_empty_first,
+           *[lambda *a, _v=v, **k: type(_v)(_v) for v in (0, 1, -1, "", [], (), {}, True, False)])
+"""Non-solutions: return None, raise, return the first argument, empty it, or return a constant
+(0, 1, -1, '', [], (), {}, True, False: a fresh copy per call)."""
+
+
+def probe_assert(prefix, helpers, test_src, entry, timeout):
+    """Does a non-solution (``_PROBES``) pass this test: emit ``{"free": bool}``. No solution runs here:
+    only the spec's trusted code, with ``candidate`` a trivial function. A probe past ``timeout`` fails."""
+    channel = verdict_channel()
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 1)
+    os.close(null)
+    free = False
+    signal.signal(signal.SIGALRM, _late)
+    signal.setitimer(signal.ITIMER_REAL, timeout, 0.05)  # re-fires: a bare ``except`` cannot swallow it for good
+    try:
+        for probe in _PROBES:
+            try:
+                tns = test_namespace(prefix, helpers)
+                tns.setdefault(entry, probe)
+                exec(test_src, tns)
+                tns["check"](probe)
+            except _Late:
+                break
+            except BaseException:  # noqa: BLE001 - the probe failed the test, as it should
+                continue
+            free = True
+            break
+    except _Late:
+        pass
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    emit(channel, {"free": free})
