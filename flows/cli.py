@@ -50,15 +50,13 @@ def _load(config: Path, overrides: list[str] | None):
 
 
 def _check_tracking(cfg) -> None:
-    """A tracking server that is down, or a DuckDB file another process holds, is a one-line error before any
-    work (and before an MLflow run exists)."""
-    from tasks.stores.db import StoreLockedError, connect
+    """A tracking server that is down is a one-line error before any work (and before an MLflow run exists). The
+    DuckDB store is not opened: runs write its row log, never the file (docs/store.md)."""
     from tasks.stores.tracking import TrackingUnavailable, check_server
 
     try:
         check_server(cfg.tracking.mlflow_uri)
-        connect(cfg.tracking.duckdb_path).close()
-    except (StoreLockedError, TrackingUnavailable) as err:
+    except TrackingUnavailable as err:
         console.print(f"[red]{err}[/red]", soft_wrap=True)
         raise typer.Exit(2) from None
 

@@ -6,8 +6,8 @@
 2. **Training**: every arm × seed (``compare.seeds``, or ``compare.arm_seeds[arm]``) is a child
    ``cleaner train`` process with one torch thread, ``compare.parallel`` at a time (one per
    core); the same seed means the same data order in every arm, so runs pair up by seed. Each
-   child is its own Prefect flow run and a child MLflow run under the parent; it writes its own
-   DuckDB file (one writer per file), merged into ``tracking.duckdb_path`` at the end. Each run
+   child is its own Prefect flow run and a child MLflow run under the parent; all write the rows of
+   ``tracking.duckdb_path`` through its row log (docs/store.md), so none waits for another. Each run
    evaluates with SAAR off every ``compare.eval_every`` steps (``eval.n_prompts × eval.samples``)
    and at its last step at the final size.
 3. **Report** (``tasks.reports.compare``): per seed and paired across arms, JSON + Markdown + PNGs
@@ -131,14 +131,13 @@ def compare_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | 
     cmp = cfg.compare
     compare_id = compare_id or f"compare-{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     folder = Path(cfg.output_dir) / compare_id
-    stores = folder / "duckdb"
     shared_initial = cmp.shared_initial_eval and cfg.env is None  # environment runs evaluate their own start
     jobs = []
     for arm, seed in jobs_of(cfg):
         run_id = f"{compare_id}-{arm}-s{seed}"
         ov = [*(overrides or []), *arm_overrides(cmp.shared, cmp.arms[arm], cmp.steps, cmp.eval_every,
                                                  shared_initial),
-              f"tracking.arm={arm}", f"seed={seed}", f"tracking.duckdb_path={stores / f'{run_id}.duckdb'}"]
+              f"tracking.arm={arm}", f"seed={seed}"]
         load_config(config_path, ov)  # a bad arm or shared override fails now, not after hours of training
         jobs.append((arm, run_id, ov))
     parent = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, compare_id,
@@ -152,7 +151,7 @@ def compare_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | 
         eval_cfg = load_config(config_path, [*(overrides or []), *cmp.shared])
         initial = initial_eval_task(eval_cfg, f"{compare_id}-initial", parent, str(folder))
     runs_task(config_path, jobs, parent, str(folder), cmp.parallel)
-    db.merge_stores(cfg.tracking.duckdb_path, sorted(stores.glob("*.duckdb")))
+    db.try_ingest(cfg.tracking.duckdb_path)
     runs = {arm: [rid for a, rid, _ in jobs if a == arm] for arm in cmp.arms}
     keys = None
     if cfg.env is not None:

@@ -68,8 +68,7 @@ def env_eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, setu
     metrics = evaluate_env(Path(ckpt), env, cfg.n_prompts, cfg.samples, cfg.temperature, rollout.max_new_tokens,
                            rollout.max_response_tokens, seed)
     metrics["time/eval_s"] = time.perf_counter() - t0
-    with db.session(tracking_cfg.duckdb_path) as con:
-        db.replace_eval(con, run_id, version, ckpt, metrics)
+    db.replace_eval(tracking_cfg.duckdb_path, run_id, version, ckpt, metrics)
     if mlrun:
         tracking.log_eval(tracking_cfg, mlrun, version, metrics)
     return metrics
