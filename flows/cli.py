@@ -224,12 +224,21 @@ def eval_table(metrics: dict, modes: list[str], title: str) -> Table:
 
 @app.command()
 def compare(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
-            compare_id: str | None = typer.Option(None, help="Id of the comparison (an existing one resumes).")) -> None:
+            compare_id: str | None = typer.Option(None, help="Id of the comparison (an existing one resumes)."),
+            dispatch: str | None = typer.Option(None, help="Run each arm × seed as a flow run of this train deployment "
+                                                           "on its workers (e.g. train/train-tiny-fanout; needs "
+                                                           "PREFECT_API_URL; docs/team.md).")) -> None:
     """CLEANER vs the DAPO baseline (and SAAR everywhere; R3L with --set 'compare.add_arms=[r3l]') over seeds."""
     from flows.compare import compare_flow
+    from flows.dispatch import DispatchError
 
+    overrides = [*(overrides or []), *([f"compare.dispatch={dispatch}"] if dispatch else [])]
     _load(config, overrides)
-    summary = compare_flow(str(config), overrides or [], compare_id)
+    try:
+        summary = compare_flow(str(config), overrides, compare_id)
+    except DispatchError as err:
+        console.print(f"[red]{err}[/red]", soft_wrap=True)
+        raise typer.Exit(1) from None
     console.print(f"steps to the baseline's final pass@1: {summary['steps_to_baseline_final']}")
 
 
