@@ -31,8 +31,6 @@ import polars as pl
 from tasks.stores import rowlog
 from tasks.stores.schema import SCHEMA, STEP_TABLES, UNITS
 
-__all__ = ["SCHEMA", "STEP_TABLES", "StoreLockedError", "connect", "session", "ingest", "try_ingest", "query"]
-
 
 class StoreLockedError(RuntimeError):
     """The DuckDB file is open in another process (a writer, or a read-only reader such as a notebook)."""
