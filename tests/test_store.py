@@ -10,6 +10,7 @@ Run: ``pytest tests/test_store.py``.
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import duckdb
@@ -61,6 +62,8 @@ def test_status_update_touches_one_run_and_end_run_only_a_running_one(store):
     db.end_run(store, "plain", "crashed")
     got = dict(db.query(store, "SELECT run_id, status FROM runs").rows())
     assert got == {ODD: "finished", "plain": "crashed"}
+    configs = db.query(store, "SELECT run_id, config FROM runs ORDER BY run_id").rows()
+    assert [(r, json.loads(c)) for r, c in configs] == [("plain", {"seed": 1}), (ODD, {"seed": 0})]  # rewritten as is
     assert not db.set_status(store, "never-started", "finished")
     assert _count(store, "SELECT count(*) FROM runs") == 2
 

@@ -192,13 +192,16 @@ def load(store: str | Path, run_ids: Iterable[str], tables: Iterable[str]) -> du
 
 
 def read_unit(store: str | Path, run_id: str, kind: str, key: int | None = None) -> dict[str, pl.DataFrame] | None:
-    """The newest version of one unit as frames (table → rows), or None when the run never wrote it."""
+    """The newest version of one unit as frames (table → rows), or None when the run never wrote it. Read through
+    DuckDB, which maps its own types back (a JSON column stays text, not bytes)."""
     for _ in range(3):
         newest = latest(store, run_id, unit_name(kind, key))
         if newest is None:
             return None
         try:
-            return {p.stem: pl.read_parquet(p) for p in sorted(newest.glob("*.parquet"))}
-        except OSError:  # replaced by a newer version while read
+            with duckdb.connect() as mem:
+                return {p.stem: mem.execute("SELECT * FROM read_parquet(?, hive_partitioning = false)", [str(p)]).pl()
+                        for p in sorted(newest.glob("*.parquet"))}
+        except duckdb.IOException:  # replaced by a newer version while read
             continue
     return None
