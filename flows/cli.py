@@ -53,15 +53,13 @@ def _load(config: Path, overrides: list[str] | None):
 
 
 def _check_tracking(cfg) -> None:
-    """A tracking server that is down, or a DuckDB file another process holds, is a one-line error before any
-    work (and before an MLflow run exists)."""
-    from tasks.stores.db import StoreLockedError, connect
+    """A tracking server that is down is a one-line error before any work (and before an MLflow run exists). The
+    DuckDB store is not opened: runs write its row log, never the file (docs/store.md)."""
     from tasks.stores.tracking import TrackingUnavailable, check_server
 
     try:
         check_server(cfg.tracking.mlflow_uri)
-        connect(cfg.tracking.duckdb_path).close()
-    except (StoreLockedError, TrackingUnavailable) as err:
+    except TrackingUnavailable as err:
         console.print(f"[red]{err}[/red]", soft_wrap=True)
         raise typer.Exit(2) from None
 
@@ -283,12 +281,21 @@ def eval_table(metrics: dict, modes: list[str], title: str) -> Table:
 
 @app.command()
 def compare(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
-            compare_id: str | None = typer.Option(None, help="Id of the comparison (an existing one resumes).")) -> None:
+            compare_id: str | None = typer.Option(None, help="Id of the comparison (an existing one resumes)."),
+            dispatch: str | None = typer.Option(None, help="Run each arm × seed as a flow run of this train deployment "
+                                                           "on its workers (e.g. train/train-tiny-fanout; needs "
+                                                           "PREFECT_API_URL; docs/team.md).")) -> None:
     """CLEANER vs the DAPO baseline (and SAAR everywhere; R3L with --set 'compare.add_arms=[r3l]') over seeds."""
     from flows.compare import compare_flow
+    from flows.dispatch import DispatchError
 
+    overrides = [*(overrides or []), *([f"compare.dispatch={dispatch}"] if dispatch else [])]
     _load(config, overrides)
-    summary = compare_flow(str(config), overrides or [], compare_id)
+    try:
+        summary = compare_flow(str(config), overrides, compare_id)
+    except DispatchError as err:
+        console.print(f"[red]{err}[/red]", soft_wrap=True)
+        raise typer.Exit(1) from None
     console.print(f"steps to the baseline's final pass@1: {summary['steps_to_baseline_final']}")
 
 

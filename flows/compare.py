@@ -5,9 +5,12 @@
    every run (all runs start from the same policy).
 2. **Training**: every arm × seed (``compare.seeds``, or ``compare.arm_seeds[arm]``) is a child
    ``cleaner train`` process with one torch thread, ``compare.parallel`` at a time (one per
-   core); the same seed means the same data order in every arm, so runs pair up by seed. Each
-   child is its own Prefect flow run and a child MLflow run under the parent; it writes its own
-   DuckDB file (one writer per file), merged into ``tracking.duckdb_path`` at the end. Each run
+   core) — or, with ``compare.dispatch`` (``--dispatch train/train-tiny-fanout``), a flow run of that
+   deployment on its work pool's workers, on any machine (``flows/dispatch.py``: progress, lost
+   workers' runs rescheduled and resumed; docs/team.md). The same seed means the same data order in
+   every arm, so runs pair up by seed. Each
+   child is its own Prefect flow run and a child MLflow run under the parent; all write the rows of
+   ``tracking.duckdb_path`` through its row log (docs/store.md), so none waits for another. Each run
    evaluates with SAAR off and on every ``compare.eval_every`` steps (``eval.n_prompts × eval.samples``)
    and at its last step at the final size.
 3. **Fixed-probe entropy** (``tasks.training.probe``): every run's final checkpoint scores the same tokens
@@ -34,7 +37,7 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.config import RunConfig, load_config
+from flows.config import CompareConfig, RunConfig, load_config
 from tasks.reports.compare import summarize, write_report
 from tasks.stores import db, links, tracking
 
@@ -125,6 +128,28 @@ def probe_task(cfg: RunConfig, folder: str, run_ids: list[str]) -> dict[str, dic
     return {r: probe_entropy(final_checkpoint(Path(cfg.output_dir) / r), probe) for r in run_ids}
 
 
+@task(name="compare-dispatch", cache_policy=NO_CACHE)
+def dispatch_task(cmp: CompareConfig, config_path: str, jobs: list[tuple[str, str, list[str]]], parent: str) -> list[str]:
+    """Run every (arm, run id, overrides) job as a flow run of the ``compare.dispatch`` deployment on its workers."""
+    from flows import dispatch
+
+    dispatch.ensure_lost_run_automation(cmp.lost_after_s)
+    todo = [dispatch.Job(run_id, {"config_path": config_path, "overrides": ov, "run_id": run_id,
+                                  "parent_mlflow_run": parent}) for _, run_id, ov in jobs]
+    done = dispatch.run_all(cmp.dispatch, todo, cmp.parallel, cmp.retries, cmp.heartbeat_s)
+    return [j.run_id for j in done]
+
+
+def _check_dispatch(deployment: str) -> None:
+    """The deployment exists (a clear error before any work otherwise); say when no worker polls its pool yet."""
+    from flows.dispatch import check_deployment
+
+    found = check_deployment(deployment)
+    if not found["online_workers"]:
+        print(f"no worker polls work pool {found['pool']!r} yet: runs wait until one does "
+              f"(`prefect worker start --pool {found['pool']} --limit 1` on any machine; docs/team.md)")
+
+
 @task(name="compare-report", cache_policy=NO_CACHE)
 def report_task(duckdb_path: str, runs: dict[str, list[str]], baseline: str, treatment: str, folder: str,
                 initial: dict | None, keys: tuple[str, str] | None = None, probe: dict | None = None) -> dict:
@@ -142,15 +167,16 @@ def compare_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | 
     cfg = load_config(config_path, overrides)
     cmp = cfg.compare
     compare_id = compare_id or f"compare-{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if cmp.dispatch:
+        _check_dispatch(cmp.dispatch)
     folder = Path(cfg.output_dir) / compare_id
-    stores = folder / "duckdb"
     shared_initial = cmp.shared_initial_eval and cfg.env is None  # environment runs evaluate their own start
     jobs = []
     for arm, seed in jobs_of(cfg):
         run_id = f"{compare_id}-{arm}-s{seed}"
         ov = [*(overrides or []), *arm_overrides(cmp.shared, cmp.arms[arm], cmp.steps, cmp.eval_every,
                                                  shared_initial),
-              f"tracking.arm={arm}", f"seed={seed}", f"tracking.duckdb_path={stores / f'{run_id}.duckdb'}"]
+              f"tracking.arm={arm}", f"seed={seed}"]
         load_config(config_path, ov)  # a bad arm or shared override fails now, not after hours of training
         jobs.append((arm, run_id, ov))
     parent = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, compare_id,
@@ -163,8 +189,11 @@ def compare_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | 
     if shared_initial:
         eval_cfg = load_config(config_path, [*(overrides or []), *cmp.shared])
         initial = initial_eval_task(eval_cfg, f"{compare_id}-initial", parent, str(folder))
-    runs_task(config_path, jobs, parent, str(folder), cmp.parallel)
-    db.merge_stores(cfg.tracking.duckdb_path, sorted(stores.glob("*.duckdb")))
+    if cmp.dispatch:
+        dispatch_task(cmp, config_path, jobs, parent)
+    else:
+        runs_task(config_path, jobs, parent, str(folder), cmp.parallel)
+    db.try_ingest(cfg.tracking.duckdb_path)
     runs = {arm: [rid for a, rid, _ in jobs if a == arm] for arm in cmp.arms}
     keys = None
     if cfg.env is not None:

@@ -118,7 +118,22 @@ class CompareConfig(BaseModel):
     """Arms run on fewer (or other) seeds than ``seeds``: a side arm needs fewer runs than the main two."""
 
     parallel: int = Field(2, ge=1)
-    """Runs trained at once, each in its own process with one torch thread (one per core)."""
+    """Runs trained at once, each in its own process with one torch thread (one per core); with ``dispatch``, runs
+    submitted to the work pool at a time (its workers' slots, e.g. 2 workers × ``--limit 1`` → 2)."""
+
+    dispatch: str | None = None
+    """A train deployment (``flow/deployment``, e.g. ``train/train-tiny-fanout``) to run each arm × seed as a flow run
+    of, on its work pool's workers (any machine; docs/team.md); None: child processes of the compare."""
+
+    retries: int = Field(2, ge=0)
+    """Times a dispatched run that ended Crashed or Failed (its worker lost) is rescheduled; it resumes its run."""
+
+    heartbeat_s: int = Field(30, ge=30)
+    """Seconds between a dispatched run's Prefect heartbeats (Prefect's minimum is 30)."""
+
+    lost_after_s: float = Field(120.0, ge=10)
+    """Seconds without a heartbeat after which a dispatched run counts as lost (marked Crashed, then rescheduled);
+    at least twice ``heartbeat_s``, so a busy machine is not taken for a dead one."""
 
     shared_initial_eval: bool = True
     """Evaluate the starting policy once (the final evaluation's size) and use it as step 0 of every run."""
@@ -145,6 +160,9 @@ class CompareConfig(BaseModel):
         unknown = set(self.arm_seeds) - set(self.arms)
         if unknown:
             raise ValueError(f"arm_seeds names {sorted(unknown)}, not in compare.arms {sorted(self.arms)}")
+        if self.lost_after_s < 2 * self.heartbeat_s:
+            raise ValueError(f"lost_after_s {self.lost_after_s:g} is under twice heartbeat_s ({self.heartbeat_s}): a "
+                             "run that is merely slow would be taken for a lost one")
         return self
 
     def seeds_of(self, arm: str) -> list[int]:

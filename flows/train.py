@@ -64,23 +64,21 @@ def default_run_id(config_name: str, flow_run_id: str, flow_run_name: str) -> st
 
 @task(name="prepare-run", cache_policy=NO_CACHE)
 def prepare_run(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run: str | None = None) -> RunInfo:
-    """Data files, the starting policy, the MLflow run (resumed by tag) and the DuckDB run row.
-
-    The DuckDB file is opened first: a file held by another process fails before an MLflow run exists."""
-    with db.session(cfg.tracking.duckdb_path) as con:
-        if cfg.env is None:
-            ensure_files(cfg.data, cfg.seed)
-        ensure_policy(cfg)
-        run_dir = Path(cfg.output_dir) / run_id
-        run_dir.mkdir(parents=True, exist_ok=True)
-        config = cfg.model_dump(mode="json")
-        (run_dir / "config.json").write_text(json.dumps(config, indent=1))
-        write_origin(run_dir, flow_run_id)
-        tags = {"prefect.flow_run_id": flow_run_id, "cleaner.config_hash": cfg.hash(), "git.commit": _git_commit()}
-        if parent_mlflow_run:
-            tags["mlflow.parentRunId"] = parent_mlflow_run
-        mlrun = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, run_id, config, tags)
-        db.upsert_run(con, run_id, cfg.name, config, mlrun, "running")
+    """Data files, the starting policy, the MLflow run (resumed by tag) and the run's row (written to the store's
+    row log: no other run or reader of the store can hold it up)."""
+    if cfg.env is None:
+        ensure_files(cfg.data, cfg.seed)
+    ensure_policy(cfg)
+    run_dir = Path(cfg.output_dir) / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = cfg.model_dump(mode="json")
+    (run_dir / "config.json").write_text(json.dumps(config, indent=1))
+    write_origin(run_dir, flow_run_id)
+    tags = {"prefect.flow_run_id": flow_run_id, "cleaner.config_hash": cfg.hash(), "git.commit": _git_commit()}
+    if parent_mlflow_run:
+        tags["mlflow.parentRunId"] = parent_mlflow_run
+    mlrun = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, run_id, config, tags)
+    db.upsert_run(cfg.tracking.duckdb_path, run_id, cfg.name, config, mlrun, "running")
     return RunInfo(run_id, str(run_dir), mlrun, start_policy(cfg, cfg.model.path, run_dir / "start-policy"))
 
 
@@ -338,8 +336,7 @@ def finish_task(cfg: RunConfig, info: RunInfo, final_ckpt: str, flow_run_id: str
                           links.pass_by_version(evals.to_dicts()), registered, parent)
     links.set_description(cfg.tracking, info.mlflow_run_id, text)
     tracking.finish_run(cfg.tracking, info.mlflow_run_id)
-    with db.session(cfg.tracking.duckdb_path) as con:
-        db.set_status(con, info.run_id, "finished")
+    db.set_status(cfg.tracking.duckdb_path, info.run_id, "finished")
     url = links.run_url(cfg.tracking, links.experiment_of(cfg.tracking, info.mlflow_run_id), info.mlflow_run_id)
     print(f"MLflow run {info.run_id}: {url}")
     return links.summary_markdown(text, url, str(png))

@@ -139,8 +139,8 @@ def test_buffer_round_trip_through_parquet_and_duckdb(setup, tmp_path):
     assert [g.key for g in back] == ["p5", "p3"]
     for a, b in zip(groups, back):
         assert a.trajs == b.trajs
+    db.replace_step(tmp_path / "c.duckdb", "run", 1, {"partial_buffer": frame})
     con = db.connect(tmp_path / "c.duckdb")
-    db.replace_step(con, "run", 1, {"partial_buffer": frame})
     rows = con.execute("SELECT position, prompt_id, sample_idx, state, len(carry_ids), max_version FROM partial_buffer "
                        "ORDER BY position, sample_idx").fetchall()
     assert rows == [(r["position"], r["prompt_id"], r["sample_idx"], r["state"], len(r["carry_ids"]), r["max_version"])

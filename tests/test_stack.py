@@ -210,10 +210,10 @@ def test_resume_of_a_killed_deployment_run_retries_it_through_prefect(stack):
     Prefect (as `prefect flow-run retry` does) and resumes the same run folder and MLflow run, step 0 not recomputed,
     no duplicate metrics or rows; the crashed attempt was marked in both stores meanwhile, and the deployment's
     history ends with that one flow run Completed (no second flow run, no Crashed one left)."""
-    import duckdb
     from mlflow.tracking import MlflowClient
 
     from flows.train import default_run_id
+    from tasks.stores import db
     from tasks.stores.tracking import RUN_TAG, STEP_SENTINEL
 
     dep = stack.deployment()
@@ -234,12 +234,8 @@ def test_resume_of_a_killed_deployment_run_retries_it_through_prefect(stack):
     def mlruns():
         return client.search_runs([exp], filter_string=f"tags.`{RUN_TAG}` = '{ours}'")
 
-    def db_status():
-        con = duckdb.connect(str(stack.tmp / "cleaner.duckdb"), read_only=True)
-        try:
-            return con.execute("SELECT status FROM runs WHERE run_id = ?", [ours]).fetchone()[0]
-        finally:
-            con.close()
+    def db_status():  # db.query loads what runs wrote to the store's row log first (docs/store.md)
+        return db.query(stack.tmp / "cleaner.duckdb", "SELECT status FROM runs WHERE run_id = ?", [ours]).item()
 
     deadline = time.time() + 60
     while mlruns()[0].info.status != "FAILED" and time.time() < deadline:
@@ -272,14 +268,10 @@ def test_resume_of_a_killed_deployment_run_retries_it_through_prefect(stack):
     assert mlrun.info.status == "FINISHED" and db_status() == "finished"
     for key in (STEP_SENTINEL, "rollout/accuracy"):
         assert sorted(m.step for m in client.get_metric_history(mlrun.info.run_id, key)) == [0, 1], key
-    con = duckdb.connect(str(stack.tmp / "cleaner.duckdb"), read_only=True)
-    try:
-        rows = dict(con.execute("SELECT step, count(*) FROM trajectories WHERE run_id = ? GROUP BY step", [ours])
-                    .fetchall())
-        dup = con.execute("SELECT count(*) - count(DISTINCT (step, key)) FROM metrics WHERE run_id = ?", [ours])
-        assert rows == {0: 4, 1: 4} and dup.fetchone()[0] == 0
-    finally:
-        con.close()
+    store = stack.tmp / "cleaner.duckdb"
+    rows = dict(db.query(store, "SELECT step, count(*) FROM trajectories WHERE run_id = ? GROUP BY step", [ours]).rows())
+    dup = db.query(store, "SELECT count(*) - count(DISTINCT (step, key)) FROM metrics WHERE run_id = ?", [ours]).item()
+    assert rows == {0: 4, 1: 4} and dup == 0
 
 
 def test_stop_refuses_during_a_run_and_force_cancels_it(stack):
@@ -327,11 +319,10 @@ def test_stop_refuses_during_a_run_and_force_cancels_it(stack):
     [long_run] = client.search_runs([client.get_experiment_by_name("tiny").experiment_id],
                                     filter_string="tags.`cleaner.run_id` = 'long'")
     assert long_run.info.status == "KILLED", "on_cancellation did not end the MLflow run"
-    import duckdb
+    from tasks.stores import db as store_db
 
-    con = duckdb.connect(str(stack.tmp / "cleaner.duckdb"), read_only=True)
-    assert con.execute("SELECT status FROM runs WHERE run_id = 'long'").fetchone() == ("cancelled",)
-    con.close()
+    assert store_db.query(stack.tmp / "cleaner.duckdb", "SELECT status FROM runs WHERE run_id = 'long'").item() == \
+        "cancelled"
 
 
 def _pid_alive(pid: int) -> bool:

@@ -1,113 +1,35 @@
 """DuckDB store: every run, step, trajectory, turn, tool execution, SAAR event and metric.
 
-Schema (primary keys in brackets)::
+Tables and keys: ``tasks.stores.schema``. Runs never open the DuckDB file: ``upsert_run``, ``set_status``,
+``replace_step`` and ``replace_eval`` write a unit of rows to the row log beside the store
+(``tasks.stores.rowlog``), then try to ``ingest`` without waiting; ``ingest`` loads every pending unit in one
+process at a time (DuckDB's lock), replacing the unit's rows by key in one transaction, so any number of runs
+write at once, none waits or fails on the store, and a unit loaded twice (after a crash) is loaded once.
+``query`` (``cleaner query``) ingests first, waiting up to ``LOCK_WAIT_S`` for another ingest or reader; a file
+still held then, even read-only, fails with a one-line error naming that process. The named readers of some
+runs' rows (``run_metrics``, ``eval_pass_at_1``, ``evaluation_rows``, ``kept_kinds``) read those runs' row-log
+files, not the store. Why this design: docs/store.md.
 
-    runs            [run_id]                                  name, config, MLflow run id, status
-    steps           [run_id, step]                            checkpoint, policy version, seconds
-    trajectories    [run_id, step, traj_id]                   ids, mask, reward, advantage, dropped, SAAR stats, kind
-    r3l_reflections [run_id, step, traj_id]                   R3L: report, validity, pivot, retry reward, replays
-    turns           [run_id, step, traj_id, turn_idx]         final (purified) conversation
-    tool_executions [run_id, step, traj_id, exec_idx]         every execution, failed attempts included
-    saar_events     [run_id, step, traj_id, event_idx]        triggered / shallow / deep / recovered / ...
-    metrics         [run_id, step, key]                       every logged metric
-    env_steps       [run_id, step, traj_id, turn_idx]         environment mode: state, answer, actions, reward
-    partial_buffer  [run_id, step, traj_id]                   partial rollouts: what step carried to the next
-    evaluations     [run_id, policy_version, key]             held-out evaluation of a policy version
-
-A step's rows are replaced in one transaction (a rerun of step N never duplicates rows);
-rows go in as Arrow batches (``INSERT ... BY NAME``), never one by one. One process per file
-(DuckDB's lock): opening waits up to ``LOCK_WAIT_S`` for another process's session to end (parallel runs on
-one store write in short sessions), then a file still open elsewhere, even read-only, fails with a one-line
-error naming that process.
-
-Every SQL statement of the pipeline lives here, with its values as parameters (never pasted
-into the text). Writers open the file with ``session(path)`` (closed on exit); readers use the
-named queries (``run_metrics``, ``evaluation_rows``, ``kept_kinds``) or ``query(path, sql, params)``.
+Every SQL statement of the pipeline lives here or in the row log, with its values as parameters (never pasted
+into the text). Rows go in as Arrow batches or Parquet files, never one by one.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 
 import duckdb
 import polars as pl
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    run_id VARCHAR PRIMARY KEY, name VARCHAR, config JSON, mlflow_run_id VARCHAR,
-    status VARCHAR, created_at TIMESTAMP DEFAULT current_timestamp);
-CREATE TABLE IF NOT EXISTS steps (
-    run_id VARCHAR, step BIGINT, checkpoint VARCHAR, policy_version VARCHAR, seconds DOUBLE,
-    logged_at TIMESTAMP DEFAULT current_timestamp, PRIMARY KEY (run_id, step));
-CREATE TABLE IF NOT EXISTS trajectories (
-    run_id VARCHAR, step BIGINT, traj_id VARCHAR, prompt_id VARCHAR, sample_idx BIGINT, raw BOOLEAN,
-    data_source VARCHAR, ground_truth VARCHAR, prompt_ids INTEGER[], response_ids INTEGER[],
-    response_mask TINYINT[], rollout_logprobs FLOAT[], response_text VARCHAR, messages JSON,
-    finish_reason VARCHAR, num_turns BIGINT, tool_calls BIGINT, tool_success BIGINT,
-    first_attempt_total BIGINT, first_attempt_success BIGINT, rollbacks_triggered BIGINT,
-    rollbacks_recovered BIGINT, rollbacks_failed BIGINT, shallow BIGINT, deep BIGINT, tool_rounds BIGINT,
-    errors_kept BIGINT, retry_loops BIGINT,
-    failure_reasons JSON, score DOUBLE, correct BOOLEAN, overlong_penalty DOUBLE, reward DOUBLE,
-    graded BOOLEAN, reward_metrics JSON, kept BOOLEAN, advantage DOUBLE,
-    kind VARCHAR, group_id VARCHAR, fixed_reward DOUBLE, masked_turns BIGINT, parent VARCHAR, adv_scale DOUBLE,
-    env_score DOUBLE, env_success BOOLEAN, env_penalty DOUBLE, env_actions BIGINT, dropped BOOLEAN,
-    start_step BIGINT, token_versions INTEGER[], PRIMARY KEY (run_id, step, traj_id));
-ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS adv_scale DOUBLE;
-ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS env_score DOUBLE;
-ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS env_success BOOLEAN;
-ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS env_penalty DOUBLE;
-ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS env_actions BIGINT;
-ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS dropped BOOLEAN;
-ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS start_step BIGINT;
-ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS token_versions INTEGER[];
-ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS spliced TINYINT[];
-CREATE TABLE IF NOT EXISTS env_steps (
-    run_id VARCHAR, step BIGINT, traj_id VARCHAR, turn_idx BIGINT, env VARCHAR, seed BIGINT, state VARCHAR,
-    response VARCHAR, think VARCHAR, parsed BOOLEAN, actions JSON, executed JSON, invalid JSON, reward DOUBLE,
-    penalty DOUBLE, done BOOLEAN, effective BOOLEAN, actions_left BIGINT,
-    PRIMARY KEY (run_id, step, traj_id, turn_idx));
-CREATE TABLE IF NOT EXISTS turns (
-    run_id VARCHAR, step BIGINT, traj_id VARCHAR, turn_idx BIGINT, role VARCHAR, content VARCHAR,
-    PRIMARY KEY (run_id, step, traj_id, turn_idx));
-CREATE TABLE IF NOT EXISTS tool_executions (
-    run_id VARCHAR, step BIGINT, traj_id VARCHAR, exec_idx BIGINT, position BIGINT, attempt BIGINT,
-    code VARCHAR, ok BOOLEAN, error_kind VARCHAR, exit_code BIGINT, timed_out BOOLEAN,
-    memory_exceeded BOOLEAN, duration_s DOUBLE, stdout VARCHAR, stderr VARCHAR,
-    PRIMARY KEY (run_id, step, traj_id, exec_idx));
-CREATE TABLE IF NOT EXISTS saar_events (
-    run_id VARCHAR, step BIGINT, traj_id VARCHAR, event_idx BIGINT, position BIGINT, attempt BIGINT,
-    kind VARCHAR, similarity DOUBLE, error_kind VARCHAR, error_text VARCHAR, failed_turn VARCHAR,
-    new_turn VARCHAR, PRIMARY KEY (run_id, step, traj_id, event_idx));
-CREATE TABLE IF NOT EXISTS r3l_reflections (
-    run_id VARCHAR, step BIGINT, traj_id VARCHAR, prompt_id VARCHAR, sample_idx BIGINT, base_reward DOUBLE,
-    base_steps BIGINT, reflection_text VARCHAR, reflection_tokens BIGINT, finish_reason VARCHAR, report JSON,
-    valid BOOLEAN, perfect BOOLEAN, reason VARCHAR, retry_from_step BIGINT, retry_traj_id VARCHAR,
-    distill_traj_id VARCHAR, retry_reward DOUBLE, retry_steps BIGINT, retry_succeeded BOOLEAN, replays JSON,
-    replay_changed BIGINT, note VARCHAR, retry_messages JSON, PRIMARY KEY (run_id, step, traj_id));
-CREATE TABLE IF NOT EXISTS partial_buffer (
-    run_id VARCHAR, step BIGINT, position BIGINT, prompt_id VARCHAR, sample_idx BIGINT, traj_id VARCHAR,
-    start_step BIGINT, state VARCHAR, finish_reason VARCHAR, prompt_ids INTEGER[], response_ids INTEGER[],
-    response_mask TINYINT[], logprobs DOUBLE[], token_versions INTEGER[], carry_ids INTEGER[], carry_logprobs DOUBLE[],
-    carry_versions INTEGER[], max_version BIGINT, record JSON, PRIMARY KEY (run_id, step, traj_id));
-CREATE TABLE IF NOT EXISTS metrics (
-    run_id VARCHAR, step BIGINT, key VARCHAR, value DOUBLE, PRIMARY KEY (run_id, step, key));
-ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS kind VARCHAR;
-ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS group_id VARCHAR;
-ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS fixed_reward DOUBLE;
-ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS masked_turns BIGINT;
-ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS parent VARCHAR;
-CREATE TABLE IF NOT EXISTS evaluations (
-    run_id VARCHAR, policy_version BIGINT, checkpoint VARCHAR, key VARCHAR, value DOUBLE,
-    PRIMARY KEY (run_id, policy_version, key));
-"""
-
-STEP_TABLES = ("trajectories", "turns", "tool_executions", "saar_events", "r3l_reflections", "env_steps", "metrics",
-               "steps", "partial_buffer")
+from tasks.stores import rowlog
+from tasks.stores.schema import SCHEMA, STEP_TABLES, UNITS
 
 
 class StoreLockedError(RuntimeError):
@@ -129,17 +51,17 @@ def _holder(message: str) -> str:
 
 
 LOCK_WAIT_S = 5.0
-"""How long ``connect`` retries a file another process holds: longer than any write session of a run."""
+"""How long ``connect`` retries a file another process holds: longer than any ingest takes."""
 
 
-def connect(path: str | Path, wait_s: float = LOCK_WAIT_S) -> duckdb.DuckDBPyConnection:
-    """Open (and create) the store, retrying for ``wait_s`` while another process holds it; a file still held
-    then is a one-line error naming that process."""
+def connect(path: str | Path, wait_s: float = LOCK_WAIT_S, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """Open (and create, unless ``read_only``) the store, retrying for ``wait_s`` while another process holds it; a
+    file still held then is a one-line error naming that process."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            con = duckdb.connect(str(path))
+            con = duckdb.connect(str(path), read_only=read_only)
             break
         except duckdb.IOException as err:
             if "lock" not in str(err).lower():
@@ -150,7 +72,8 @@ def connect(path: str | Path, wait_s: float = LOCK_WAIT_S) -> duckdb.DuckDBPyCon
                     "allows one process per file, even a read-only one: close it there, or set "
                     "tracking.duckdb_path") from None
             time.sleep(0.1)
-    con.execute(SCHEMA)
+    if not read_only:
+        con.execute(SCHEMA)
     return con
 
 
@@ -175,84 +98,118 @@ def _transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     con.execute("COMMIT")
 
 
-def _insert(con: duckdb.DuckDBPyConnection, table: str, df: pl.DataFrame) -> None:
-    """Insert ``df`` into ``table`` (one of the schema's names) as one Arrow batch, columns by name."""
-    if df.height:
-        con.register("_batch", df.to_arrow())
-        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _batch")
-        con.unregister("_batch")
+_INGEST = threading.Lock()
+"""One ingest at a time in this process (threads share DuckDB's file lock)."""
+
+
+def ingest(path: str | Path, wait_s: float = LOCK_WAIT_S) -> int:
+    """Load every pending unit of the row log into the store (waiting up to ``wait_s`` for the file); returns
+    the units loaded. Each unit replaces its rows by key in one transaction; its markers go once it is in."""
+    with _INGEST:
+        marks = rowlog.pending(path)
+        if not marks and Path(path).exists():
+            return 0
+        con = connect(path, wait_s)
+        try:
+            done = 0
+            for (run_id, unit), files in marks.items():
+                if _load_unit(con, path, run_id, unit):
+                    done += 1
+                    for mark in files:
+                        mark.unlink(missing_ok=True)
+            return done
+        finally:
+            con.close()
+
+
+def try_ingest(path: str | Path) -> int | None:
+    """``ingest`` if the store is free right now, else None (the units stay pending for the next ingest)."""
+    try:
+        return ingest(path, wait_s=0)
+    except (StoreLockedError, duckdb.ConnectionException):
+        return None
+
+
+def _load_unit(con: duckdb.DuckDBPyConnection, path: str | Path, run_id: str, unit: str) -> bool:
+    """Replace one unit's rows by its newest version; False when versions kept changing under the read."""
+    kind, key = rowlog.parse_unit(unit)
+    tables, column = UNITS[kind]
+    for _ in range(3):
+        newest = rowlog.latest(path, run_id, unit)
+        if newest is None:  # its run's row log was removed: nothing to load
+            return True
+        try:
+            with _transaction(con):
+                for table in tables:
+                    where = "run_id = ?" + (f" AND {column} = ?" if column else "")
+                    con.execute(f"DELETE FROM {table} WHERE {where}", [run_id, *([key] if column else [])])
+                    if (newest / f"{table}.parquet").exists():
+                        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM read_parquet(?, hive_partitioning = false)",
+                                    [str(newest / f"{table}.parquet")])
+            return True
+        except duckdb.IOException:  # a newer version replaced this one while it was read
+            continue
+    return False
+
+
+def _write(path: str | Path, run_id: str, kind: str, key: int | None, frames: dict[str, pl.DataFrame]) -> None:
+    rowlog.write_unit(path, run_id, kind, key, frames)
+    try_ingest(path)
+
+
+def upsert_run(path: str | Path, run_id: str, name: str, config: dict, mlflow_run_id: str, status: str) -> None:
+    """The run's ``runs`` row (its creation time kept from an earlier attempt)."""
+    old = rowlog.read_unit(path, run_id, "run")
+    created = old["runs"]["created_at"][0] if old else datetime.now()
+    _write(path, run_id, "run", None, {"runs": pl.DataFrame({
+        "run_id": [run_id], "name": [name], "config": [json.dumps(config)], "mlflow_run_id": [mlflow_run_id],
+        "status": [status], "created_at": [created]})})
+
+
+def set_status(path: str | Path, run_id: str, status: str, only_from: str | None = None) -> bool:
+    """Set the run's status (only while it is ``only_from``, when given); False when nothing changed."""
+    old = rowlog.read_unit(path, run_id, "run")
+    if old is None or (only_from is not None and old["runs"]["status"][0] != only_from):
+        return False
+    _write(path, run_id, "run", None, {"runs": old["runs"].with_columns(pl.lit(status).alias("status"))})
+    return True
 
 
 def end_run(path: str | Path, run_id: str, status: str) -> None:
     """Set a run row still ``running`` to ``status`` (crashed, cancelled, failed)."""
-    with session(path) as con:
-        con.execute("UPDATE runs SET status = ? WHERE run_id = ? AND status = 'running'", [status, run_id])
+    set_status(path, run_id, status, only_from="running")
 
 
-def set_status(con, run_id: str, status: str) -> None:
-    con.execute("UPDATE runs SET status = ? WHERE run_id = ?", [status, run_id])
-
-
-def upsert_run(con, run_id: str, name: str, config: dict, mlflow_run_id: str, status: str) -> None:
-    con.execute(
-        "INSERT OR REPLACE INTO runs (run_id, name, config, mlflow_run_id, status) VALUES (?, ?, ?, ?, ?)",
-        [run_id, name, json.dumps(config), mlflow_run_id, status],
-    )
-
-
-def replace_step(con, run_id: str, step: int, frames: dict[str, pl.DataFrame]) -> None:
-    """Replace every row of (run_id, step) by ``frames`` (table name → rows) in one transaction."""
+def replace_step(path: str | Path, run_id: str, step: int, frames: dict[str, pl.DataFrame]) -> None:
+    """Replace every row of (run_id, step) by ``frames`` (table name → rows): a new version of the step's unit."""
     unknown = set(frames) - set(STEP_TABLES)
     if unknown:
         raise ValueError(f"replace_step: unknown tables {sorted(unknown)}; valid: {list(STEP_TABLES)}")
-    with _transaction(con):
-        for table in STEP_TABLES:
-            con.execute(f"DELETE FROM {table} WHERE run_id = ? AND step = ?", [run_id, step])
-        for table, df in frames.items():
-            _insert(con, table, df)
+    _write(path, run_id, "step", step, frames)
 
 
-def replace_eval(con, run_id: str, version: int, checkpoint: str, metrics: dict[str, float]) -> None:
-    """Replace the evaluation rows of one policy version in one transaction."""
+def replace_eval(path: str | Path, run_id: str, version: int, checkpoint: str, metrics: dict[str, float]) -> None:
+    """Replace the evaluation rows of one policy version."""
     df = pl.DataFrame({"run_id": run_id, "policy_version": version, "checkpoint": checkpoint,
                        "key": list(metrics), "value": [float(v) for v in metrics.values()]})
-    with _transaction(con):
-        con.execute("DELETE FROM evaluations WHERE run_id = ? AND policy_version = ?", [run_id, version])
-        _insert(con, "evaluations", df)
+    _write(path, run_id, "eval", version, {"evaluations": df})
 
 
-def merge_stores(target: str | Path, sources: list[str | Path]) -> dict[str, int]:
-    """Copy every row of each source store into ``target``, replacing the target's rows of the same runs.
-
-    Used when runs trained in parallel processes each wrote their own file (DuckDB has one writer
-    per file). Every table of a source that has a ``run_id`` column and exists in the target is
-    copied; one transaction per source. Returns rows copied per table.
-    """
-    copied: dict[str, int] = {}
-    with session(target) as con:
-        for i, src in enumerate(sources):
-            alias = f"src{i}"
-            quoted = str(Path(src)).replace("'", "''")  # ATTACH takes no parameters: a quoted literal
-            con.execute(f"ATTACH '{quoted}' AS {alias} (READ_ONLY)")
-            tables = [t for (t,) in con.execute(
-                "SELECT table_name FROM duckdb_columns() WHERE database_name = ? AND column_name = 'run_id' "
-                "AND table_name IN (SELECT table_name FROM duckdb_tables() WHERE database_name = current_database())",
-                [alias]).fetchall()]
-            try:
-                with _transaction(con):
-                    for table in tables:  # identifiers from the source's own catalogue, not user input
-                        con.execute(f"DELETE FROM {table} WHERE run_id IN (SELECT DISTINCT run_id FROM {alias}.{table})")
-                        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {alias}.{table}")
-                        n = con.execute(f"SELECT count(*) FROM {alias}.{table}").fetchone()[0]
-                        copied[table] = copied.get(table, 0) + n
-            finally:
-                con.execute(f"DETACH {alias}")
-    return copied
+def _runs_query(path: str | Path, run_ids: Sequence[str], tables: Sequence[str], sql: str,
+                params: Sequence) -> pl.DataFrame:
+    """``sql`` over the row-log rows of ``run_ids`` in ``tables`` (never the store file: a run reading its own
+    rows never waits for it)."""
+    con = rowlog.load(path, run_ids, tables)
+    try:
+        return con.execute(sql, params).pl()
+    finally:
+        con.close()
 
 
 def query(path: str | Path, sql: str, params: Sequence | None = None) -> pl.DataFrame:
-    """Run read-only SQL against the store; values go in ``params`` (``?`` placeholders)."""
-    con = duckdb.connect(str(path), read_only=True)
+    """Ingest pending rows, then run read-only SQL against the store; values go in ``params`` (``?``)."""
+    ingest(path)
+    con = connect(path, read_only=True)
     try:
         return con.execute(sql, params or []).pl()
     finally:
@@ -261,26 +218,26 @@ def query(path: str | Path, sql: str, params: Sequence | None = None) -> pl.Data
 
 def run_metrics(path: str | Path, run_id: str, prefix: str = "") -> pl.DataFrame:
     """(step, key, value) of every metric of ``run_id`` whose key starts with ``prefix``."""
-    return query(path, "SELECT step, key, value FROM metrics WHERE run_id = ? AND starts_with(key, ?)",
-                 [run_id, prefix])
+    return _runs_query(path, [run_id], ["metrics"], "SELECT step, key, value FROM metrics WHERE run_id = ? "
+                       "AND starts_with(key, ?)", [run_id, prefix])
 
 
 def eval_pass_at_1(path: str | Path, run_id: str) -> pl.DataFrame:
     """(policy_version, key, value) of the overall pass@1 of every evaluation mode of ``run_id``."""
-    return query(path, "SELECT policy_version, key, value FROM evaluations WHERE run_id = ? "
-                       "AND key LIKE 'eval/%/all/pass_at_1'", [run_id])
+    return _runs_query(path, [run_id], ["evaluations"], "SELECT policy_version, key, value FROM evaluations "
+                       "WHERE run_id = ? AND key LIKE 'eval/%/all/pass_at_1'", [run_id])
 
 
 def evaluation_rows(path: str | Path, run_ids: Sequence[str]) -> pl.DataFrame:
     """(run_id, policy_version, key, value) of every evaluation of ``run_ids``."""
-    return query(path, "SELECT run_id, policy_version, key, value FROM evaluations "
+    return _runs_query(path, run_ids, ["evaluations"], "SELECT run_id, policy_version, key, value FROM evaluations "
                        "WHERE list_contains(?::VARCHAR[], run_id)", [list(run_ids)])
 
 
 def kept_kinds(path: str | Path, run_ids: Sequence[str]) -> pl.DataFrame:
     """Trained (kept) trajectories of ``run_ids`` by kind — R3L's rows by their kind, then errors kept,
     purified, clean first try — with their count and mean reward and advantage."""
-    return query(path, """
+    return _runs_query(path, run_ids, ["trajectories"], """
         SELECT run_id, CASE WHEN coalesce(kind, 'rollout') NOT IN ('rollout', 'base') THEN 'R3L ' || kind
                             WHEN errors_kept > 0 THEN 'errors kept' WHEN rollbacks_recovered > 0 THEN 'purified'
                             ELSE 'clean first try' END AS kind, count(*) AS n, avg(reward) AS reward,

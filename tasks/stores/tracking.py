@@ -49,7 +49,29 @@ def _client(cfg: TrackingConfig):
     os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(cfg.http_retries)
     os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = "1"
     os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(int(max(1, cfg.http_timeout_s)))
+    if cfg.mlflow_uri.startswith("sqlite:///") and cfg.mlflow_uri not in _CREATED:
+        return _create_once(cfg.mlflow_uri)
     return MlflowClient(tracking_uri=cfg.mlflow_uri)
+
+
+_CREATED: set[str] = set()
+
+
+def _create_once(uri: str):
+    """The first client of a sqlite store in this process, made under a lock file beside it: MLflow creates (or
+    migrates) the schema of the file then, and runs started together on a new file raced there ('table datasets
+    already exists')."""
+    import fcntl
+
+    from mlflow.tracking import MlflowClient
+
+    path = Path(uri.removeprefix("sqlite:///"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        client = MlflowClient(tracking_uri=uri)
+    _CREATED.add(uri)
+    return client
 
 
 def _unreachable(err: Exception) -> bool:

@@ -77,8 +77,7 @@ def env_eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, setu
     name = env.eval_name or env.name
     metrics = summarize(trajs, f"eval/{name}")
     metrics["time/eval_s"] = time.perf_counter() - t0
-    with db.session(tracking_cfg.duckdb_path) as con:
-        db.replace_eval(con, run_id, version, ckpt, metrics)
+    db.replace_eval(tracking_cfg.duckdb_path, run_id, version, ckpt, metrics)
     if mlrun:
         states = pl.DataFrame({"env": name, "seed": seeds, "options": json.dumps(env.options, sort_keys=True)})
         dataset = log_frame(tracking_cfg, mlrun, states, f"{name}/heldout", "evaluation")

@@ -235,8 +235,7 @@ def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, set
         "steps": pl.DataFrame({"run_id": [run_id], "step": [step], "checkpoint": [ckpt], "policy_version": [Path(ckpt).name],
                                "seconds": [sum(v for k, v in metrics.items() if k.startswith("time/"))]}),
     }
-    with db.session(tracking_cfg.duckdb_path) as con:
-        db.replace_step(con, run_id, step, frames)
+    db.replace_step(tracking_cfg.duckdb_path, run_id, step, frames)
     metrics["time/log_s"] = time.perf_counter() - t0
     metrics["time/traces_s"] = _step_traces(step_dir, step, mlrun, tracking_cfg, frames, trace_tags or {},
                                             metrics.get("time/rollout_s", 0.0))
@@ -282,8 +281,7 @@ def eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, setup: E
 
     metrics = evaluate(ckpt, items, setup, on_mode=seen)
     metrics["time/eval_s"] = time.perf_counter() - t0
-    with db.session(tracking_cfg.duckdb_path) as con:
-        db.replace_eval(con, run_id, version, ckpt, metrics)
+    db.replace_eval(tracking_cfg.duckdb_path, run_id, version, ckpt, metrics)
     if mlrun:
         track_eval(tracking_cfg, mlrun, run_id, version, ckpt, metrics, dataset_ref(setup.eval_path), model,
                     trace_tags or {}, modes)

@@ -157,7 +157,10 @@ def task_rows(problems: list[Problem], split: str) -> list[dict]:
 
 
 def write_task_parquet(path: Path, n: int, seed: int, split: str) -> Path:
-    """Write ``n`` problems of ``split`` (``rl`` for training prompts, ``eval`` held out) as verl parquet."""
+    """Write ``n`` problems of ``split`` (``rl`` for training prompts, ``eval`` held out) as verl parquet; written
+    under a temporary name and renamed, so runs started together never read a half-written file."""
+    import os
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -165,5 +168,7 @@ def write_task_parquet(path: Path, n: int, seed: int, split: str) -> Path:
         raise ValueError("split: 'sft' questions belong to the warm-up corpus, not to RL or evaluation prompts")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(task_rows(make_problems(n, seed, split), split)), path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    pq.write_table(pa.Table.from_pylist(task_rows(make_problems(n, seed, split), split)), tmp)
+    tmp.replace(path)
     return path
