@@ -56,21 +56,17 @@ def check_mlflow(cfg, missing: list[str]) -> str:
 
 
 def check_duckdb(cfg, run_id: str, missing: list[str]) -> str:
-    import duckdb
+    from tasks.stores.db import query
 
-    con = duckdb.connect(cfg.tracking.duckdb_path, read_only=True)
-    try:
-        counts = {}
-        for table in ("trajectories", "turns", "tool_executions", "saar_events", "metrics"):
-            rows = con.execute(f"SELECT DISTINCT step FROM {table} WHERE run_id = ?", [run_id]).fetchall()
-            counts[table] = len(rows)
-            if len(rows) != cfg.train.steps:
-                missing.append(f"DuckDB {table} rows of every step (steps with rows: {len(rows)})")
-        evals = con.execute("SELECT count(*) FROM evaluations WHERE run_id = ?", [run_id]).fetchone()[0]
-        if not evals:
-            missing.append("DuckDB evaluations")
-    finally:
-        con.close()
+    store, counts = cfg.tracking.duckdb_path, {}
+    for table in ("trajectories", "turns", "tool_executions", "saar_events", "metrics"):
+        steps = query(store, f"SELECT count(DISTINCT step) FROM {table} WHERE run_id = ?", [run_id]).item()
+        counts[table] = steps
+        if steps != cfg.train.steps:
+            missing.append(f"DuckDB {table} rows of every step (steps with rows: {steps})")
+    evals = query(store, "SELECT count(*) FROM evaluations WHERE run_id = ?", [run_id]).item()
+    if not evals:
+        missing.append("DuckDB evaluations")
     return f"DuckDB rows for {cfg.train.steps} steps in {', '.join(counts)}; {evals} evaluation rows"
 
 
@@ -96,14 +92,10 @@ def main() -> int:
 
 
 def _run_id(cfg) -> str | None:
-    import duckdb
+    from tasks.stores.db import query
 
-    con = duckdb.connect(cfg.tracking.duckdb_path, read_only=True)
-    try:
-        rows = con.execute("SELECT run_id FROM runs WHERE status = 'finished'").fetchall()
-    finally:
-        con.close()
-    return rows[0][0] if len(rows) == 1 else None
+    rows = query(cfg.tracking.duckdb_path, "SELECT run_id FROM runs WHERE status = 'finished'")["run_id"].to_list()
+    return rows[0] if len(rows) == 1 else None
 
 
 if __name__ == "__main__":
