@@ -78,15 +78,25 @@ def _check_policy(cfg) -> None:
         raise typer.Exit(2)
 
 
+FLOW_COMMANDS = ("warmup", "warmup-gate", "train", "resume", "eval", "compare", "demo", "bench-engines",
+                 "bench-partial", "bench-step")
+"""Commands that run Prefect flows (a temporary Prefect server without ``PREFECT_API_URL``)."""
+
+
 @app.callback()
-def _stop_on_sigterm() -> None:
+def _before_any_command(ctx: typer.Context) -> None:
     """SIGTERM (``kill``, a CI runner, a process manager) ends any command as Ctrl-C does: its flow run is marked,
     and the temporary Prefect server the process started is stopped on the way out (Prefect stops it at interpreter
-    exit, which a default SIGTERM skips) instead of outliving the command."""
+    exit, which a default SIGTERM skips) instead of outliving the command. A command that runs flows finds the
+    Prefect database migrated, even when others start beside it on a fresh home (``flows.prefect_home``)."""
     def interrupt(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, interrupt)
+    if ctx.invoked_subcommand in FLOW_COMMANDS:
+        from flows.prefect_home import ensure_database
+
+        ensure_database()
 
 
 def _mount_optional(name: str, module: str, help_text: str) -> None:

@@ -129,3 +129,24 @@ def test_sigterm_stops_the_temporary_prefect_server_with_the_command(warm_model_
     finally:
         for pid in _session(proc.pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_commands_started_together_on_a_fresh_prefect_home_migrate_its_database_once(tmp_path):
+    """Three processes on one fresh PREFECT_HOME: each finds the database migrated (alembic at head), the marker is
+    written, and a later command skips the migration without loading Prefect's server modules."""
+    import sqlite3
+
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
+    env.pop("PREFECT_API_URL", None)
+    code = "from flows.prefect_home import ensure_database; print(ensure_database())"
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    markers = list((tmp_path / "home").glob(".cleaner-db-migrated-*"))
+    assert len(markers) == 1 and all(str(markers[0]) in out for out in outs), outs
+    with sqlite3.connect(tmp_path / "home" / "prefect.db") as db:
+        assert len(db.execute("SELECT version_num FROM alembic_version").fetchall()) == 1
+    again = subprocess.run([sys.executable, "-c", code + "; import sys; print('prefect.server.database' in sys.modules)"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert again.stdout.split()[-1] == "False", again.stdout + again.stderr
