@@ -41,6 +41,7 @@ from pathlib import Path
 SWITCHES: dict[str, tuple[str, str, str]] = {
     "kv_cache": ("engine.kv_cache", "concat", "preallocated"),
     "share_prefill": ("engine.share_prefill", "false", "true"),
+    "lean_decode": ("engine.lean_decode", "false", "true"),
     "fuse_old_logprobs": ("trainer.fuse_old_logprobs", "false", "true"),
     "causal_only": ("trainer.causal_only", "false", "true"),
     "response_logits": ("trainer.response_logits", "false", "true"),
@@ -126,7 +127,7 @@ def differences(a: dict, b: dict) -> dict[str, float]:
     lp = max((abs(p - q) for x, y in zip(ta, tb) for p, q in zip(x[2], y[2])), default=0.0) if same_ids else float("inf")
     train = [k for k in a if k.startswith("train/")]
     return {"token_ids": 0.0 if same_ids else float("inf"), "rollout_logprobs": lp,
-            **{k: abs(float(a[k]) - float(b.get(k, float("nan")))) / max(1.0, abs(float(a[k]))) for k in train}}
+            **{k: abs(float(a[k]) - float(b[k])) / max(1.0, abs(float(a[k]))) if k in b else float("inf") for k in train}}
 
 
 def bench_step(config: str | Path = "configs/tiny.yaml", work_dir: str | Path = "runs/bench-step",

@@ -183,6 +183,11 @@ class EngineConfig(BaseModel):
     buffers sized once; rows leaving move only the rows behind them) or ``concat`` (transformers' cache copies the
     whole batch cache for every token; the previous path). Same logits bit for bit (``models.kv_cache``)."""
 
+    lean_decode: bool = True
+    """In-process continuous batching: a decode step calls the model's own modules layer by layer
+    (``models.lean_decode``: Qwen2/Llama decoders, LoRA included) instead of transformers' forward with its
+    per-call machinery; the same logits bit for bit. Other models, or False: transformers' forward."""
+
     share_prefill: bool = True
     """In-process continuous batching: requests admitted together that feed the same ids from scratch (the samples
     of one prompt) are prefilled once and the keys/values copied to each row. The same tokens are sampled; the

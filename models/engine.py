@@ -127,7 +127,7 @@ class TransformersEngine:
 
         return DecodeStream(self.model, self.eos_id, self.pad_id, self.cfg.temperature, self.cfg.top_p,
                             self.cfg.max_batch, seed, keep_prefix, counters=self.counters, kv_cache=self.cfg.kv_cache,
-                            share_prefill=self.cfg.share_prefill)
+                            share_prefill=self.cfg.share_prefill, lean_decode=self.cfg.lean_decode)
 
     @torch.no_grad()
     def generate(self, requests: list[GenRequest], seed: int) -> list[GenOutput]:

@@ -4,7 +4,10 @@ One call of ``update`` is one RL step on the policy side:
 
 1. load the policy from a ``save_pretrained`` checkpoint folder (and its optimizer state);
 2. **recompute old log-probs** on the final sequences (no grad) — SAAR changed the context
-   the rollout log-probs were computed in, so they are never used as the old policy;
+   the rollout log-probs were computed in, so they are never used as the old policy; with
+   ``fuse_old_logprobs`` the first mini-batch's forwards (with grad, before any optimizer step) are its
+   rows' old log-probs and the update reuses them, so only the other rows get the no-grad pass
+   (``causal_only`` and ``response_logits`` trim every forward: no padding mask, no prompt logits);
 3. for each mini-batch: the registered loss ``cfg.loss`` (``models.losses``: ``dapo`` =
    -min(ratio·A, clip(ratio, 1-ε_low, 1+ε_high)·A) with ratio = exp(new - old), ``opmd`` =
    -A·log π / (1 + τ)), token-mean over the mini-batch's mask-1 tokens (``loss_agg``: or the mean over its

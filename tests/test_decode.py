@@ -220,3 +220,25 @@ def test_samples_of_one_prompt_share_one_prefill(model):
     assert len({tuple(shared[i][0]) for i in range(0, 8, 2)}) > 1, "samples of one prompt differ"
     for i, (ids, lps, _) in shared.items():
         assert max(abs(a - b) for a, b in zip(lps, _teacher_forced(model, prompts[i % 2], ids))) < 1e-4
+
+
+@pytest.mark.parametrize("kv_cache", ["concat", "preallocated"])
+def test_lean_decode_step_is_transformers_forward_bit_for_bit(model, kv_cache):
+    """Same ids, same log-probs to the last bit as transformers' forward, over two turns with prefix reuse and
+    rows of different lengths (so the decode steps see padding masks, and a lone row none)."""
+    from models.lean_decode import supports
+
+    assert supports(model)
+    runs = []
+    for lean in (False, True):
+        stream = DecodeStream(model, EOS, PAD, temperature=0.9, max_batch=4, seed=7, keep_prefix=True,
+                              kv_cache=kv_cache, lean_decode=lean)
+        assert stream.lean == lean
+        prompts = _prompts(6, seed=11)
+        for i, p in enumerate(prompts):
+            stream.submit(i, p, 4 + 5 * (i % 3))
+        first = _drain(stream)
+        for i, p in enumerate(prompts):
+            stream.submit(i, p + first[i][0] + [5, 6], 9)
+        runs.append((first, _drain(stream), stream.stats))
+    assert runs[0] == runs[1]
