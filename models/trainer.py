@@ -108,7 +108,8 @@ class ForwardSwitches:
 
     @classmethod
     def of(cls, cfg: TrainerConfig) -> ForwardSwitches:
-        return cls(cfg.causal_only, cfg.response_logits)
+        """The config's switches; none with OPOB, whose per-row step keeps the previous forward throughout."""
+        return cls() if cfg.opob else cls(cfg.causal_only, cfg.response_logits)
 
 
 def _response_forward(model, samples: list[Sample], pad_id: int, device: str = "cpu", head=None,
@@ -419,8 +420,7 @@ def _opob_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: list[
         with_r, plain, sq_norms, losses = [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params], [], []
         for i in rows:
             opt.zero_grad(set_to_none=True)
-            new_lp, mask, entropy = response_logprobs_entropy(model, [mb[i]], pad_id, cfg.device,
-                                                                ForwardSwitches.of(cfg))
+            new_lp, mask, entropy = response_logprobs_entropy(model, [mb[i]], pad_id, cfg.device)
             batch = LossBatch(new_lp, _stack([old[i]], new_lp), torch.ones(1, device=new_lp.device), mask, n_tokens,
                               agg=cfg.loss_agg, n_seqs=float(len(mb)))
             loss, stats = loss_fn(batch, cfg)
@@ -453,7 +453,7 @@ def _kl_backward(model, mb: list[Sample], old, ref, cfg: TrainerConfig, pad_id: 
     """Backward of ``kl_coef`` × the KL penalty over a mini-batch (used where the policy loss is built per row)."""
     for lo in range(0, len(mb), cfg.micro_batch):
         chunk = mb[lo : lo + cfg.micro_batch]
-        new_lp, mask, _ = response_logprobs_entropy(model, chunk, pad_id, cfg.device, ForwardSwitches.of(cfg))
+        new_lp, mask, _ = response_logprobs_entropy(model, chunk, pad_id, cfg.device)
         batch = LossBatch(new_lp, _stack(old[lo : lo + cfg.micro_batch], new_lp), torch.zeros(len(chunk)), mask,
                           n_tokens, _stack(ref[lo : lo + cfg.micro_batch], new_lp), cfg.loss_agg, float(len(mb)))
         kl = kl_penalty(batch, cfg.kl_estimator)
