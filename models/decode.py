@@ -30,7 +30,8 @@ sampled token is under the temperature-scaled distribution, as the static engine
 
 Cache: ``kv_cache`` picks its holder (``models.kv_cache``): ``preallocated`` buffers written in place
 (the engine's default) or ``concat``, transformers' cache copied for every token (the previous path);
-the logits are the same bit for bit.
+the logits are the same bit for bit. With ``lean_decode`` a decode step runs the model's own modules
+layer by layer (``models.lean_decode``) instead of transformers' forward: same logits, less Python.
 
 Attention: the stream switches its model from ``sdpa`` to ``decode_gqa`` (``gqa_decode_attention``):
 a one-token decode step attends with each key/value head's query heads stacked as queries,
