@@ -153,13 +153,16 @@ def test_a_logged_step_without_its_traces_gets_them_when_logged_again(tmp_path, 
 
 def test_bench_sides_switch_what_they_name():
     before, after = side_overrides("before"), side_overrides("after")
-    assert before == ["engine.kv_cache=concat", "trainer.fuse_old_logprobs=false", "trainer.causal_only=false",
-                      "trainer.response_logits=false", "tracking.background_traces=false"]
-    assert after == ["engine.kv_cache=preallocated", "trainer.fuse_old_logprobs=true", "trainer.causal_only=true",
-                     "trainer.response_logits=true", "tracking.background_traces=true"]
-    one = side_overrides("kv_cache")
-    assert one[0] == "engine.kv_cache=preallocated" and one[1:] == before[1:]
-    assert set(SWITCHES) == {"kv_cache", "fuse_old_logprobs", "causal_only", "response_logits", "background_traces"}
+    assert before == ["engine.kv_cache=concat", "engine.share_prefill=false", "engine.lean_decode=false",
+                      "trainer.fuse_old_logprobs=false", "trainer.causal_only=false", "trainer.response_logits=false",
+                      "tracking.background_traces=false"]
+    assert after == ["engine.kv_cache=preallocated", "engine.share_prefill=true", "engine.lean_decode=true",
+                     "trainer.fuse_old_logprobs=true", "trainer.causal_only=true", "trainer.response_logits=true",
+                     "tracking.background_traces=true"]
+    one = side_overrides("lean_decode")
+    assert one[2] == "engine.lean_decode=true" and one[:2] + one[3:] == before[:2] + before[3:]
+    assert set(SWITCHES) == {"kv_cache", "share_prefill", "lean_decode", "fuse_old_logprobs", "causal_only",
+                             "response_logits", "background_traces"}
     with pytest.raises(ValueError, match="unknown side 'fast'; valid: before, after, kv_cache"):
         side_overrides("fast")
 
@@ -170,6 +173,6 @@ def test_after_is_every_default():
 
     cfg = load_config(TINY, side_overrides("after"))
     defaults = RunConfig()
-    assert cfg.engine.kv_cache == defaults.engine.kv_cache
+    assert cfg.engine.model_dump() == defaults.engine.model_dump()
     assert cfg.trainer.model_dump() == load_config(TINY, []).trainer.model_dump()
     assert cfg.tracking.background_traces == defaults.tracking.background_traces
