@@ -15,6 +15,7 @@
     cleaner query "SQL"              query the DuckDB store
     cleaner bench-rollout            rollout before/after continuous batching (ratios in one run)
     cleaner bench-partial            rollout with APRIL partial rollouts off/on (ratios in one run)
+    cleaner bench-step               the compare's RL step with the speed switches off/on (ratio, identical numbers)
     cleaner sandbox ... / data ...   sandbox benchmark, dataset tools
 
 Every command takes ``--config`` (YAML) and repeatable ``--set key.path=value`` overrides.
@@ -328,6 +329,28 @@ def bench_rollout_cmd(model: Path = typer.Option(Path("assets/tiny-warm"), help=
     from tasks.training.bench_rollout import bench_rollout
 
     bench_rollout(model, n_prompts=prompts, n_samples=samples, repeats=repeats, echo=console.print)
+
+
+@app.command("bench-step")
+def bench_step_cmd(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
+                   sides: str = typer.Option("before,after", help="Sides: before (every speed switch off), after (all "
+                                                                   "on), or one switch's name (only it on)."),
+                   repeats: int = typer.Option(3, help="Alternating blocks per side (the first warms up)."),
+                   steps: int = typer.Option(2, help="RL steps per block."),
+                   work_dir: Path = typer.Option(Path("runs/bench-step"), help="Scratch folder (emptied)."),
+                   out: Path = typer.Option(Path("runs/bench_step.json"), help="Where the JSON report goes.")) -> None:
+    """The compare's RL step with the speed switches off vs on: seconds per part, ratio, largest differences."""
+    from flows.bench_step import bench_step, write_json
+
+    try:
+        report = bench_step(config, work_dir, tuple(x.strip() for x in sides.split(",") if x.strip()), repeats, steps,
+                            overrides or [], echo=console.print)
+    except ValueError as err:
+        console.print(f"[red]{err}[/red]")
+        raise typer.Exit(2) from None
+    console.print(f"wrote {write_json(report, out)}")
+    if not report["same"]:
+        raise typer.Exit(1)
 
 
 @app.command("bench-partial")

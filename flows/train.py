@@ -33,7 +33,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.config import RunConfig, load_config
 from flows.warmup import ensure_base
 from tasks.data.loader import ensure_files
-from tasks.stores import db, links, registry, tracking
+from tasks.stores import db, links, registry, trace_writer, tracking
 from tasks.stores.registry import ModelRef
 from tasks.stores.system import system_metrics
 from tasks.training import live
@@ -381,6 +381,7 @@ def train(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = 
     artifacts.start(annotate_task(cfg, info, flow_run_id, parent_mlflow_run), run_id)
     with system_metrics(cfg.tracking, info.mlflow_run_id):
         ckpt, walls = _steps(cfg, info, artifacts)
+        trace_writer.flush()  # every step's traces are in MLflow (or the run fails) before it is finished
         (Path(info.run_dir) / f"walltime-{flow_run.get_id() or 'local'}.json").write_text(json.dumps(walls))
         with named_stage("finish-run", cfg.train.steps):
             summary = finish_task(cfg, info, ckpt, flow_run_id, parent_mlflow_run)

@@ -178,6 +178,22 @@ class EngineConfig(BaseModel):
     """In-process engine: ``continuous`` (finished rows leave the batch, queued ones join, prefixes are
     reused across turns) or ``static`` (one padded ``generate`` per chunk; the benchmark's baseline)."""
 
+    kv_cache: Literal["preallocated", "concat"] = "preallocated"
+    """In-process continuous batching: ``preallocated`` (each decode step writes its keys/values in place into
+    buffers sized once; rows leaving move only the rows behind them) or ``concat`` (transformers' cache copies the
+    whole batch cache for every token; the previous path). Same logits bit for bit (``models.kv_cache``)."""
+
+    lean_decode: bool = True
+    """In-process continuous batching: a decode step calls the model's own modules layer by layer
+    (``models.lean_decode``: Qwen2/Llama decoders, LoRA included) instead of transformers' forward with its
+    per-call machinery; the same logits bit for bit. Other models, or False: transformers' forward."""
+
+    share_prefill: bool = True
+    """In-process continuous batching: requests admitted together that feed the same ids from scratch (the samples
+    of one prompt) are prefilled once and the keys/values copied to each row. The same tokens are sampled; the
+    log-probs move by float noise (~1e-6: a prefill batch of other rows and widths, as any continuous batch's
+    composition does). False: every row prefills its own prompt (the previous path)."""
+
     device: str = "cpu"
     """Torch device of the in-process engine (``cpu`` or ``cuda``)."""
 
@@ -314,6 +330,19 @@ class TrainerConfig(BaseModel):
 
     device: str = "cpu"
     """Torch device for the update."""
+
+    fuse_old_logprobs: bool = True
+    """The first mini-batch's forwards (with grad) are also its old-log-prob pass (the policy has not moved yet), so
+    its rows are forwarded once instead of twice; only where exact (no critic, no OPOB, no dropout). False: a
+    separate no-grad pass over every row first (``cleaner bench-step`` measures both)."""
+
+    causal_only: bool = True
+    """The update's forwards pass no padding mask: rows are right-padded, so causal attention alone keeps every
+    real token from seeing padding (and skips the masked half of the attention). False: the padding mask too."""
+
+    response_logits: bool = True
+    """The update's forwards compute logits, log-softmax and entropy only from a micro-batch's first response
+    position on (the prompt positions' logits are never read). False: over every position."""
 
     critic: CriticConfig = CriticConfig()
     """Value head and GAE (``mix.advantage: gae``); off otherwise."""

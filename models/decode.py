@@ -8,7 +8,9 @@ batch (``[rows, kv_heads, width, head_dim]`` per layer). Every ``step()``:
    prompt is prefilled in one forward with the other joiners; when the stream keeps prefixes
    (``keep_prefix``) and the same key was decoded before, the cached keys/values of the longest
    common prefix are reused and only the new suffix is fed (a multi-turn trajectory re-feeds
-   only its tool response, not its whole history). The joiners' caches are merged into the batch.
+   only its tool response, not its whole history). With ``share_prefill``, joiners feeding the same
+   ids from scratch (the samples of one prompt) are prefilled once and the result copied. The
+   joiners' caches are merged into the batch.
 3. **leave**: rows that sampled the end-of-turn id or used their budget leave the batch at
    once (their cache is kept under their key when ``keep_prefix``); the batch is trimmed to the
    longest remaining row.
@@ -26,6 +28,11 @@ a generator seeded by (seed, key, turn), so what a row samples does not depend o
 rows share its batch (up to floating-point noise of different batch shapes). The log-prob of a
 sampled token is under the temperature-scaled distribution, as the static engine reports.
 
+Cache: ``kv_cache`` picks its holder (``models.kv_cache``): ``preallocated`` buffers written in place
+(the engine's default) or ``concat``, transformers' cache copied for every token (the previous path);
+the logits are the same bit for bit. With ``lean_decode`` a decode step runs the model's own modules
+layer by layer (``models.lean_decode``) instead of transformers' forward: same logits, less Python.
+
 Attention: the stream switches its model from ``sdpa`` to ``decode_gqa`` (``gqa_decode_attention``):
 a one-token decode step attends with each key/value head's query heads stacked as queries,
 instead of copying the whole cache once per query head (transformers' ``repeat_kv``); prefill
@@ -39,6 +46,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import torch
+
+from models.kv_cache import ConcatKV, SlotKV, left_pad
+
+KV_CACHES = {"concat": lambda max_batch: ConcatKV(), "preallocated": lambda max_batch: SlotKV(max_batch)}
+"""``engine.kv_cache`` → the batch cache's holder (``models.kv_cache``)."""
 
 
 @dataclass
@@ -98,19 +110,25 @@ class DecodeStream:
     """Rows join (``submit``), decode together (``step``) and leave when done (see module docstring)."""
 
     def __init__(self, model, eos_id: int, pad_id: int, temperature: float = 1.0, top_p: float = 1.0,
-                 max_batch: int = 64, seed: int = 0, keep_prefix: bool = False, counters: dict | None = None):
+                 max_batch: int = 64, seed: int = 0, keep_prefix: bool = False, counters: dict | None = None,
+                 kv_cache: str = "concat", share_prefill: bool = False, lean_decode: bool = False):
         self.model = model
         self.eos_id, self.pad_id = eos_id, pad_id
         self.temperature, self.top_p = temperature, top_p
-        self.max_batch, self.seed, self.keep_prefix = max_batch, seed, keep_prefix
+        self.max_batch, self.seed, self.keep_prefix, self.share_prefill = max_batch, seed, keep_prefix, share_prefill
         self.device = next(model.parameters()).device
         _use_decode_attention(model)
+        from models.lean_decode import supports
+
+        self.lean = lean_decode and supports(model)
+        """Decode steps through ``models.lean_decode`` (same logits, less Python per forward)."""
         self.queue: deque[_Pending] = deque()
         self.rows: list[_Row] = []
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
+        if kv_cache not in KV_CACHES:
+            raise ValueError(f"engine.kv_cache: unknown {kv_cache!r}; valid: {sorted(KV_CACHES)}")
+        self.kv = KV_CACHES[kv_cache](max_batch)
         self.store: dict[object, tuple[list[int], list[torch.Tensor], list[torch.Tensor]]] = {}
-        self.stats = {"forwards": 0, "row_tokens": 0, "prefill_tokens": 0, "reused_tokens": 0}
+        self.stats = {"forwards": 0, "row_tokens": 0, "prefill_tokens": 0, "reused_tokens": 0, "shared_tokens": 0}
         self.counters = counters if counters is not None else {}
         """Shared with the engine: ``generated`` tokens and ``decode_slots`` (equal here: no row decodes padding)."""
 
@@ -169,6 +187,26 @@ class DecodeStream:
         return n
 
     def _prefill(self, joiners: list[tuple[_Pending, int]]):
+        """The joiners' caches and last logits; with ``share_prefill``, joiners that feed the same ids from scratch
+        (the samples of one prompt, admitted together) are prefilled once and the result copied to each."""
+        slot: dict[tuple, int] = {}
+        unique: list[tuple[_Pending, int]] = []
+        where = []
+        for n, (req, c) in enumerate(joiners):
+            key = ("ids", tuple(req.input_ids)) if self.share_prefill and not c else ("row", n)
+            if key not in slot:
+                slot[key] = len(unique)
+                unique.append((req, c))
+            where.append(slot[key])
+        if len(unique) == len(joiners):
+            return self._prefill_rows(joiners)
+        keys, values, lasts = self._prefill_rows(unique)
+        self.stats["shared_tokens"] += sum(len(req.input_ids) for req, _ in joiners) - sum(
+            len(req.input_ids) for req, _ in unique)
+        idx = torch.tensor(where, device=lasts.device)
+        return [k[idx] for k in keys], [v[idx] for v in values], lasts[idx]
+
+    def _prefill_rows(self, joiners: list[tuple[_Pending, int]]):
         """One forward over the joiners' new suffixes on top of their reused prefixes (left-padded)."""
         n_layers = self.model.config.num_hidden_layers
         c_max = max(c for _, c in joiners)
@@ -185,8 +223,8 @@ class DecodeStream:
                 for req, c in joiners:
                     cached = self.store[req.key] if c else some
                     k, v = cached[1][layer][:, :c], cached[2][layer][:, :c]
-                    ks.append(_left_pad(k, c_max))
-                    vs.append(_left_pad(v, c_max))
+                    ks.append(left_pad(k, c_max))
+                    vs.append(left_pad(v, c_max))
                 past_k.append(torch.stack(ks))
                 past_v.append(torch.stack(vs))
             past = list(zip(past_k, past_v))
@@ -198,46 +236,51 @@ class DecodeStream:
             attn[row, c_max + s_max - len(suffix) :] = 1
             self.stats["reused_tokens"] += c
             self.stats["prefill_tokens"] += len(suffix)
-        keys, values, logits = self._forward(ids, pos, attn, past, c_max)
+        from transformers import DynamicCache
+
+        cache, logits = self._forward(ids, pos, attn, DynamicCache(past) if past is not None else DynamicCache(), c_max)
+        keys, values = [lay.keys for lay in cache.layers], [lay.values for lay in cache.layers]
         spans = [(c, len(req.input_ids) - c) for req, c in joiners]
         return _pack(keys, c_max, spans), _pack(values, c_max, spans), logits[:, -1]
 
     def _merge(self, keys: list[torch.Tensor], values: list[torch.Tensor], lengths: list[int]) -> None:
         """Append admitted rows (caches ``[n, h, w, d]``, left-padded) to the batch cache."""
-        if not self.keys:
-            self.keys, self.values = keys, values
-            return
-        width = max(self.keys[0].shape[2], keys[0].shape[2])
-        self.keys = [torch.cat([_left_pad(a, width), _left_pad(b, width)]) for a, b in zip(self.keys, keys)]
-        self.values = [torch.cat([_left_pad(a, width), _left_pad(b, width)]) for a, b in zip(self.values, values)]
+        self.kv.merge(keys, values)
 
     # -- decoding -----------------------------------------------------------------------------
 
     def _decode(self) -> None:
         """One token for every row in the batch."""
-        width = self.keys[0].shape[2]
+        width = self.kv.width
         ids = torch.tensor([[row.next_id] for row in self.rows])
         pos = torch.tensor([[len(row.fed)] for row in self.rows])
         attn = torch.zeros((len(self.rows), width + 1), dtype=torch.long)
         for j, row in enumerate(self.rows):
             attn[j, width - len(row.fed) :] = 1
-        self.keys, self.values, logits = self._forward(ids, pos, attn, list(zip(self.keys, self.values)), width)
+        if self.lean:
+            from models.lean_decode import decode_forward
+
+            cache = self.kv.decode_cache()
+            logits = decode_forward(self.model, ids.to(self.device), pos.to(self.device), attn.to(self.device), cache,
+                                    gqa_decode_attention)
+            self.stats["forwards"] += 1
+            self.stats["row_tokens"] += len(self.rows)
+        else:
+            cache, logits = self._forward(ids, pos, attn, self.kv.decode_cache(), width)
+        self.kv.stepped(cache)
         for row in self.rows:
             row.fed.append(row.next_id)
         self._sample(self.rows, logits[:, -1])
 
-    def _forward(self, ids, pos, attn, past, past_len: int):
-        from transformers import DynamicCache
-
-        cache = DynamicCache(past) if past is not None else DynamicCache()
+    def _forward(self, ids, pos, attn, cache, past_len: int):
+        """One forward over ``cache`` (grown in place); returns it and the last position's logits."""
         cache_position = torch.arange(past_len, past_len + ids.shape[1])
         out = self.model(input_ids=ids.to(self.device), position_ids=pos.to(self.device),
                          attention_mask=attn.to(self.device), past_key_values=cache,
                          cache_position=cache_position.to(self.device), use_cache=True, logits_to_keep=1)
         self.stats["forwards"] += 1
         self.stats["row_tokens"] += int(ids.shape[0] * ids.shape[1])
-        layers = out.past_key_values.layers
-        return [lay.keys for lay in layers], [lay.values for lay in layers], out.logits.float()
+        return out.past_key_values, out.logits.float()
 
     def _sample(self, rows: list[_Row], logits: torch.Tensor) -> None:
         logp = torch.log_softmax(logits / self.temperature, dim=-1)
@@ -270,13 +313,10 @@ class DecodeStream:
         if not done:
             return []
         finished = []
-        width = self.keys[0].shape[2]
         for i, reason in done:
             row = self.rows[i]
             if self.keep_prefix:
-                n = len(row.fed)
-                self.store[row.key] = (list(row.fed), [k[i, :, width - n :].clone() for k in self.keys],
-                                       [v[i, :, width - n :].clone() for v in self.values])
+                self.store[row.key] = (list(row.fed), *self.kv.row(i, len(row.fed)))
             finished.append((row.key, row.out, row.lps, reason))
         self._drop({i for i, _ in done})
         return finished
@@ -285,14 +325,7 @@ class DecodeStream:
         """Remove rows ``gone`` from the batch and trim the cache to the longest remaining row."""
         keep = [i for i in range(len(self.rows)) if i not in gone]
         self.rows = [self.rows[i] for i in keep]
-        if not keep:
-            self.keys, self.values = [], []
-            return
-        width = self.keys[0].shape[2]
-        sel = torch.tensor(keep)
-        longest = max(len(r.fed) for r in self.rows)
-        self.keys = [k[sel, :, width - longest :] for k in self.keys]
-        self.values = [v[sel, :, width - longest :] for v in self.values]
+        self.kv.drop(keep, max((len(r.fed) for r in self.rows), default=0))
 
     def abort(self, keys: set | None = None) -> list[tuple[object, list[int], list[float], str]]:
         """Stop the rows and queued requests of ``keys`` (all when None) at once; returns (key, ids sampled so
@@ -325,11 +358,3 @@ def _pack(layers: list[torch.Tensor], c_max: int, spans: list[tuple[int, int]]) 
         keep[row, 0, width - c - s:] = 1
     gather = index.to(layers[0].device)[:, None, :, None]
     return [t.gather(2, gather.expand(-1, t.shape[1], -1, t.shape[3])) * keep.to(t.device) for t in layers]
-
-
-def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
-    """Left-pad the sequence axis (-2) of a cache tensor with zeros to ``width``."""
-    missing = width - t.shape[-2]
-    if missing <= 0:
-        return t
-    return torch.cat([t.new_zeros(t.shape[:-2] + (missing, t.shape[-1])), t], dim=-2)

@@ -126,7 +126,8 @@ class TransformersEngine:
         from models.decode import DecodeStream
 
         return DecodeStream(self.model, self.eos_id, self.pad_id, self.cfg.temperature, self.cfg.top_p,
-                            self.cfg.max_batch, seed, keep_prefix, counters=self.counters)
+                            self.cfg.max_batch, seed, keep_prefix, counters=self.counters, kv_cache=self.cfg.kv_cache,
+                            share_prefill=self.cfg.share_prefill, lean_decode=self.cfg.lean_decode)
 
     @torch.no_grad()
     def generate(self, requests: list[GenRequest], seed: int) -> list[GenOutput]:

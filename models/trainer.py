@@ -4,9 +4,13 @@ One call of ``update`` is one RL step on the policy side:
 
 1. load the policy from a ``save_pretrained`` checkpoint folder (and its optimizer state);
 2. **recompute old log-probs** on the final sequences (no grad) — SAAR changed the context
-   the rollout log-probs were computed in, so they are never used as the old policy; the splice
-   treatment ``cfg.splice`` (``models.splice``) then decides how the spliced tokens train (``full``:
-   like the others; ``mask``, ``truncated_is``, ``behaviour_old``) and logs ``splice/*``;
+   the rollout log-probs were computed in, so they are never used as the old policy; with
+   ``fuse_old_logprobs`` the first mini-batch's forwards (with grad, before any optimizer step) are its
+   rows' old log-probs and the update reuses them, so only the other rows get the no-grad pass
+   (``causal_only`` and ``response_logits`` trim every forward: no padding mask, no prompt logits); the splice
+   treatment ``cfg.splice`` (``models.splice``) then decides how the spliced tokens train (``full``: like the
+   others; ``mask``, ``truncated_is``, ``behaviour_old``; any but ``full`` turns the fusion off) and logs
+   ``splice/*``;
 3. for each mini-batch: the registered loss ``cfg.loss`` (``models.losses``: ``dapo`` =
    -min(ratio·A, clip(ratio, 1-ε_low, 1+ε_high)·A) with ratio = exp(new - old), ``opmd`` =
    -A·log π / (1 + τ)), token-mean over the mini-batch's mask-1 tokens (``loss_agg``: or the mean over its
@@ -36,6 +40,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,27 +90,49 @@ def _pad_batch(samples: list[Sample], pad_id: int, device: str):
     return ids.to(device), attn.to(device), resp_mask.to(device), starts, rlen
 
 
-def response_logprobs(model, samples: list[Sample], pad_id: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def response_logprobs(model, samples: list[Sample], pad_id: int, device: str = "cpu",
+                      fast: ForwardSwitches | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of each response token under ``model``: ``[B, R]`` tensor and its mask."""
-    lp, mask, _ = response_logprobs_entropy(model, samples, pad_id, device)
+    lp, mask, _ = response_logprobs_entropy(model, samples, pad_id, device, fast)
     return lp, mask
 
 
-def response_logprobs_entropy(model, samples: list[Sample], pad_id: int, device: str = "cpu"):
+def response_logprobs_entropy(model, samples: list[Sample], pad_id: int, device: str = "cpu",
+                              fast: ForwardSwitches | None = None):
     """``response_logprobs`` plus the policy's entropy at each response position (``[B, R]``, no grad)."""
-    lp, mask, ent, _ = _response_forward(model, samples, pad_id, device)
+    lp, mask, ent, _ = _response_forward(model, samples, pad_id, device, fast=fast)
     return lp, mask, ent
 
 
+@dataclass(frozen=True)
+class ForwardSwitches:
+    """How the update's forwards skip work that cannot change a response token's log-prob (``TrainerConfig``)."""
+
+    causal_only: bool = False
+    """No padding mask: rows are right-padded, so causal attention alone already keeps every real token from
+    seeing padding (the padded positions' own outputs are never read)."""
+    response_logits: bool = False
+    """Logits, log-softmax and entropy only from the micro-batch's first response position on, not over prompts."""
+
+    @classmethod
+    def of(cls, cfg: TrainerConfig) -> ForwardSwitches:
+        """The config's switches; none with OPOB, whose per-row step keeps the previous forward throughout."""
+        return cls() if cfg.opob else cls(cfg.causal_only, cfg.response_logits)
+
+
 def _response_forward(model, samples: list[Sample], pad_id: int, device: str = "cpu", head=None,
-                      detach_trunk: bool = False):
+                      detach_trunk: bool = False, fast: ForwardSwitches | None = None):
     """Log-probs, mask, entropy and — with a value ``head`` (``models.critic``) — values ``[B, R]`` of the
     response tokens, each read at the position that predicts the token (values None without a head)."""
+    fast = fast or ForwardSwitches()
     ids, attn, resp_mask, starts, rlen = _pad_batch(samples, pad_id, device)
-    out_model = model(input_ids=ids, attention_mask=attn, output_hidden_states=head is not None)
+    first = min(starts) - 1 if fast.response_logits else 0
+    """Position of the first logit computed: the one predicting the earliest response token of the batch."""
+    out_model = model(input_ids=ids, attention_mask=None if fast.causal_only else attn,
+                      output_hidden_states=head is not None, logits_to_keep=ids.shape[1] - first)
     logits = out_model.logits.float()
     log_p = torch.log_softmax(logits[:, :-1], dim=-1)
-    lp_all = log_p.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    lp_all = log_p.gather(-1, ids[:, first + 1 :].unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
         ent_all = -(log_p.exp() * log_p).sum(-1)
     v_all = None
@@ -117,8 +144,8 @@ def _response_forward(model, samples: list[Sample], pad_id: int, device: str = "
     values = torch.zeros_like(out) if v_all is not None else None
     for i, (s, st) in enumerate(zip(samples, starts)):
         n = len(s.response_ids)
-        out[i, :n] = lp_all[i, st - 1 : st - 1 + n]
-        ent[i, :n] = ent_all[i, st - 1 : st - 1 + n]
+        out[i, :n] = lp_all[i, st - 1 - first : st - 1 - first + n]
+        ent[i, :n] = ent_all[i, st - 1 - first : st - 1 - first + n]
         if values is not None:
             values[i, :n] = v_all[i, st - 1 : st - 1 + n]
     return out, resp_mask, ent, values
@@ -151,7 +178,10 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
     critic = load_critic(ckpt_dir, model, cfg.critic.lr, cfg.device) if cfg.critic.enabled else None
     if critic is not None and cfg.opob:
         raise ValueError("trainer.opob and the critic (mix.advantage: gae) exclude each other")
-    old = _old_logprobs(model, samples, pad_id, cfg)
+    rng = random.Random(seed)
+    epochs = [_minibatches(samples, cfg, rng) for _ in range(cfg.epochs)]  # the same draws as epoch by epoch
+    first = by_length(samples, epochs[0][0]) if fusable(model, cfg, critic is not None) else []
+    forwards, old, t_old = _first_forwards(model, samples, first, pad_id, cfg)
     targets = _critic_targets(model, critic[0], samples, pad_id, cfg) if critic is not None else None
     ref = _reference_logprobs(ref_dir, samples, pad_id, cfg) if cfg.kl_coef > 0 else None
     model.train()
@@ -160,10 +190,9 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
     log_w = _log_weights(samples, old, required=cfg.lr_scale != "none" or cfg.opob)
     samples, old, weights, splice_stats = treat_rows(samples, old, cfg)
     lr_rule, ess_seen = get_lr_scale(cfg.lr_scale), []
-    rng = random.Random(seed)
     n_steps = 0
-    for _ in range(cfg.epochs):
-        for mb in _minibatches(samples, cfg, rng):
+    for minibatches in epochs:
+        for mb in minibatches:
             rho = ess_ratio(log_w[mb]) if log_w is not None else None
             scale = lr_rule(rho, cfg.ess_rho_base) if rho is not None else 1.0
             if rho is not None:
@@ -178,7 +207,8 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
                                 [ref[i] for i in mb] if ref is not None else None, cfg, pad_id, totals,
                                 log_w[mb] if log_w is not None else None, scale,
                                 critic=critic, targets=[targets[i] for i in mb] if targets is not None else None,
-                                weights=[weights[i] for i in mb])
+                                weights=[weights[i] for i in mb],
+                                forwards=forwards if n_steps == 0 and mb == first else None)
             n_steps += 1
             if on_step is not None:
                 on_step()
@@ -204,6 +234,7 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
         **({"train/kl": totals["kl"] / max(n_steps, 1)} if ref is not None else {}),
         "train/sequences": len(samples),
         "train/optimizer_steps": n_steps,
+        "time/old_logprobs_s": t_old,
     }
 
 
@@ -259,16 +290,49 @@ def _optimizer_step(model, opt, cfg: TrainerConfig, lr_scale: float) -> float:
 
 
 @torch.no_grad()
-def _old_logprobs(model, samples: list[Sample], pad_id: int, cfg: TrainerConfig) -> list[torch.Tensor]:
+def _old_logprobs(model, samples: list[Sample], pad_id: int, cfg: TrainerConfig,
+                  skip: frozenset[int] = frozenset()) -> list[torch.Tensor]:
+    """Each row's response log-probs under ``model`` (no grad), in micro-batches ordered by length; rows in
+    ``skip`` are left None (their log-probs come from elsewhere)."""
     model.eval()
     out: list[torch.Tensor | None] = [None] * len(samples)
-    order = by_length(samples, range(len(samples)))
+    order = by_length(samples, [i for i in range(len(samples)) if i not in skip])
     for lo in range(0, len(order), cfg.micro_batch):
         idx = order[lo : lo + cfg.micro_batch]
-        lp, _ = response_logprobs(model, [samples[i] for i in idx], pad_id, cfg.device)
+        lp, _ = response_logprobs(model, [samples[i] for i in idx], pad_id, cfg.device, ForwardSwitches.of(cfg))
         for row, i in enumerate(idx):
             out[i] = lp[row, : len(samples[i].response_ids)].detach()
     return out  # type: ignore[return-value]
+
+
+def fusable(model, cfg: TrainerConfig, critic: bool) -> bool:
+    """Whether the first mini-batch's forwards (with grad) may also be its old-log-prob pass: ``fuse_old_logprobs``
+    is on, the step is a plain one (no critic, no OPOB, the ``full`` splice treatment: the others change rows'
+    masks and old log-probs after the old-log-prob pass) and nothing random runs in train mode (no dropout), so the
+    forward before any optimizer step computes exactly what the no-grad pass would."""
+    if not cfg.fuse_old_logprobs or critic or cfg.opob or cfg.splice != "full":
+        return False
+    dropouts = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    return not any(dropouts) and not getattr(getattr(model, "config", None), "attention_dropout", 0.0)
+
+
+def _first_forwards(model, samples: list[Sample], first: list[int], pad_id: int, cfg: TrainerConfig):
+    """The old log-probs of every row, the forwards (with grad, per micro-batch of ``first`` in the order the
+    update takes them) that the first mini-batch's step reuses — for its rows the old log-probs are those forwards'
+    outputs, detached: the policy has not changed yet, so they are computed once instead of twice — and the seconds
+    of the separate no-grad pass over the other rows."""
+    t0 = time.perf_counter()
+    old = _old_logprobs(model, samples, pad_id, cfg, skip=frozenset(first))
+    seconds = time.perf_counter() - t0
+    model.train()
+    forwards = []
+    for lo in range(0, len(first), cfg.micro_batch):
+        idx = first[lo : lo + cfg.micro_batch]
+        fwd = _response_forward(model, [samples[i] for i in idx], pad_id, cfg.device, fast=ForwardSwitches.of(cfg))
+        forwards.append(fwd)
+        for row, i in enumerate(idx):
+            old[i] = fwd[0][row, : len(samples[i].response_ids)].detach()
+    return forwards, old, seconds
 
 
 def by_length(samples: list[Sample], idx) -> list[int]:
@@ -314,10 +378,11 @@ def _stack(rows: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
 def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: list[torch.Tensor] | None,
                     cfg: TrainerConfig, pad_id: int, totals: dict, log_w: torch.Tensor | None = None,
                     lr_scale: float = 1.0, critic=None, targets: list | None = None,
-                    weights: list[torch.Tensor] | None = None):
+                    weights: list[torch.Tensor] | None = None, forwards: list | None = None):
     """One optimizer step on a mini-batch; with a ``critic`` (head, optimizer) the advantages are the per-token
     GAE ``targets`` (advantage, return) and the value loss is added; ``weights`` (``models.splice``) multiply
-    each row's mask in the loss batch."""
+    each row's mask in the loss batch. ``forwards``: this mini-batch's forwards per micro-batch, already run
+    (``_first_forwards``)."""
     n_tokens = float(sum(sum(s.response_mask) for s in mb)) or 1.0
     loss_fn = get_loss(cfg.loss)
     opt.zero_grad(set_to_none=True)
@@ -326,9 +391,9 @@ def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: 
     loss_sum = 0.0
     for lo in range(0, len(mb), cfg.micro_batch):
         chunk = mb[lo : lo + cfg.micro_batch]
-        new_lp, mask, entropy, values = _response_forward(model, chunk, pad_id, cfg.device,
-                                                          critic[0] if critic is not None else None,
-                                                          cfg.critic.detach_trunk)
+        new_lp, mask, entropy, values = forwards[lo // cfg.micro_batch] if forwards else _response_forward(
+            model, chunk, pad_id, cfg.device, critic[0] if critic is not None else None, cfg.critic.detach_trunk,
+            ForwardSwitches.of(cfg))
         if targets is None:
             adv = torch.tensor([s.advantage for s in chunk], device=new_lp.device)
         else:

@@ -152,3 +152,93 @@ def test_engine_honours_budgets_in_both_modes(model_dir, batching):
     c = engine.counters
     assert c["generated"] == sum(len(o.token_ids) for o in outs)
     assert (c["decode_slots"] == c["generated"]) == (batching == "continuous")
+
+
+def _turns(model, kv_cache: str, capacity: int | None = None) -> tuple[dict, dict, dict]:
+    """Two turns per key with prefix reuse, rows leaving at different times, wide and narrow joiners."""
+    stream = DecodeStream(model, EOS, PAD, temperature=0.9, max_batch=4, seed=7, keep_prefix=True, kv_cache=kv_cache)
+    if capacity is not None:
+        stream.kv.capacity = capacity
+    prompts = _prompts(9, seed=8)
+    for i, p in enumerate(prompts):
+        stream.submit(i, p, 4 + 5 * (i % 3))
+    first = _drain(stream)
+    for i, p in enumerate(prompts):
+        stream.submit(i, p + first[i][0] + [5, 6, 7], 9)
+    second = _drain(stream)
+    return first, second, {**stream.stats, **({"kv_moves": stream.kv.moves} if kv_cache == "preallocated" else {})}
+
+
+@pytest.mark.parametrize("capacity", [None, 8])
+def test_preallocated_cache_decodes_what_concatenation_decodes_bit_for_bit(model, capacity):
+    """Same ids, same log-probs to the last bit, same prefix reuse; capacity 8 forces the window to move and the
+    buffers to grow (a prompt of 30 ids already exceeds it)."""
+    ref_first, ref_second, ref_stats = _turns(model, "concat")
+    first, second, stats = _turns(model, "preallocated", capacity)
+    assert first == ref_first and second == ref_second
+    assert stats.pop("kv_moves") >= (2 if capacity else 0), "capacity 8 must make the window move"
+    assert stats == ref_stats and stats["reused_tokens"] > 0
+    assert {r for _, _, r in ref_first.values()} == {"stop", "length"}
+
+
+def test_preallocated_window_moves_rows_up_when_one_leaves():
+    """Hand-checked layout: rows 0, 1, 2 hold 10, 20, 30 at every position; dropping row 1 moves row 2 up
+    and trims the window to the longest remaining row."""
+    from models.kv_cache import SlotKV
+
+    kv = SlotKV(max_rows=4, capacity=16)
+    block = torch.stack([torch.full((1, 3, 2), 10.0 * (r + 1)) for r in range(3)])
+    kv.merge([block], [block.clone()])
+    keys, _ = kv.views()
+    assert keys[0].shape == (3, 1, 3, 2) and kv.width == 3
+    kv.drop([0, 2], longest=2)
+    keys, _ = kv.views()
+    assert keys[0].shape == (2, 1, 2, 2)
+    assert keys[0][:, 0, :, 0].tolist() == [[10.0, 10.0], [30.0, 30.0]]
+    assert kv.row(1, 1)[0][0].flatten().tolist() == [30.0, 30.0]
+
+
+def test_unknown_kv_cache_is_named(model):
+    with pytest.raises(ValueError, match="engine.kv_cache: unknown 'paged'; valid: \\['concat', 'preallocated'\\]"):
+        DecodeStream(model, EOS, PAD, kv_cache="paged")
+
+
+def test_samples_of_one_prompt_share_one_prefill(model):
+    """8 samples of 2 prompts admitted together: 2 prompts prefilled instead of 8; each row still draws its own
+    tokens (its own generator), and every log-prob matches teacher forcing."""
+    prompts = _prompts(2, seed=9)
+    runs = {}
+    for share in (False, True):
+        stream = DecodeStream(model, EOS, PAD, max_batch=8, seed=4, share_prefill=share, kv_cache="preallocated")
+        for i in range(8):
+            stream.submit(i, prompts[i % 2], 12)
+        runs[share] = (_drain(stream), stream.stats)
+    (plain, plain_stats), (shared, stats) = runs[False], runs[True]
+    assert stats["prefill_tokens"] == len(prompts[0]) + len(prompts[1])
+    assert stats["shared_tokens"] == 3 * (len(prompts[0]) + len(prompts[1])) == plain_stats["prefill_tokens"] - stats["prefill_tokens"]
+    assert {k: v[0] for k, v in shared.items()} == {k: v[0] for k, v in plain.items()}
+    assert len({tuple(shared[i][0]) for i in range(0, 8, 2)}) > 1, "samples of one prompt differ"
+    for i, (ids, lps, _) in shared.items():
+        assert max(abs(a - b) for a, b in zip(lps, _teacher_forced(model, prompts[i % 2], ids))) < 1e-4
+
+
+@pytest.mark.parametrize("kv_cache", ["concat", "preallocated"])
+def test_lean_decode_step_is_transformers_forward_bit_for_bit(model, kv_cache):
+    """Same ids, same log-probs to the last bit as transformers' forward, over two turns with prefix reuse and
+    rows of different lengths (so the decode steps see padding masks, and a lone row none)."""
+    from models.lean_decode import supports
+
+    assert supports(model)
+    runs = []
+    for lean in (False, True):
+        stream = DecodeStream(model, EOS, PAD, temperature=0.9, max_batch=4, seed=7, keep_prefix=True,
+                              kv_cache=kv_cache, lean_decode=lean)
+        assert stream.lean == lean
+        prompts = _prompts(6, seed=11)
+        for i, p in enumerate(prompts):
+            stream.submit(i, p, 4 + 5 * (i % 3))
+        first = _drain(stream)
+        for i, p in enumerate(prompts):
+            stream.submit(i, p + first[i][0] + [5, 6], 9)
+        runs.append((first, _drain(stream), stream.stats))
+    assert runs[0] == runs[1]

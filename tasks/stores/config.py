@@ -37,6 +37,11 @@ class TrackingConfig(BaseModel):
     """Trajectories of a step (and of each evaluation mode) logged as MLflow traces: all of a step with at most
     this many, else this many (rolled-back ones first, then a stable hash order); 0 = no traces."""
 
+    background_traces: bool = True
+    """Write a training step's traces in a background thread (``tasks.stores.trace_writer``) while the next step
+    runs, then mark the step logged; the run waits for every write before it finishes and fails if one failed.
+    False: the log stage writes them itself (the previous path). The traces are the same either way."""
+
     log_models: bool = True
     """Log every evaluated checkpoint as an MLflow logged model (transformers flavour) and, at the end of a
     training run, register its best and final checkpoints under ``registered_model``."""

@@ -36,7 +36,7 @@ from tasks.rewards.scoring import score_step
 from tasks.rollout.buffer import BUFFER_FILE
 from tasks.rollout.machine import Rollout
 from tasks.rollout.saar import aggregate_stats
-from tasks.stores import db, registry, traces, tracking
+from tasks.stores import db, registry, trace_writer, traces, tracking
 from tasks.stores.config import TrackingConfig
 from tasks.stores.datasets import dataset_ref
 from tasks.stores.records import read_table, trajectory_frames, write_frames
@@ -210,13 +210,19 @@ def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, set
     The stores never disagree about a step: DuckDB is written first, MLflow last (with a sentinel in the same
     batch); a step MLflow already holds is written to neither again, so a recomputed step cannot replace
     DuckDB's rows under MLflow's first values. Traces are rewritten, never added twice (stable trace ids).
+    With ``tracking.background_traces`` the traces and then ``logged.json`` are written by the process's trace
+    writer (``tasks.stores.trace_writer``) while the next step runs; a step whose traces never got written (the
+    process died first) has no ``logged.json``, so a resumed run comes back here and writes them.
     """
-    tracking_cfg = setup.tracking
+    tracking_cfg, tags = setup.tracking, trace_tags or {}
     t0 = time.perf_counter()
     metrics = stage_metrics(step_dir)
     if step in tracking.logged_steps(tracking_cfg, mlrun):
         print(f"step {step} is already in both stores (MLflow run {mlrun}); it is not written again")
-        (Path(step_dir) / "logged.json").write_text(json.dumps({"checkpoint": ckpt}))
+        if not (Path(step_dir) / TRACES_DONE).exists():
+            _step_traces(step_dir, step, mlrun, tracking_cfg, _trace_frames(step_dir), tags,
+                         metrics.get("time/rollout_s", 0.0))
+        _mark_logged(step_dir, ckpt)
         return metrics
     keys = ["run_id", "step", "traj_id"]
     trajs = (read_table(step_dir, "trajectories").join(read_table(step_dir, "scores"), on=keys)
@@ -237,17 +243,40 @@ def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, set
     }
     db.replace_step(tracking_cfg.duckdb_path, run_id, step, frames)
     metrics["time/log_s"] = time.perf_counter() - t0
-    metrics["time/traces_s"] = _step_traces(step_dir, step, mlrun, tracking_cfg, frames, trace_tags or {},
-                                            metrics.get("time/rollout_s", 0.0))
+
+    def write_traces() -> float:
+        return _step_traces(step_dir, step, mlrun, tracking_cfg, frames, tags, metrics.get("time/rollout_s", 0.0))
+
+    metrics["time/traces_s"] = 0.0 if tracking_cfg.background_traces else write_traces()  # what the step waited
     texts = sample_texts(trajs, step, tracking_cfg.sample_trajectories)
     if tracking_cfg.sample_trajectories:
         texts[f"viewer/step_{step:06d}.html"] = render_step_viewer(
             trajs, read_table(step_dir, "saar_events"), step, tracking_cfg.sample_trajectories, metrics, reflections,
             env_steps=frames.get("env_steps"))
     tracking.log_step(tracking_cfg, mlrun, step, metrics, texts)
-    (Path(step_dir) / "logged.json").write_text(json.dumps({"checkpoint": ckpt}))
+    if tracking_cfg.background_traces:
+        trace_writer.writer().submit(f"step {step} ({step_dir})", lambda: (write_traces(), _mark_logged(step_dir, ckpt)))
+    else:
+        _mark_logged(step_dir, ckpt)
     maybe_crash("after_log", step)
     return metrics
+
+
+TRACES_DONE = "traces.json"
+"""Written in a step folder once the step's traces are in MLflow."""
+
+
+def _mark_logged(step_dir: Path, ckpt: str) -> None:
+    (Path(step_dir) / "logged.json").write_text(json.dumps({"checkpoint": ckpt}))
+
+
+def _trace_frames(step_dir: Path) -> dict[str, pl.DataFrame]:
+    """What ``_step_traces`` reads, from the step folder (a resumed log of a step MLflow already holds)."""
+    keys = ["run_id", "step", "traj_id"]
+    trajs = (read_table(step_dir, "trajectories").join(read_table(step_dir, "scores"), on=keys)
+             .join(read_table(step_dir, "mix"), on=keys).join(read_table(step_dir, "advantages"), on=keys))
+    return {"trajectories": trajs, "tool_executions": read_table(step_dir, "executions"),
+            "saar_events": read_table(step_dir, "saar_events")}
 
 
 def _step_traces(step_dir: Path, step: int, mlrun: str, tracking_cfg: TrackingConfig, frames: dict[str, pl.DataFrame],
@@ -257,8 +286,9 @@ def _step_traces(step_dir: Path, step: int, mlrun: str, tracking_cfg: TrackingCo
     rollout_start = (Path(step_dir) / "trajectories.parquet").stat().st_mtime - rollout_s
     batch = traces.batch_for(tracking_cfg, mlrun, f"train:{step}", rollout_start,
                              {**tags, "kind": "train", "step": str(step)})
-    traces.log_traces(tracking_cfg, batch, frames["trajectories"], frames["tool_executions"],
-                      frames["saar_events"], tracking_cfg.traces_per_step)
+    ids = traces.log_traces(tracking_cfg, batch, frames["trajectories"], frames["tool_executions"],
+                            frames["saar_events"], tracking_cfg.traces_per_step)
+    (Path(step_dir) / TRACES_DONE).write_text(json.dumps({"traces": len(ids)}))
     return time.perf_counter() - t0
 
 

@@ -1,0 +1,178 @@
+"""The RL step's speed switches compute what the slow paths compute (issue 31; ``cleaner bench-step`` times them).
+
+* the update's forwards without a padding mask and with logits from the first response position only, and the
+  first mini-batch's forwards reused as its old-log-prob pass: the same log-probs, losses, gradient norms;
+* the background trace writer: jobs in order, a failure is raised (naming the step) at the next submit and at
+  the flush, never swallowed; a logged step whose traces never got written gets them on the resumed log;
+* ``bench-step``'s sides switch exactly what they say.
+
+The preallocated decoding cache is pinned bit for bit in ``tests/test_decode.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from flows.bench_step import SWITCHES, side_overrides
+from models.config import TrainerConfig
+from models.engine import load_causal_lm
+from models.trainer import ForwardSwitches, Sample, _first_forwards, fusable, response_logprobs, update
+from tasks.stores.trace_writer import TraceWriteError, TraceWriter
+
+TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+OFF = {"fuse_old_logprobs": False, "causal_only": False, "response_logits": False}
+
+
+@pytest.fixture(scope="module")
+def samples(chat):
+    """Six rows with prompts of 3 lengths (so rows are padded, and the first response position differs per row)
+    and responses of 2..13 tokens, some with injected (mask-0) tokens."""
+    rows = []
+    for i, q in enumerate(["2 + 2?", "What is 12 * 34?", "Sum the numbers 1 2 3 4 5 6 7 8 9, please."] * 2):
+        prompt = chat.prompt_ids([{"role": "user", "content": q}])
+        resp = (chat.encode(f"The answer is \\boxed{{{i * 7}}} because I ran it.") + [chat.eos_id])[: 2 + 2 * i + i % 2]
+        mask = [1] * len(resp) if i % 2 else [1] * (len(resp) - 1) + [0]
+        rows.append(Sample(prompt, resp, mask, 1.0 if i % 3 else -0.5))
+    return rows
+
+
+def _alone(model, samples: list[Sample], pad: int) -> list[torch.Tensor]:
+    """Each row's log-probs in a batch of its own: no padding, no mask, every position's logits."""
+    with torch.no_grad():
+        return [response_logprobs(model, [s], pad)[0][0] for s in samples]
+
+
+@pytest.mark.parametrize("fast", [ForwardSwitches(True, False), ForwardSwitches(False, True), ForwardSwitches(True, True)])
+def test_fast_forwards_give_each_row_its_own_logprobs(warm_model_dir, chat, samples, fast):
+    model = load_causal_lm(warm_model_dir)
+    pad = chat.tokenizer.pad_token_id
+    with torch.no_grad():
+        lp, mask = response_logprobs(model, samples, pad, fast=fast)
+    for i, (s, ref) in enumerate(zip(samples, _alone(model, samples, pad))):
+        assert lp[i, : len(s.response_ids)].tolist() == pytest.approx(ref.tolist(), abs=1e-5)
+        assert mask[i].tolist()[: len(s.response_ids)] == [float(m) for m in s.response_mask]
+        assert not lp[i, len(s.response_ids) :].any()
+
+
+def test_first_minibatch_forwards_are_its_old_logprobs(warm_model_dir, chat, samples):
+    """The fused rows' old log-probs are their forwards' outputs detached, equal to a pass of their own; the other
+    rows come from the no-grad pass; the forwards keep their graph for the update's backward."""
+    model = load_causal_lm(warm_model_dir)
+    pad = chat.tokenizer.pad_token_id
+    cfg = TrainerConfig(micro_batch=2)
+    forwards, old, _ = _first_forwards(model, samples, [4, 1, 3], pad, cfg)
+    assert len(forwards) == 2 and forwards[0][0].requires_grad and not old[4].requires_grad
+    assert torch.equal(old[1], forwards[0][0][1, : len(samples[1].response_ids)].detach())
+    for s, got, ref in zip(samples, old, _alone(model, samples, pad)):
+        assert got.shape == (len(s.response_ids),)
+        assert got.tolist() == pytest.approx(ref.tolist(), abs=1e-5)
+
+
+def _update(warm_model_dir, chat, samples, tmp_path, name: str, **switches) -> dict:
+    cfg = TrainerConfig(lr=1e-3, mini_batches=2, micro_batch=2, **switches)
+    return update(warm_model_dir, samples, cfg, tmp_path / name, chat.tokenizer.pad_token_id, seed=3)
+
+
+def test_every_switch_gives_the_update_of_the_slow_path(warm_model_dir, chat, samples, tmp_path):
+    """Loss, gradient norm and every other ``train/*`` figure within 1e-6 (relative above 1: a float32 norm of 9 has
+    ULPs of 1e-6) of the slow path, switch by switch and
+    all together (two mini-batches, so the second one's old log-probs still come from the no-grad pass)."""
+    slow = _update(warm_model_dir, chat, samples, tmp_path, "slow", **OFF)
+    assert slow["train/optimizer_steps"] == 2 and slow["train/grad_norm"] > 0
+    for name in [*OFF, "all"]:
+        switches = {k: (k == name or name == "all") for k in OFF}
+        fast = _update(warm_model_dir, chat, samples, tmp_path, name, **switches)
+        for key, value in slow.items():
+            if key.startswith("train/"):
+                assert fast[key] == pytest.approx(value, rel=1e-6, abs=1e-6), (name, key)
+
+
+def test_fusion_only_where_it_is_exact(warm_model_dir):
+    model = load_causal_lm(warm_model_dir)
+    assert fusable(model, TrainerConfig(), critic=False)
+    assert not fusable(model, TrainerConfig(fuse_old_logprobs=False), critic=False)
+    assert not fusable(model, TrainerConfig(), critic=True)
+    assert not fusable(model, TrainerConfig(opob=True), critic=False)
+    model.model.layers[0].mlp.add_module("drop", torch.nn.Dropout(0.1))
+    assert not fusable(model, TrainerConfig(), critic=False), "a dropout draws anew in every forward"
+
+
+def test_trace_writer_runs_jobs_in_order_and_raises_a_failure_naming_it():
+    writer, seen, gate = TraceWriter(), [], threading.Event()
+    writer.submit("step 0", lambda: (gate.wait(5), seen.append(0)))
+    writer.submit("step 1", lambda: seen.append(1))
+    assert writer.pending() >= 1
+    gate.set()
+    writer.flush()
+    assert seen == [0, 1] and writer.pending() == 0
+
+    def boom():
+        raise OSError("database is locked")
+
+    writer.submit("step 2 (runs/x/steps/000002)", boom)
+    writer.submit("step 3", lambda: seen.append(3))
+    with pytest.raises(TraceWriteError, match=r"step 2 \(runs/x/steps/000002\): database is locked") as err:
+        writer.flush()
+    assert isinstance(err.value.__cause__, OSError) and seen == [0, 1, 3]
+    writer.flush()  # raised once, then forgotten
+
+    writer.submit("step 4", boom)
+    while writer.pending():
+        threading.Event().wait(0.01)
+    with pytest.raises(TraceWriteError, match="step 4"):
+        writer.submit("step 5", lambda: None)
+
+
+def test_a_logged_step_without_its_traces_gets_them_when_logged_again(tmp_path, monkeypatch):
+    """The process died after MLflow had the step but before the background writer wrote its traces: the step has
+    no ``logged.json``, so a resumed run logs it again; the stores are not written again, the traces are."""
+    from tasks.stores.config import TrackingConfig
+    from tasks.training import stages
+    from tasks.training.setups import LogSetup
+
+    step_dir = tmp_path / "000003"
+    step_dir.mkdir()
+    (step_dir / "rollout.metrics.json").write_text(json.dumps({"time/rollout_s": 2.0}))
+    calls = []
+    monkeypatch.setattr(stages.tracking, "logged_steps", lambda cfg, mlrun: {3})
+    monkeypatch.setattr(stages, "_trace_frames", lambda folder: {"folder": folder})
+    monkeypatch.setattr(stages, "_step_traces", lambda *args: calls.append(args) or 0.1)
+    setup = LogSetup(tracking=TrackingConfig(mlflow_uri=f"sqlite:///{tmp_path / 'm.db'}"))
+    stages.log_stage(step_dir, 3, "run", "mlrun", "ckpt", setup, {"arm": "cleaner"})
+    assert len(calls) == 1 and calls[0][1:3] == (3, "mlrun") and calls[0][6] == 2.0
+    assert json.loads((step_dir / "logged.json").read_text()) == {"checkpoint": "ckpt"}
+    (step_dir / stages.TRACES_DONE).write_text("{}")
+    stages.log_stage(step_dir, 3, "run", "mlrun", "ckpt", setup)
+    assert len(calls) == 1, "traces already written are not written again"
+
+
+def test_bench_sides_switch_what_they_name():
+    before, after = side_overrides("before"), side_overrides("after")
+    assert before == ["engine.kv_cache=concat", "engine.share_prefill=false", "engine.lean_decode=false",
+                      "trainer.fuse_old_logprobs=false", "trainer.causal_only=false", "trainer.response_logits=false",
+                      "tracking.background_traces=false"]
+    assert after == ["engine.kv_cache=preallocated", "engine.share_prefill=true", "engine.lean_decode=true",
+                     "trainer.fuse_old_logprobs=true", "trainer.causal_only=true", "trainer.response_logits=true",
+                     "tracking.background_traces=true"]
+    one = side_overrides("lean_decode")
+    assert one[2] == "engine.lean_decode=true" and one[:2] + one[3:] == before[:2] + before[3:]
+    assert set(SWITCHES) == {"kv_cache", "share_prefill", "lean_decode", "fuse_old_logprobs", "causal_only",
+                             "response_logits", "background_traces"}
+    with pytest.raises(ValueError, match="unknown side 'fast'; valid: before, after, kv_cache"):
+        side_overrides("fast")
+
+
+def test_after_is_every_default():
+    """``after`` = the defaults: the fast paths are what a run uses unless a config turns them off."""
+    from flows.config import RunConfig, load_config
+
+    cfg = load_config(TINY, side_overrides("after"))
+    defaults = RunConfig()
+    assert cfg.engine.model_dump() == defaults.engine.model_dump()
+    assert cfg.trainer.model_dump() == load_config(TINY, []).trainer.model_dump()
+    assert cfg.tracking.background_traces == defaults.tracking.background_traces
