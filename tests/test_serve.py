@@ -25,7 +25,8 @@ def test_prefect_yaml_validates_with_prefect_models():
     from prefect.cli.deploy._models import PrefectYamlModel, RawScheduleConfig
 
     model = PrefectYamlModel.model_validate(SPEC)
-    assert {d.name for d in model.deployments} == {"train-tiny", "warmup-tiny", "evaluate-tiny", "compare-tiny"}
+    assert {d.name for d in model.deployments} == {"train-tiny", "train-tiny-fanout", "warmup-tiny", "evaluate-tiny",
+                                                  "compare-tiny"}
     for d in SPEC["deployments"]:
         assert d["work_pool"]["name"] == "cleaner-process", d["name"]
         for sched in d.get("schedules", []):
