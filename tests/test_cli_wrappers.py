@@ -148,3 +148,35 @@ def test_a_model_the_config_asks_to_build_is_built_saying_how_long(tmp_path, mon
     assert built == [str(tmp_path / "new")]
     with pytest.raises(FileNotFoundError, match=r"model.path: .*new does not exist"):
         flows.train.ensure_policy(load_config("configs/tiny.yaml", [f"model.path={tmp_path / 'new'}"]))
+
+
+@pytest.mark.parametrize("when", [[], ["--cron", "0 3 * * *", "--interval", "60"]])
+def test_serve_schedule_needs_exactly_one_of_cron_and_interval(when, tmp_path):
+    res = runner.invoke(cli.app, ["serve", "schedule", "train/train-tiny", *when, "--dir", str(tmp_path)])
+    assert res.exit_code == 2 and "give exactly one of --cron and --interval" in res.output
+
+
+def test_serve_schedule_without_a_stack_or_api_says_so(tmp_path, monkeypatch):
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    res = runner.invoke(cli.app, ["serve", "schedule", "train/train-tiny", "--interval", "60", "--dir", str(tmp_path)])
+    assert res.exit_code == 1 and f"no stack recorded in {tmp_path} and no PREFECT_API_URL set" in res.output
+
+
+def test_resume_of_a_deployment_run_without_a_prefect_api_names_the_flow_run(tmp_path, monkeypatch):
+    """A run a deployment started is retried through Prefect; with no API to do it through, the error names the flow
+    run and the way out (--local), and nothing is trained here."""
+    import json
+
+    import flows.train
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    run = tmp_path / "runs" / "nightly"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    (run / "prefect.json").write_text(json.dumps({"flow_run_id": "fr-123", "deployment_id": "dep-9"}))
+    train = Recorder(tmp_path)
+    monkeypatch.setattr(flows.train, "train", train)
+    res = runner.invoke(cli.app, ["resume", "nightly", "--output-dir", str(tmp_path / "runs")])
+    out = " ".join(res.output.split())
+    assert res.exit_code == 2 and "flow run fr-123 was started by a deployment" in out and "--local" in out, out
+    assert train.calls == []
