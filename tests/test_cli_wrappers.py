@@ -167,6 +167,8 @@ def test_resume_of_a_deployment_run_without_a_prefect_api_names_the_flow_run(tmp
     run and the way out (--local), and nothing is trained here."""
     import json
 
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     import flows.train
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
@@ -176,7 +178,8 @@ def test_resume_of_a_deployment_run_without_a_prefect_api_names_the_flow_run(tmp
     (run / "prefect.json").write_text(json.dumps({"flow_run_id": "fr-123", "deployment_id": "dep-9"}))
     train = Recorder(tmp_path)
     monkeypatch.setattr(flows.train, "train", train)
-    res = runner.invoke(cli.app, ["resume", "nightly", "--output-dir", str(tmp_path / "runs")])
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):  # no API, whatever a test harness set before
+        res = runner.invoke(cli.app, ["resume", "nightly", "--output-dir", str(tmp_path / "runs")])
     out = " ".join(res.output.split())
     assert res.exit_code == 2 and "flow run fr-123 was started by a deployment" in out and "--local" in out, out
     assert train.calls == []
