@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import threading
+import time
 
 import pytest
 
@@ -269,10 +270,15 @@ def test_a_forker_lost_anyway_is_replaced_without_a_failure(backend):
         assert pool.run("print(1)").ok
         worker = pool._idle.queue[0]
         if isinstance(worker, LocalWorker):
-            # the forker leads its own session; a child it has just cloned still carries its name (until the
-            # snippet's guard renames it) but not its session id
-            forkers = [p for p in _descendants(worker.pid) if _comm(p) == "cleaner-forker" and _leads_session(p)]
-            assert len(forkers) == 1
+            # the forker leads its own session; a child it has just cloned carries its name until the child's
+            # guard renames it, and leads its own session from a moment before that: wait out that moment
+            deadline = time.monotonic() + 10
+            while True:
+                forkers = [p for p in _descendants(worker.pid) if _comm(p) == "cleaner-forker" and _leads_session(p)]
+                if len(forkers) == 1 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+            assert len(forkers) == 1, forkers
             os.kill(forkers[0], signal.SIGKILL)
         else:
             worker.container.exec_run(["python3", "-c", ("import os, signal\nfor p in os.listdir('/proc'):\n"
