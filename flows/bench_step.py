@@ -87,8 +87,8 @@ class _Side:
         self.name, self.cfg, self.work = name, cfg, work / name
         self.setups = cfg.setups()
         self.mlrun = tracking.open_run(cfg.tracking, "bench-step", f"bench-{name}", cfg.model_dump(mode="json"), {})
-        with db.session(cfg.tracking.duckdb_path) as con:
-            db.upsert_run(con, f"bench-{name}", cfg.name, cfg.model_dump(mode="json"), self.mlrun, "running")
+        db.upsert_run(cfg.tracking.duckdb_path, f"bench-{name}", cfg.name, cfg.model_dump(mode="json"), self.mlrun,
+                      "running")
 
     def step(self, step: int, ckpt: str) -> dict:
         """One RL step from ``ckpt``; returns its metrics and the seconds of its parts (``PARTS``)."""

@@ -176,3 +176,19 @@ def test_after_is_every_default():
     assert cfg.engine.model_dump() == defaults.engine.model_dump()
     assert cfg.trainer.model_dump() == load_config(TINY, []).trainer.model_dump()
     assert cfg.tracking.background_traces == defaults.tracking.background_traces
+
+
+def test_bench_step_runs_both_sides_end_to_end_and_finds_them_the_same(tmp_path):
+    """The command itself (its stores, stages and report), on 2 prompts x 2 samples, one step a block."""
+    from flows.bench_step import bench_step
+
+    lines: list[str] = []
+    report = bench_step(TINY, tmp_path / "bench", repeats=2, steps_per_block=1, echo=lines.append,
+                        overrides=["data.prompts_per_step=2", "rollout.n_samples=2", "sandbox.backend=local",
+                                   "tracking.traces_per_step=2"])
+    assert report["same"], report["differences"]
+    assert report["differences"]["after"]["token_ids"] == 0.0
+    assert (report["prompts"], report["samples"]) == (2, 2)
+    for side in ("before", "after"):
+        assert report["sides"][side]["wall"] > 0 and report["sides"][side]["update"] > 0
+    assert report["ratio"]["after"] > 0 and any(line.startswith("before / after: x") for line in lines)
