@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from models.kv_cache import ConcatKV, SlotKV, left_pad
+from models.kv_cache import ConcatKV, SlotKV, fill_from_end, left_pad
 
 KV_CACHES = {"concat": lambda max_batch: ConcatKV(), "preallocated": lambda max_batch: SlotKV(max_batch)}
 """``engine.kv_cache`` → the batch cache's holder (``models.kv_cache``)."""
@@ -322,10 +322,12 @@ class DecodeStream:
         return finished
 
     def _drop(self, gone: set[int]) -> None:
-        """Remove rows ``gone`` from the batch and trim the cache to the longest remaining row."""
-        keep = [i for i in range(len(self.rows)) if i not in gone]
+        """Remove rows ``gone`` from the batch (rows from its end fill their places) and trim the cache to the
+        longest remaining row."""
+        keep = fill_from_end(len(self.rows), gone)
         self.rows = [self.rows[i] for i in keep]
-        self.kv.drop(keep, max((len(r.fed) for r in self.rows), default=0))
+        lengths = [len(r.fed) for r in self.rows]
+        self.kv.drop(keep, max(lengths, default=0), lengths)
 
     def abort(self, keys: set | None = None) -> list[tuple[object, list[int], list[float], str]]:
         """Stop the rows and queued requests of ``keys`` (all when None) at once; returns (key, ids sampled so

@@ -10,9 +10,9 @@ positions (``row``):
   joining and leaving rows copy the whole cache again.
 * ``SlotKV`` (``preallocated``): the block is a window ``[lo, hi)`` of preallocated buffers
   ``[max_batch, kv_heads, capacity, head_dim]``; a decode step writes the new column in place at ``hi``
-  (``SlotLayer``, a cache layer transformers' attention updates like its own), leaving rows shift only
-  the rows behind them, trimming moves ``lo``, and the buffers are re-laid out only when the window
-  reaches an end (capacity doubles).
+  (``SlotLayer``, a cache layer transformers' attention updates like its own), a leaving row's slot is
+  filled by a row from the end of the batch (only that row's own positions are copied), trimming moves
+  ``lo``, and the buffers are re-laid out only when the window reaches an end (capacity doubles).
 
 Both hand the attention the same tensors at every real position; what the masked (padding) columns
 hold differs — zeros in ``ConcatKV``, stale finite values of departed rows in ``SlotKV`` — and a masked
@@ -56,7 +56,8 @@ class ConcatKV:
         self.keys = [torch.cat([left_pad(a, width), left_pad(b, width)]) for a, b in zip(self.keys, keys)]
         self.values = [torch.cat([left_pad(a, width), left_pad(b, width)]) for a, b in zip(self.values, values)]
 
-    def drop(self, keep: list[int], longest: int) -> None:
+    def drop(self, keep: list[int], longest: int, lengths: list[int] | None = None) -> None:
+        """New row ``j`` is old row ``keep[j]`` (any order); trim to ``longest``."""
         if not keep:
             self.keys, self.values = [], []
             return
@@ -135,13 +136,15 @@ class SlotKV:
             buf[self.rows : self.rows + j, :, self.hi - w : self.hi] = new
         self.rows += j
 
-    def drop(self, keep: list[int], longest: int) -> None:
-        """Keep rows ``keep`` (ascending) in that order: rows after the first gap move up; trim to ``longest``."""
-        first = next((n for n, i in enumerate(keep) if n != i), len(keep))
-        if first < len(keep):
-            sel = torch.tensor(keep[first:])
-            for buf in self.kbuf + self.vbuf:
-                buf[first : len(keep), :, self.lo : self.hi] = buf[sel, :, self.lo : self.hi]
+    def drop(self, keep: list[int], longest: int, lengths: list[int] | None = None) -> None:
+        """New row ``j`` is old row ``keep[j]``; trim to ``longest``. A row that moves copies its last ``lengths[j]``
+        columns (its own positions; the whole window without ``lengths``). No row may move onto a row that another
+        moves from later: ``keep`` ascending, or holes filled from the end (``fill_from_end``), both qualify."""
+        for j, i in enumerate(keep):
+            if i != j:
+                lo = self.hi - lengths[j] if lengths is not None else self.lo
+                for buf in self.kbuf + self.vbuf:
+                    buf[j, :, lo : self.hi] = buf[i, :, lo : self.hi]
         self.rows = len(keep)
         self.lo = self.hi - longest if keep else self.hi
 
@@ -167,6 +170,17 @@ class SlotKV:
             buf[: self.rows, :, start : start + width] = old
         self.lo, self.hi = start, start + width
         self.moves += 1
+
+
+def fill_from_end(n: int, gone: set[int]) -> list[int]:
+    """The rows kept when rows ``gone`` of ``n`` leave, as ``drop``'s ``keep``: each hole below the new row count is
+    filled by a kept row from above it (the rest keep their place), so at most ``len(gone)`` rows move."""
+    size = n - len(gone)
+    keep = list(range(size))
+    movers = [i for i in range(size, n) if i not in gone]
+    for hole, mover in zip(sorted(i for i in gone if i < size), movers):
+        keep[hole] = mover
+    return keep
 
 
 def left_pad(t: torch.Tensor, width: int) -> torch.Tensor:

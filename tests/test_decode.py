@@ -198,6 +198,23 @@ def test_preallocated_window_moves_rows_up_when_one_leaves():
     assert kv.row(1, 1)[0][0].flatten().tolist() == [30.0, 30.0]
 
 
+def test_leaving_rows_are_filled_from_the_end_copying_only_the_movers_own_positions():
+    """Hand-checked: of 5 rows, rows 1 and 4 leave -> row 3 fills slot 1 (row 4 was last anyway); only row 3's own
+    2 positions are copied, so slot 1's older column keeps row 1's stale value (masked for the new row)."""
+    from models.kv_cache import SlotKV, fill_from_end
+
+    assert fill_from_end(5, {1, 4}) == [0, 3, 2]
+    assert fill_from_end(5, {0, 1}) == [3, 4, 2]
+    assert fill_from_end(4, {3}) == [0, 1, 2] and fill_from_end(3, {0, 1, 2}) == []
+    kv = SlotKV(max_rows=5, capacity=16)
+    block = torch.stack([torch.full((1, 3, 2), 10.0 * (r + 1)) for r in range(5)])
+    kv.merge([block], [block.clone()])
+    kv.drop(fill_from_end(5, {1, 4}), longest=3, lengths=[3, 2, 3])
+    keys, values = kv.views()
+    assert keys[0][:, 0, :, 0].tolist() == [[10.0, 10.0, 10.0], [20.0, 40.0, 40.0], [30.0, 30.0, 30.0]]
+    assert values[0][:, 0, :, 0].tolist() == keys[0][:, 0, :, 0].tolist()
+
+
 def test_unknown_kv_cache_is_named(model):
     with pytest.raises(ValueError, match="engine.kv_cache: unknown 'paged'; valid: \\['concat', 'preallocated'\\]"):
         DecodeStream(model, EOS, PAD, kv_cache="paged")
