@@ -45,6 +45,8 @@ SWITCHES: dict[str, tuple[str, str, str]] = {
     "fuse_old_logprobs": ("trainer.fuse_old_logprobs", "false", "true"),
     "causal_only": ("trainer.causal_only", "false", "true"),
     "response_logits": ("trainer.response_logits", "false", "true"),
+    "share_prompts": ("trainer.share_prompts", "false", "true"),
+    "micro_tokens": ("trainer.micro_tokens", "null", "2048"),
     "background_traces": ("tracking.background_traces", "false", "true"),
 }
 """Switch name → (config key, value before, value after)."""

@@ -134,6 +134,11 @@ class WarmupConfig(BaseModel):
     seed: int = 0
     """Seed of the data order and of ``torch.manual_seed`` (pass it to ``write_sft_corpus`` too)."""
 
+    micro_tokens: int | None = Field(2048, ge=1)
+    """Also cut micro-batches at this many padded tokens (rows × the widest row's forward width; rows are ordered by
+    width, so short rows go many to a micro-batch and long ones few): on the tiny compare's update ×1.2 faster than
+    16 rows each (less padding, activations the cache holds; ``cleaner bench-step``). None: ``micro_batch`` rows."""
+
     threads: int = Field(1, ge=1)
     """``torch.set_num_threads``; one thread is ~10× faster than two under contention."""
 
@@ -196,6 +201,11 @@ class EngineConfig(BaseModel):
 
     device: str = "cpu"
     """Torch device of the in-process engine (``cpu`` or ``cuda``)."""
+
+    micro_tokens: int | None = Field(2048, ge=1)
+    """Also cut micro-batches at this many padded tokens (rows × the widest row's forward width; rows are ordered by
+    width, so short rows go many to a micro-batch and long ones few): on the tiny compare's update ×1.2 faster than
+    16 rows each (less padding, activations the cache holds; ``cleaner bench-step``). None: ``micro_batch`` rows."""
 
     threads: int = Field(1, ge=1)
     """Torch intra-op threads on CPU (one thread is fastest on a busy 2-core machine)."""
@@ -325,6 +335,11 @@ class TrainerConfig(BaseModel):
     micro_batch: int = Field(16, ge=1)
     """Sequences per forward/backward (gradient accumulation inside a mini-batch)."""
 
+    micro_tokens: int | None = Field(2048, ge=1)
+    """Also cut micro-batches at this many padded tokens (rows × the widest row's forward width; rows are ordered by
+    width, so short rows go many to a micro-batch and long ones few): on the tiny compare's update ×1.2 faster than
+    16 rows each (less padding, activations the cache holds; ``cleaner bench-step``). None: ``micro_batch`` rows."""
+
     threads: int = Field(1, ge=1)
     """Torch intra-op threads on CPU."""
 
@@ -343,6 +358,11 @@ class TrainerConfig(BaseModel):
     response_logits: bool = True
     """The update's forwards compute logits, log-softmax and entropy only from a micro-batch's first response
     position on (the prompt positions' logits are never read). False: over every position."""
+
+    share_prompts: bool = True
+    """The update's forwards run each distinct prompt of a mini-batch once and its rows' responses attend to its
+    keys/values (``models.forward``: a group's 8 samples share one prompt), instead of every row whole. Not with the
+    critic or OPOB. False: every row forwarded whole."""
 
     critic: CriticConfig = CriticConfig()
     """Value head and GAE (``mix.advantage: gae``); off otherwise."""

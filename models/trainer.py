@@ -7,7 +7,8 @@ One call of ``update`` is one RL step on the policy side:
    the rollout log-probs were computed in, so they are never used as the old policy; with
    ``fuse_old_logprobs`` the first mini-batch's forwards (with grad, before any optimizer step) are its
    rows' old log-probs and the update reuses them, so only the other rows get the no-grad pass
-   (``causal_only`` and ``response_logits`` trim every forward: no padding mask, no prompt logits); the splice
+   (``causal_only`` and ``response_logits`` trim every forward: no padding mask, no prompt logits;
+   ``share_prompts`` forwards each distinct prompt once, ``models.forward``); the splice
    treatment ``cfg.splice`` (``models.splice``) then decides how the spliced tokens train (``full``: like the
    others; ``mask``, ``truncated_is``, ``behaviour_old``; any but ``full`` turns the fusion off) and logs
    ``splice/*``;
@@ -49,6 +50,15 @@ import torch
 from models.config import TrainerConfig
 from models.critic import load_critic, save_critic, token_gae, whiten
 from models.engine import load_causal_lm
+from models.forward import (
+    ForwardSwitches,
+    SharedPrompts,
+    by_response_length,
+    micro_spans,
+    response_logprobs,
+    response_logprobs_entropy,
+)
+from models.forward import response_forward as _response_forward
 from models.lora import copy_tokenizer, is_adapter, trainable_parameters, trainable_policy
 from models.losses import LossBatch, get_loss, kl_penalty
 from models.splice import treat_rows
@@ -71,84 +81,6 @@ class Sample:
     """The row's trajectory id, for errors that name rows."""
     spliced: list[int] | None = None
     """1 on response tokens SAAR spliced in after a failed call (sampled in the error context); ``models.splice``."""
-
-
-def _pad_batch(samples: list[Sample], pad_id: int, device: str):
-    """Right-padded ``prompt+response`` ids, attention mask, and per-token response masks."""
-    width = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
-    rlen = max(len(s.response_ids) for s in samples)
-    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    resp_mask = torch.zeros((len(samples), rlen))
-    starts = []
-    for i, s in enumerate(samples):
-        seq = s.prompt_ids + s.response_ids
-        ids[i, : len(seq)] = torch.tensor(seq)
-        attn[i, : len(seq)] = 1
-        resp_mask[i, : len(s.response_ids)] = torch.tensor(s.response_mask, dtype=torch.float)
-        starts.append(len(s.prompt_ids))
-    return ids.to(device), attn.to(device), resp_mask.to(device), starts, rlen
-
-
-def response_logprobs(model, samples: list[Sample], pad_id: int, device: str = "cpu",
-                      fast: ForwardSwitches | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs of each response token under ``model``: ``[B, R]`` tensor and its mask."""
-    lp, mask, _ = response_logprobs_entropy(model, samples, pad_id, device, fast)
-    return lp, mask
-
-
-def response_logprobs_entropy(model, samples: list[Sample], pad_id: int, device: str = "cpu",
-                              fast: ForwardSwitches | None = None):
-    """``response_logprobs`` plus the policy's entropy at each response position (``[B, R]``, no grad)."""
-    lp, mask, ent, _ = _response_forward(model, samples, pad_id, device, fast=fast)
-    return lp, mask, ent
-
-
-@dataclass(frozen=True)
-class ForwardSwitches:
-    """How the update's forwards skip work that cannot change a response token's log-prob (``TrainerConfig``)."""
-
-    causal_only: bool = False
-    """No padding mask: rows are right-padded, so causal attention alone already keeps every real token from
-    seeing padding (the padded positions' own outputs are never read)."""
-    response_logits: bool = False
-    """Logits, log-softmax and entropy only from the micro-batch's first response position on, not over prompts."""
-
-    @classmethod
-    def of(cls, cfg: TrainerConfig) -> ForwardSwitches:
-        """The config's switches; none with OPOB, whose per-row step keeps the previous forward throughout."""
-        return cls() if cfg.opob else cls(cfg.causal_only, cfg.response_logits)
-
-
-def _response_forward(model, samples: list[Sample], pad_id: int, device: str = "cpu", head=None,
-                      detach_trunk: bool = False, fast: ForwardSwitches | None = None):
-    """Log-probs, mask, entropy and — with a value ``head`` (``models.critic``) — values ``[B, R]`` of the
-    response tokens, each read at the position that predicts the token (values None without a head)."""
-    fast = fast or ForwardSwitches()
-    ids, attn, resp_mask, starts, rlen = _pad_batch(samples, pad_id, device)
-    first = min(starts) - 1 if fast.response_logits else 0
-    """Position of the first logit computed: the one predicting the earliest response token of the batch."""
-    out_model = model(input_ids=ids, attention_mask=None if fast.causal_only else attn,
-                      output_hidden_states=head is not None, logits_to_keep=ids.shape[1] - first)
-    logits = out_model.logits.float()
-    log_p = torch.log_softmax(logits[:, :-1], dim=-1)
-    lp_all = log_p.gather(-1, ids[:, first + 1 :].unsqueeze(-1)).squeeze(-1)
-    with torch.no_grad():
-        ent_all = -(log_p.exp() * log_p).sum(-1)
-    v_all = None
-    if head is not None:
-        hidden = out_model.hidden_states[-1][:, :-1]
-        v_all = head(hidden.detach() if detach_trunk else hidden)
-    out = torch.zeros((len(samples), rlen), device=lp_all.device)
-    ent = torch.zeros_like(out)
-    values = torch.zeros_like(out) if v_all is not None else None
-    for i, (s, st) in enumerate(zip(samples, starts)):
-        n = len(s.response_ids)
-        out[i, :n] = lp_all[i, st - 1 - first : st - 1 - first + n]
-        ent[i, :n] = ent_all[i, st - 1 - first : st - 1 - first + n]
-        if values is not None:
-            values[i, :n] = v_all[i, st - 1 : st - 1 + n]
-    return out, resp_mask, ent, values
 
 
 def dapo_loss(new_lp, old_lp, adv, mask, clip_low: float, clip_high: float, n_tokens: float):
@@ -180,8 +112,9 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
         raise ValueError("trainer.opob and the critic (mix.advantage: gae) exclude each other")
     rng = random.Random(seed)
     epochs = [_minibatches(samples, cfg, rng) for _ in range(cfg.epochs)]  # the same draws as epoch by epoch
-    first = by_length(samples, epochs[0][0]) if fusable(model, cfg, critic is not None) else []
-    forwards, old, t_old = _first_forwards(model, samples, first, pad_id, cfg)
+    share = ForwardSwitches.of(cfg).share_prompts and critic is None
+    first = micro_order(samples, epochs[0][0], share) if fusable(model, cfg, critic is not None) else []
+    forwards, old, t_old, first_prompts = _first_forwards(model, samples, first, pad_id, cfg)
     targets = _critic_targets(model, critic[0], samples, pad_id, cfg) if critic is not None else None
     ref = _reference_logprobs(ref_dir, samples, pad_id, cfg) if cfg.kl_coef > 0 else None
     model.train()
@@ -202,13 +135,14 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
                            [ref[i] for i in mb] if ref is not None else None, cfg, pad_id, totals,
                            log_w[mb] if log_w is not None else None, scale)
             else:
-                mb = by_length(samples, mb)
+                mb = micro_order(samples, mb, share)
+                fused = n_steps == 0 and mb == first
                 _minibatch_step(model, opt, [samples[i] for i in mb], [old[i] for i in mb],
                                 [ref[i] for i in mb] if ref is not None else None, cfg, pad_id, totals,
                                 log_w[mb] if log_w is not None else None, scale,
                                 critic=critic, targets=[targets[i] for i in mb] if targets is not None else None,
                                 weights=[weights[i] for i in mb],
-                                forwards=forwards if n_steps == 0 and mb == first else None)
+                                forwards=forwards if fused else None, prompts=first_prompts if fused else None)
             n_steps += 1
             if on_step is not None:
                 on_step()
@@ -296,10 +230,13 @@ def _old_logprobs(model, samples: list[Sample], pad_id: int, cfg: TrainerConfig,
     ``skip`` are left None (their log-probs come from elsewhere)."""
     model.eval()
     out: list[torch.Tensor | None] = [None] * len(samples)
-    order = by_length(samples, [i for i in range(len(samples)) if i not in skip])
-    for lo in range(0, len(order), cfg.micro_batch):
-        idx = order[lo : lo + cfg.micro_batch]
-        lp, _ = response_logprobs(model, [samples[i] for i in idx], pad_id, cfg.device, ForwardSwitches.of(cfg))
+    fast = ForwardSwitches.of(cfg)
+    order = micro_order(samples, [i for i in range(len(samples)) if i not in skip], fast.share_prompts)
+    prompts = SharedPrompts(model, [samples[i] for i in order], pad_id, cfg.device) if fast.share_prompts and order else None
+    rows = [samples[i] for i in order]
+    for lo, hi in micro_spans(rows, cfg.micro_batch, cfg.micro_tokens, fast.share_prompts):
+        idx, chunk = order[lo:hi], rows[lo:hi]
+        lp = prompts.forward(chunk)[0] if prompts else response_logprobs(model, chunk, pad_id, cfg.device, fast)[0]
         for row, i in enumerate(idx):
             out[i] = lp[row, : len(samples[i].response_ids)].detach()
     return out  # type: ignore[return-value]
@@ -325,14 +262,23 @@ def _first_forwards(model, samples: list[Sample], first: list[int], pad_id: int,
     old = _old_logprobs(model, samples, pad_id, cfg, skip=frozenset(first))
     seconds = time.perf_counter() - t0
     model.train()
+    fast = ForwardSwitches.of(cfg)
+    prompts = SharedPrompts(model, [samples[i] for i in first], pad_id, cfg.device) if fast.share_prompts and first else None
     forwards = []
-    for lo in range(0, len(first), cfg.micro_batch):
-        idx = first[lo : lo + cfg.micro_batch]
-        fwd = _response_forward(model, [samples[i] for i in idx], pad_id, cfg.device, fast=ForwardSwitches.of(cfg))
+    rows = [samples[i] for i in first]
+    for lo, hi in micro_spans(rows, cfg.micro_batch, cfg.micro_tokens, fast.share_prompts):
+        chunk = rows[lo:hi]
+        fwd = prompts.forward(chunk) if prompts else _response_forward(model, chunk, pad_id, cfg.device, fast=fast)
         forwards.append(fwd)
-        for row, i in enumerate(idx):
+        for row, i in enumerate(first[lo:hi]):
             old[i] = fwd[0][row, : len(samples[i].response_ids)].detach()
-    return forwards, old, seconds
+    return forwards, old, seconds, prompts
+
+
+def micro_order(samples: list[Sample], idx, share_prompts: bool) -> list[int]:
+    """The order a mini-batch's rows are cut into micro-batches: by response length with shared prompts (their
+    prompts are forwarded apart), else by whole length."""
+    return by_response_length(samples, idx) if share_prompts else by_length(samples, idx)
 
 
 def by_length(samples: list[Sample], idx) -> list[int]:
@@ -378,33 +324,42 @@ def _stack(rows: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
 def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: list[torch.Tensor] | None,
                     cfg: TrainerConfig, pad_id: int, totals: dict, log_w: torch.Tensor | None = None,
                     lr_scale: float = 1.0, critic=None, targets: list | None = None,
-                    weights: list[torch.Tensor] | None = None, forwards: list | None = None):
+                    weights: list[torch.Tensor] | None = None, forwards: list | None = None,
+                    prompts: SharedPrompts | None = None):
     """One optimizer step on a mini-batch; with a ``critic`` (head, optimizer) the advantages are the per-token
     GAE ``targets`` (advantage, return) and the value loss is added; ``weights`` (``models.splice``) multiply
     each row's mask in the loss batch. ``forwards``: this mini-batch's forwards per micro-batch, already run
-    (``_first_forwards``)."""
+    (``_first_forwards``), and ``prompts`` the shared prompts they attend to. With ``trainer.share_prompts`` (no
+    critic) the micro-batches attend to the mini-batch's prompts forwarded once (``models.forward``)."""
     n_tokens = float(sum(sum(s.response_mask) for s in mb)) or 1.0
+    if prompts is None and forwards is None and critic is None and ForwardSwitches.of(cfg).share_prompts:
+        prompts = SharedPrompts(model, mb, pad_id, cfg.device)
     loss_fn = get_loss(cfg.loss)
     opt.zero_grad(set_to_none=True)
     if critic is not None:
         critic[1].zero_grad(set_to_none=True)
     loss_sum = 0.0
-    for lo in range(0, len(mb), cfg.micro_batch):
-        chunk = mb[lo : lo + cfg.micro_batch]
-        new_lp, mask, entropy, values = forwards[lo // cfg.micro_batch] if forwards else _response_forward(
-            model, chunk, pad_id, cfg.device, critic[0] if critic is not None else None, cfg.critic.detach_trunk,
-            ForwardSwitches.of(cfg))
+    spans = micro_spans(mb, cfg.micro_batch, cfg.micro_tokens, prompts is not None)
+    for k, (lo, hi) in enumerate(spans):
+        chunk = mb[lo:hi]
+        if forwards:
+            new_lp, mask, entropy, values = forwards[k]
+        elif prompts is not None:
+            new_lp, mask, entropy, values = prompts.forward(chunk)
+        else:
+            new_lp, mask, entropy, values = _response_forward(model, chunk, pad_id, cfg.device, critic[0] if critic
+                                                              else None, cfg.critic.detach_trunk, ForwardSwitches.of(cfg))
         if targets is None:
             adv = torch.tensor([s.advantage for s in chunk], device=new_lp.device)
         else:
-            adv = _stack([t[0] for t in targets[lo : lo + cfg.micro_batch]], new_lp)
-        loss_mask = mask * _stack(weights[lo : lo + cfg.micro_batch], new_lp) if weights is not None else mask
-        batch = LossBatch(new_lp, _stack(old[lo : lo + cfg.micro_batch], new_lp), adv, loss_mask, n_tokens,
-                          _stack(ref[lo : lo + cfg.micro_batch], new_lp) if ref is not None else None,
+            adv = _stack([t[0] for t in targets[lo:hi]], new_lp)
+        loss_mask = mask * _stack(weights[lo:hi], new_lp) if weights is not None else mask
+        batch = LossBatch(new_lp, _stack(old[lo:hi], new_lp), adv, loss_mask, n_tokens,
+                          _stack(ref[lo:hi], new_lp) if ref is not None else None,
                           cfg.loss_agg, float(len(mb)))
         loss, stats = loss_fn(batch, cfg)
         if values is not None:
-            returns = _stack([t[1] for t in targets[lo : lo + cfg.micro_batch]], new_lp)
+            returns = _stack([t[1] for t in targets[lo:hi]], new_lp)
             value_loss = batch.aggregate(0.5 * (values - returns).square())
             loss = loss + cfg.critic.value_coef * value_loss
             totals["value_loss"] += value_loss.item()
@@ -419,6 +374,8 @@ def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: 
         totals["ratio"] += stats["ratio"].item()
         totals["entropy"] += float((entropy * mask).sum())
         totals["approx_kl"] += float(((batch.old_lp - new_lp.detach()) * mask).sum())
+    if prompts is not None:
+        prompts.backward()
     totals["grad_norm"] += _optimizer_step(model, opt, cfg, lr_scale)
     if critic is not None:
         torch.nn.utils.clip_grad_norm_(critic[0].parameters(), cfg.grad_clip)
