@@ -143,6 +143,10 @@ def test_micro_batches_are_cut_by_rows_and_by_padded_tokens():
     assert micro_spans(rows, 3, 24, share_prompts=True) == [(0, 3), (3, 5)]
     assert micro_spans(rows, 3, 1, share_prompts=True) == [(i, i + 1) for i in range(5)]
     assert micro_spans([], 3, 24, share_prompts=True) == []
+    assert micro_spans(rows[:2], 3, 8, share_prompts=False) == [(0, 2)], "2 x 4 = 8 fits a budget of 8"
+    assert micro_spans(rows[:2], 3, 7, share_prompts=False) == [(0, 1), (1, 2)]
+    assert micro_spans([rows[4], rows[0], rows[1]], 3, 24, share_prompts=False) == [(0, 1), (1, 3)], \
+        "a new micro-batch is as wide as its own rows, not the one before"
 
 
 def test_fusion_only_where_it_is_exact(warm_model_dir):
