@@ -295,13 +295,23 @@ def compare(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
             compare_id: str | None = typer.Option(None, help="Id of the comparison (an existing one resumes)."),
             dispatch: str | None = typer.Option(None, help="Run each arm × seed as a flow run of this train deployment "
                                                            "on its workers (e.g. train/train-tiny-fanout; needs "
-                                                           "PREFECT_API_URL; docs/team.md).")) -> None:
+                                                           "PREFECT_API_URL; docs/team.md)."),
+            rerun: str | None = typer.Option(None, help="ARM:SEED: train that run of the comparison again, alone, "
+                                                        "into --into, and compare its final numbers (flows/rerun.py)."),
+            into: Path = typer.Option(Path("runs/rerun"), help="Scratch folder of --rerun (own store and runs)."),
+            against: Path | None = typer.Option(None, help="With --rerun: committed numbers to check, a compare "
+                                                           "report or JSON holding reports (docs/regimes.json).")) -> None:
     """CLEANER vs the DAPO baseline (and SAAR everywhere; R3L with --set 'compare.add_arms=[r3l]') over seeds."""
     from flows.compare import compare_flow
     from flows.dispatch import DispatchError
 
     overrides = [*(overrides or []), *([f"compare.dispatch={dispatch}"] if dispatch else [])]
     _load(config, overrides)
+    if rerun:
+        from flows.rerun import rerun_cli
+
+        rerun_cli(str(config), overrides, compare_id, rerun, into, against, console)
+        return
     try:
         summary = compare_flow(str(config), overrides, compare_id)
     except DispatchError as err:

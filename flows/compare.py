@@ -54,6 +54,16 @@ def jobs_of(cfg: RunConfig) -> list[tuple[str, int]]:
     return [(arm, s) for s in seeds for arm in cmp.arms if s in cmp.seeds_of(arm)]
 
 
+def compare_jobs(cfg: RunConfig, overrides: list[str] | None, compare_id: str) -> list[tuple[str, int, str, list[str]]]:
+    """(arm, seed, run id, the child's overrides) of every run of the comparison, in ``jobs_of`` order."""
+    cmp = cfg.compare
+    shared_initial = cmp.shared_initial_eval and cfg.env is None  # environment runs evaluate their own start
+    return [(arm, seed, f"{compare_id}-{arm}-s{seed}",
+             [*(overrides or []), *arm_overrides(cmp.shared, cmp.arms[arm], cmp.steps, cmp.eval_every, shared_initial),
+              f"tracking.arm={arm}", f"seed={seed}"])
+            for arm, seed in jobs_of(cfg)]
+
+
 @task(name="initial-eval", cache_policy=NO_CACHE)
 def initial_eval_task(cfg: RunConfig, run_id: str, mlrun: str, folder: str) -> dict:
     """Evaluate the starting policy once, at the final evaluation's size (SAAR off and on)."""
@@ -83,7 +93,7 @@ def _api_url() -> str | None:
     return url if url.startswith("http") else None
 
 
-def _train_process(config_path: str, overrides: list[str], run_id: str, parent: str, log: Path,
+def _train_process(config_path: str, overrides: list[str], run_id: str, parent: str | None, log: Path,
                    api_url: str | None) -> str:
     """One child run as a ``cleaner train`` process with one torch thread; raises with its log's tail.
 
@@ -94,7 +104,7 @@ def _train_process(config_path: str, overrides: list[str], run_id: str, parent: 
     if api_url:
         env["PREFECT_API_URL"] = api_url
     argv = [sys.executable, "-m", "flows.cli", "train", "--config", config_path, "--run-id", run_id,
-            "--parent-mlflow-run", parent]
+            *(["--parent-mlflow-run", parent] if parent else [])]
     for o in overrides:
         argv += ["--set", o]
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -171,14 +181,9 @@ def compare_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | 
         _check_dispatch(cmp.dispatch)
     folder = Path(cfg.output_dir) / compare_id
     shared_initial = cmp.shared_initial_eval and cfg.env is None  # environment runs evaluate their own start
-    jobs = []
-    for arm, seed in jobs_of(cfg):
-        run_id = f"{compare_id}-{arm}-s{seed}"
-        ov = [*(overrides or []), *arm_overrides(cmp.shared, cmp.arms[arm], cmp.steps, cmp.eval_every,
-                                                 shared_initial),
-              f"tracking.arm={arm}", f"seed={seed}"]
+    jobs = [(arm, run_id, ov) for arm, _, run_id, ov in compare_jobs(cfg, overrides, compare_id)]
+    for _, _, ov in jobs:
         load_config(config_path, ov)  # a bad arm or shared override fails now, not after hours of training
-        jobs.append((arm, run_id, ov))
     parent = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, compare_id,
                                cfg.model_dump(mode="json"), {"cleaner.kind": "compare"})
     seeds = sorted({s for _, s in jobs_of(cfg)})

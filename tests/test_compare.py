@@ -250,6 +250,26 @@ def test_compare_flow_trains_every_arm_and_seed_under_one_parent(prefect_harness
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "report")} == {
         "report/compare.json", "report/compare.md", "report/compare.png", "report/compare_seeds.png"}
     assert (tmp_path / "runs" / "cmp" / "report" / "compare.png").stat().st_size > 1000
+    # One run again, alone, into a scratch folder: the same final numbers as the committed report (exactly).
+    from flows.rerun import rerun
+
+    def store_rows():
+        con = duckdb.connect(str(tmp_path / "cleaner.duckdb"), read_only=True)
+        try:
+            return [con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("runs", "evaluations", "metrics")]
+        finally:
+            con.close()
+
+    before = store_rows()
+    report = tmp_path / "runs" / "cmp" / "report" / "compare.json"
+    [row] = json.loads(report.read_text())["per_seed"]["cleaner"]
+    assert row["final_pass_at_1_saar_on"] is not None
+    again = rerun("configs/tiny.yaml", overrides, "cmp", "cleaner:0", tmp_path / "again", report)
+    assert again["equal"] == {"final_pass_at_1": True, "final_pass_at_1_saar_on": True,
+                              "final_first_attempt_success": True}
+    assert again["rerun"]["final_pass_at_1"] == row["final_pass_at_1"] and again["rerun"]["policy_version"] == 1
+    assert (tmp_path / "again" / "runs" / "cmp-cleaner-s0" / "checkpoints").is_dir()
+    assert store_rows() == before  # the comparison's store is untouched
 
 
 def test_compare_checks_every_arm_before_training(prefect_harness, warm_model_dir, tmp_path):

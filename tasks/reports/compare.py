@@ -100,13 +100,17 @@ def first_reaching(points: list[tuple[int, float]], target: float) -> int | None
     return next((v for v, x in points if x >= target - 1e-12), None)
 
 
-def per_seed(acc: dict, tool: dict, runs: dict[str, list[str]], target: float) -> dict[str, list[dict]]:
+def per_seed(acc: dict, tool: dict, runs: dict[str, list[str]], target: float,
+             acc_on: dict[str, float] | None = None) -> dict[str, list[dict]]:
+    """Per arm and seed: the final pass@1 (and, given ``acc_on``, with SAAR on), first-attempt success, gain from
+    the start and the first evaluated step reaching ``target``."""
     out = {}
     for arm, run_ids in runs.items():
         rows = []
         for r in run_ids:
             pts, tpts = acc.get(r, []), tool.get(r, [])
-            rows.append({"run_id": r, "seed": seed_of(r), "final_pass_at_1": pts[-1][1] if pts else None,
+            on = {"final_pass_at_1_saar_on": acc_on.get(r)} if acc_on else {}
+            rows.append({"run_id": r, "seed": seed_of(r), "final_pass_at_1": pts[-1][1] if pts else None, **on,
                          "final_first_attempt_success": tpts[-1][1] if tpts else None,
                          "gain_pass_at_1": pts[-1][1] - pts[0][1] if len(pts) > 1 else None,
                          "steps_to_baseline_final": first_reaching(pts, target) if pts else None})
@@ -207,7 +211,7 @@ def summarize(evals: pl.DataFrame, runs: dict[str, list[str]], baseline: str, tr
               for arm, ids in runs.items()}
     steps = {arm: first_reaching([(c["policy_version"], c["mean"]) for c in curves[arm]["accuracy"]], target)
              for arm in runs}
-    seeds = per_seed(acc, tool, runs, target)
+    seeds = per_seed(acc, tool, runs, target, final_values(evals, ACC_ON) if acc_key == ACC else None)
     final = {}
     for arm, rows in seeds.items():
         finals = [r["final_pass_at_1"] for r in rows if r["final_pass_at_1"] is not None]

@@ -1,0 +1,118 @@
+"""Rerun one arm × seed of a comparison alone and check it against the committed numbers.
+
+A comparison's child run is a pure function of its config, its overrides and its seed (sampling, raw-share
+draws and the update are seeded by (seed, step); one torch thread). ``rerun`` trains that child again with
+the very overrides ``cleaner compare`` gives it (``flows.compare.compare_jobs``) and the same run id, but
+into a scratch folder with its own DuckDB file, MLflow store and run folder, so nothing of the comparison
+is touched. It then reads the rerun's final evaluation and sets it beside the committed one: a report
+``compare.json`` or any JSON holding such reports (``docs/regimes.json``), searched for the run id in
+``per_seed`` rows.
+
+What it simplifies: only the final evaluation is compared (pass@1 in both modes and the first-call success
+with SAAR off), exactly; a rerun's curve is in its own store.
+
+Run: ``cleaner compare --config configs/regimes/t4.yaml --set sandbox.backend=local --compare-id regime-t4
+--rerun cleaner:21 --into /tmp/rerun --against docs/regimes.json`` (≈ 5 min on one core).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from flows.compare import _train_process, compare_jobs
+from flows.config import load_config
+from tasks.reports.compare import ACC, ACC_ON, TOOL
+from tasks.stores import db
+
+FIELDS = {"final_pass_at_1": ACC, "final_pass_at_1_saar_on": ACC_ON, "final_first_attempt_success": TOOL}
+"""Per-seed fields of a compare report and the evaluation key each is read from."""
+
+
+def parse_job(spec: str) -> tuple[str, int]:
+    """``ARM:SEED`` → (arm, seed); a clear error otherwise."""
+    arm, sep, seed = spec.rpartition(":")
+    if not sep or not arm or not seed.isdigit():
+        raise ValueError(f"--rerun: {spec!r} is not ARM:SEED (e.g. cleaner:21)")
+    return arm, int(seed)
+
+
+def scratch_overrides(into: Path) -> list[str]:
+    """Every place a run writes, moved under ``into``."""
+    into = into.resolve()
+    return [f"output_dir={into / 'runs'}", f"tracking.duckdb_path={into / 'cleaner.duckdb'}",
+            f"tracking.mlflow_uri=sqlite:///{into / 'mlflow.db'}", f"tracking.artifact_root={into / 'mlartifacts'}"]
+
+
+def committed_row(against: Path, run_id: str) -> dict:
+    """The ``per_seed`` row of ``run_id`` in ``against`` (a compare report, or JSON that holds reports)."""
+
+    def walk(node):
+        if isinstance(node, dict):
+            for arm_rows in (node.get("per_seed") or {}).values():
+                for row in arm_rows:
+                    if row.get("run_id") == run_id:
+                        yield row
+            for value in node.values():
+                yield from walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from walk(value)
+
+    if not against.is_file():
+        raise ValueError(f"--against: {against} is not a file")
+    rows = list(walk(json.loads(against.read_text())))
+    if not rows:
+        raise ValueError(f"--against: no per_seed row of run {run_id!r} in {against}")
+    return rows[-1]
+
+
+def final_of(duckdb_path: Path, run_id: str) -> dict:
+    """The run's last evaluation: ``FIELDS`` by name (``None`` where the key was not evaluated)."""
+    rows = db.evaluation_rows(duckdb_path, [run_id])
+    if rows.is_empty():
+        raise RuntimeError(f"rerun {run_id}: no evaluation rows in {duckdb_path}")
+    last = rows.filter(rows["policy_version"] == rows["policy_version"].max())
+    values = dict(zip(last["key"], last["value"]))
+    return {"policy_version": int(last["policy_version"][0]), **{f: values.get(k) for f, k in FIELDS.items()}}
+
+
+def rerun(config_path: str, overrides: list[str], compare_id: str, spec: str, into: Path,
+          against: Path | None = None) -> dict:
+    """Train ``spec`` (ARM:SEED) of comparison ``compare_id`` again into ``into``; its final numbers, the
+    committed ones (from ``against``) and whether each field is equal."""
+    arm, seed = parse_job(spec)
+    cfg = load_config(config_path, overrides)
+    jobs = {(a, s): (run_id, ov) for a, s, run_id, ov in compare_jobs(cfg, overrides, compare_id)}
+    if (arm, seed) not in jobs:
+        valid = ", ".join(f"{a}:{s}" for a, s in sorted(jobs))
+        raise ValueError(f"--rerun: {spec!r} is not a run of this comparison; valid: {valid}")
+    run_id, ov = jobs[(arm, seed)]
+    want = committed_row(against, run_id) if against is not None else None  # a bad file fails before training
+    into.mkdir(parents=True, exist_ok=True)
+    _train_process(config_path, [*ov, *scratch_overrides(into)], run_id, None, into / f"{run_id}.log", None)
+    got = final_of(into / "cleaner.duckdb", run_id)
+    out = {"run_id": run_id, "rerun": got}
+    if want is not None:
+        out["committed"] = {f: want.get(f) for f in FIELDS}
+        out["equal"] = {f: want.get(f) == got[f] for f in FIELDS if want.get(f) is not None}
+    return out
+
+
+def rerun_cli(config_path: str, overrides: list[str], compare_id: str | None, spec: str, into: Path,
+              against: Path | None, console) -> None:
+    """``cleaner compare --rerun``: print the result as JSON; exit 2 on bad input, 1 when a field differs."""
+    import typer
+
+    if not compare_id:
+        console.print("[red]--rerun needs the comparison's --compare-id (its run ids carry it)[/red]")
+        raise typer.Exit(2)
+    try:
+        out = rerun(config_path, overrides, compare_id, spec, into, against)
+    except ValueError as err:
+        console.print(f"[red]{err}[/red]", soft_wrap=True)
+        raise typer.Exit(2) from None
+    console.print_json(data=out)
+    if not all(out.get("equal", {}).values()):
+        console.print(f"[red]{out['run_id']}: the rerun differs from {against}[/red]")
+        raise typer.Exit(1)

@@ -1,0 +1,48 @@
+"""``cleaner compare --rerun``: the job's spec, the committed row's lookup and the errors a user meets before
+any training (the end-to-end rerun is in tests/test_compare.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flows.rerun import committed_row, parse_job, rerun, scratch_overrides
+
+
+def test_parse_job_reads_arm_and_seed_and_names_the_option_when_bad():
+    assert parse_job("cleaner:21") == ("cleaner", 21)
+    assert parse_job("mask_raw07:3") == ("mask_raw07", 3)
+    for bad in ("cleaner", "cleaner:", ":21", "cleaner:x1"):
+        with pytest.raises(ValueError, match="--rerun: .* is not ARM:SEED"):
+            parse_job(bad)
+
+
+def test_scratch_overrides_move_every_store_under_the_folder(tmp_path):
+    assert scratch_overrides(tmp_path / "r") == [
+        f"output_dir={tmp_path}/r/runs", f"tracking.duckdb_path={tmp_path}/r/cleaner.duckdb",
+        f"tracking.mlflow_uri=sqlite:///{tmp_path}/r/mlflow.db", f"tracking.artifact_root={tmp_path}/r/mlartifacts"]
+
+
+def test_committed_row_is_found_in_a_report_or_in_json_holding_reports(tmp_path):
+    row = {"run_id": "x-cleaner-s21", "seed": 21, "final_pass_at_1": 0.5}
+    report = {"per_seed": {"dapo": [{"run_id": "x-dapo-s21", "seed": 21}], "cleaner": [row]}}
+    (tmp_path / "compare.json").write_text(json.dumps(report))
+    (tmp_path / "study.json").write_text(json.dumps({"t4": {"phase1": {"report": report}}, "t2": "pending"}))
+    assert committed_row(tmp_path / "compare.json", "x-cleaner-s21") == row
+    assert committed_row(tmp_path / "study.json", "x-cleaner-s21") == row
+    with pytest.raises(ValueError, match="no per_seed row of run 'x-mask-s21'"):
+        committed_row(tmp_path / "study.json", "x-mask-s21")
+    with pytest.raises(ValueError, match="--against: .*missing.json is not a file"):
+        committed_row(tmp_path / "missing.json", "x-cleaner-s21")
+
+
+def test_a_run_the_comparison_does_not_have_lists_the_valid_ones_before_training(tmp_path):
+    arms = json.dumps({"cleaner": ["rollout.saar.enabled=true"], "dapo": ["rollout.saar.enabled=false"]})
+    ov = [f"output_dir={tmp_path}", f"compare.arms={arms}", "compare.seeds=[3, 4]", "compare.arm_seeds={}"]
+    with pytest.raises(ValueError, match=r"'mask:3' is not a run of this comparison; valid: cleaner:3, cleaner:4, "
+                                         r"dapo:3, dapo:4"):
+        rerun("configs/tiny.yaml", ov, "cmp", "mask:3", tmp_path / "r")
+    with pytest.raises(ValueError, match="--against: .* is not a file"):
+        rerun("configs/tiny.yaml", ov, "cmp", "dapo:4", tmp_path / "r", tmp_path / "nope.json")
+    assert not (tmp_path / "r").exists()
