@@ -13,7 +13,7 @@
                                      the evaluate flow: pass@k, first-call failures, recovery, SAAR off and on
     cleaner compare                  CLEANER vs DAPO vs SAAR-everywhere over seeds, with a report
     cleaner query "SQL"              query the DuckDB store
-    cleaner bench-rollout            rollout before/after continuous batching (ratios in one run)
+    cleaner bench-rollout            rollout before/after continuous batching, lockstep tool calls (ratios)
     cleaner bench-partial            rollout with APRIL partial rollouts off/on (ratios in one run)
     cleaner bench-step               the compare's RL step with the speed switches off/on (ratio, identical numbers)
     cleaner sandbox ... / data ...   sandbox benchmark, dataset tools
@@ -334,11 +334,13 @@ def bench_engines_cmd(model: Path = typer.Option(Path("assets/tiny-warm"), help=
 def bench_rollout_cmd(model: Path = typer.Option(Path("assets/tiny-warm"), help="Policy folder."),
                       prompts: int = typer.Option(32, help="Held-out prompts."),
                       samples: int = typer.Option(8, help="Samples per prompt."),
-                      repeats: int = typer.Option(3, help="Alternating before/after repeats (the first warms up).")) -> None:
-    """Rollout wall time and useful tokens/s, static rounds vs continuous batching, as ratios."""
+                      repeats: int = typer.Option(3, help="Alternating before/after repeats (the first warms up)."),
+                      backend: str = typer.Option("local", help="Sandbox backend (local or docker).")) -> None:
+    """Rollout wall time and useful tokens/s: static rounds vs continuous batching, and lockstep tool calls'
+    price, as ratios."""
     from tasks.training.bench_rollout import bench_rollout
 
-    bench_rollout(model, n_prompts=prompts, n_samples=samples, repeats=repeats, echo=console.print)
+    bench_rollout(model, n_prompts=prompts, n_samples=samples, repeats=repeats, echo=console.print, backend=backend)
 
 
 @app.command("bench-step")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from flows.rerun import committed_row, parse_job, rerun, scratch_overrides
+from flows.rerun import committed_row, noise_bound, parse_job, rerun, scratch_overrides
 
 
 def test_parse_job_reads_arm_and_seed_and_names_the_option_when_bad():
@@ -46,3 +46,9 @@ def test_a_run_the_comparison_does_not_have_lists_the_valid_ones_before_training
     with pytest.raises(ValueError, match="--against: .* is not a file"):
         rerun("configs/tiny.yaml", ov, "cmp", "dapo:4", tmp_path / "r", tmp_path / "nope.json")
     assert not (tmp_path / "r").exists()
+
+
+def test_noise_bound_is_twice_the_binomial_standard_error():
+    assert noise_bound(0.5, 1024) == 0.03125  # 2 * sqrt(0.25 / 1024)
+    assert noise_bound(0.75, 768) == 0.03125  # 2 * sqrt(0.1875 / 768)
+    assert noise_bound(0.5, None) is None and noise_bound(0.5, 0) is None

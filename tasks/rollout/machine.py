@@ -4,7 +4,8 @@ Every trajectory is in one ``State``; a driver hands each engine output and each
 to the small handler of that state. Two drivers share the handlers: **continuous** (when the
 engine offers ``stream``): a turn is submitted as soon as its trajectory is ready, a finished
 turn's tool call runs in a thread while the others keep decoding, and its next turn joins the
-batch with the trajectory's cached prefix (no round waits for its longest turn); **rounds**
+batch with the trajectory's cached prefix (no round waits for its longest turn) — at a decode step
+fixed by the seed, not by the sandbox's speed (``tasks.rollout.toolcalls``); **rounds**
 (any engine): generate for every waiting trajectory in one batch, then execute every pending
 call in one sandbox batch. Every tool call runs with the prompt's bound inputs
 (``extra_info["setup"]``, run by the sandbox before the snippet in the same globals):
@@ -34,7 +35,7 @@ rollout (``SandboxInfraError``): they are never a code failure, a SAAR trigger o
 from __future__ import annotations
 
 import zlib
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 
 from tqdm.auto import tqdm
 
@@ -43,6 +44,7 @@ from models.engine import Engine, GenOutput, GenRequest
 from sandbox.result import ExecutionResult
 from tasks.rollout.config import RolloutConfig
 from tasks.rollout.saar import exhausted_note, is_raw, splice
+from tasks.rollout.toolcalls import ToolCalls
 from tasks.rollout.types import Execution, PromptItem, SaarEvent, Snapshot, State, Trajectory
 
 
@@ -133,17 +135,18 @@ class Rollout:
             round_ += 1
 
     def _run_continuous(self, trajs: list[Trajectory], salt: tuple[int, ...], bar) -> None:
-        """Turns join the engine's decoding batch when ready; tool calls run in threads meanwhile."""
+        """Turns join the engine's decoding batch when ready; tool calls run in threads meanwhile and are
+        handed back on the ``rollout.tool_lag_steps`` schedule (``tasks.rollout.toolcalls``)."""
         stream = self.engine.stream(seed=hash(salt) % 2**31)
         by_id = {t.traj_id: t for t in trajs}
-        running: dict[Future, Trajectory] = {}
         with ThreadPoolExecutor(max_workers=self.cfg.tool_threads, thread_name_prefix="tool") as pool:
+            calls: ToolCalls[Trajectory] = ToolCalls(pool, self.cfg.tool_lag_steps)
 
             def route(t: Trajectory) -> None:
                 while t.state is State.EXECUTING and t.pending.code is None:
                     self.on_executed(t, _call_failure(t.pending))
                 if t.state is State.EXECUTING:
-                    running[pool.submit(self.sandbox.run, t.pending.code, setup_of(t))] = t
+                    calls.submit(t, self.sandbox.run, t.pending.code, setup_of(t))
                 elif t.state is State.TERMINATED:
                     stream.release(t.traj_id)
                     bar.update(1)
@@ -153,18 +156,17 @@ class Rollout:
 
             for t in trajs:
                 route(t)
-            while stream.busy or running:
-                if stream.busy:
-                    for key, ids, lps, reason in stream.step():
+            while stream.busy or calls:
+                decoding = stream.busy
+                if decoding:
+                    outs = stream.step()
+                    calls.stepped()
+                    for key, ids, lps, reason in outs:
                         t = by_id[key]
                         self.deliver(t, GenOutput(ids, lps, reason))
                         route(t)
-                    done = [f for f in running if f.done()]
-                else:
-                    done = wait(running, return_when=FIRST_COMPLETED).done
-                for f in done:
-                    t = running.pop(f)
-                    self.on_executed(t, f.result())
+                for t, res in calls.due(decoding):
+                    self.on_executed(t, res)
                     route(t)
 
     def request(self, t: Trajectory) -> GenRequest:

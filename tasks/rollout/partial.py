@@ -32,12 +32,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from models.engine import GenOutput
 from tasks.rollout.config import PartialConfig
 from tasks.rollout.machine import Rollout, _call_failure, sampling_salt, setup_of
+from tasks.rollout.toolcalls import ToolCalls
 from tasks.rollout.types import Carry, PromptItem, State, Trajectory
 
 
@@ -103,12 +104,11 @@ class PartialRollout:
         self.judged: list[Group] = []
         self.of: dict[str, Group] = {}
         self.by_id: dict[str, Trajectory] = {}
-        self.running: dict[Future, Trajectory] = {}
         self.counts = dict.fromkeys(("submissions", "submitted_groups", "resumed_groups", "passed_groups",
                                      "filtered_groups", "aborted_requests", "aborted_tokens"), 0)
         self.stream = self.runner.engine.stream(seed=hash(sampling_salt(seed, step)) % 2**31)
         with ThreadPoolExecutor(max_workers=self.runner.cfg.tool_threads, thread_name_prefix="tool") as pool:
-            self.pool = pool
+            self.calls: ToolCalls[Trajectory] = ToolCalls(pool, self.runner.cfg.tool_lag_steps)
             self._loop(fresh)
             self._abort()
         batch = [g for g in self.judged if g.verdict] + [g for g in self.judged if not g.verdict]
@@ -125,23 +125,22 @@ class PartialRollout:
                     and self.counts["submissions"] < self.cfg.max_submissions):
                 self._submit(fresh)
                 continue  # carried groups that were already complete have just been judged
-            if not (self.stream.busy or self.running):
+            if not (self.stream.busy or self.calls):
                 return  # nothing in flight and nothing more to submit: the step trains what passed
             self._advance()
 
     def _advance(self) -> None:
         """One decoding step of the stream (or a wait for a tool call); every finished turn or call is routed on."""
-        if self.stream.busy:
-            for key, ids, lps, reason in self.stream.step():
+        decoding = self.stream.busy
+        if decoding:
+            outs = self.stream.step()
+            self.calls.stepped()
+            for key, ids, lps, reason in outs:
                 t = self.by_id[key]
                 self.runner.deliver(t, GenOutput(ids, lps, reason))
                 self._route(t)
-            done = [f for f in self.running if f.done()]
-        else:
-            done = wait(self.running, return_when=FIRST_COMPLETED).done
-        for f in done:
-            t = self.running.pop(f)
-            self.runner.on_executed(t, f.result())
+        for t, res in self.calls.due(decoding):
+            self.runner.on_executed(t, res)
             self._route(t)
 
     def _submit(self, fresh: Fresh) -> int:
@@ -175,7 +174,7 @@ class PartialRollout:
         while t.state is State.EXECUTING and t.pending.code is None:
             r.on_executed(t, _call_failure(t.pending))
         if t.state is State.EXECUTING:
-            self.running[self.pool.submit(r.sandbox.run, t.pending.code, setup_of(t))] = t
+            self.calls.submit(t, r.sandbox.run, t.pending.code, setup_of(t))
         elif t.state is State.TERMINATED:
             self.stream.release(t.traj_id)
             g = self.of[t.traj_id]
@@ -204,9 +203,8 @@ class PartialRollout:
             else:  # the server finished it before the abort reached it
                 self.runner.deliver(t, GenOutput(ids, lps, reason))
                 self._settle(t)
-        for f in list(self.running):
-            t = self.running.pop(f)
-            self.runner.on_executed(t, f.result())
+        for t, res in self.calls.drain():
+            self.runner.on_executed(t, res)
             self._settle(t)
 
     def _settle(self, t: Trajectory) -> None:

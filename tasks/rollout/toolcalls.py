@@ -1,0 +1,64 @@
+"""Tool calls in flight beside a continuous decoding stream, handed back on a schedule the sandbox cannot change.
+
+The continuous drivers (``Rollout._run_continuous``, ``PartialRollout``) decode while tool calls run in threads;
+a trajectory whose call is back rejoins the decoding batch. *When* it rejoins decides the batch's make-up at
+every later step, and a batch of another shape rounds its floats differently, so a near-tie token can come
+out differently (``models.decode``: a row's draws are its own, its logits are not bit-stable across shapes).
+
+``lag`` (``rollout.tool_lag_steps``) picks the schedule:
+
+* ``lag`` ≥ 1, **lockstep**: a call submitted after decode step k is handed back after step k + lag,
+  waiting for it there if it is not back yet, in submission order. The batch's make-up then depends on the
+  seed alone, so a rerun reproduces every rollout bit for bit however loaded the machine or slow the sandbox.
+  Cost: the batch waits for a call slower than ``lag`` decode steps.
+* ``lag`` = 0, **as soon as back**: a call is handed back at the first look after it finished (no waiting;
+  a rerun can differ at a near-tie token once the sandbox's timing differs).
+
+With nothing decoding, the next calls due are waited for (lockstep: the earliest due step; else any one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class ToolCalls(Generic[T]):
+    """Calls in flight, each with its owner (a trajectory) and the decode step at which it is handed back."""
+
+    def __init__(self, pool: ThreadPoolExecutor, lag: int):
+        if lag < 0:
+            raise ValueError(f"rollout.tool_lag_steps: {lag} < 0")
+        self.pool, self.lag, self.tick = pool, lag, 0
+        self.running: dict[Future, tuple[T, int]] = {}  # insertion order = submission order
+
+    def __bool__(self) -> bool:
+        return bool(self.running)
+
+    def submit(self, owner: T, fn: Callable, *args) -> None:
+        self.running[self.pool.submit(fn, *args)] = (owner, self.tick + self.lag)
+
+    def stepped(self) -> None:
+        """One decode step was taken."""
+        self.tick += 1
+
+    def due(self, decoding: bool) -> list[tuple[T, object]]:
+        """(owner, result) of every call handed back now, in submission order under lockstep; a call that
+        raised raises here (an infrastructure failure is never a result)."""
+        if not self.running:
+            return []
+        if self.lag == 0:
+            done = [f for f in self.running if f.done()] if decoding else \
+                list(wait(self.running, return_when=FIRST_COMPLETED).done)
+        else:
+            if not decoding:
+                self.tick = max(self.tick, min(at for _, at in self.running.values()))
+            done = [f for f, (_, at) in self.running.items() if at <= self.tick]
+        return [(self.running.pop(f)[0], f.result()) for f in done]
+
+    def drain(self) -> list[tuple[T, object]]:
+        """Every call still in flight, waited for, in submission order."""
+        return [(self.running.pop(f)[0], f.result()) for f in list(self.running)]
