@@ -14,6 +14,7 @@ def test_regime_configs_register_their_arms_seeds_and_turn_budget(regime, turns)
     cfg = load_config(f"configs/regimes/{regime}.yaml")
     cmp = cfg.compare
     assert cfg.rollout.max_turns == turns
+    assert cfg.rollout.tool_lag_steps == 0  # the committed runs' schedule (before lockstep tool calls)
     assert {a: cmp.seeds_of(a) for a in cmp.arms} == {
         "dapo": [21, 22, 23, 24, 25, 26], "cleaner": [21, 22, 23, 24, 25, 26],
         "mask": [21, 22, 23, 24], "truncated_is": [21, 22, 23, 24]}
