@@ -152,7 +152,7 @@ def bench_step(config: str | Path = "configs/tiny.yaml", work_dir: str | Path = 
     load = [os.getloadavg()]
     cfgs = {side: _config(Path(config), work, side, overrides or []) for side in sides}
     first = cfgs[sides[0]]
-    ensure_files(first.data, first.seed)
+    ensure_files(first.data)
     ensure_policy(first)
     start = start_policy(first, first.model.path, work / "start-policy")
     copies = [str(shutil.copytree(start, work / f"start-{c}", symlinks=True)) for c in "ab"]

@@ -74,7 +74,7 @@ def initial_eval_task(cfg: RunConfig, run_id: str, mlrun: str, folder: str) -> d
     path = Path(folder) / "initial_eval.json"
     if path.exists():
         return json.loads(path.read_text())
-    ensure_files(cfg.data, cfg.seed)
+    ensure_files(cfg.data)
     ensure_policy(cfg)
     eval_cfg = cfg.eval.final().model_copy(update={"modes": ["saar_off", "saar_on"]})
     setup = cfg.setups().eval.model_copy(update={"eval": eval_cfg})

@@ -57,7 +57,7 @@ def evaluate_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] |
 
     cfg = load_config(config_path, overrides)
     ckpt, model = resolve_policy(cfg, checkpoint)
-    ensure_files(cfg.data, cfg.seed)
+    ensure_files(cfg.data)
     run_id = run_id or f"eval-{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     ckpt = start_policy(cfg, str(ckpt), Path(cfg.output_dir) / "eval-policies" / run_id)
     experiment = (cfg.tracking.experiment or cfg.name) + "-eval"

@@ -67,7 +67,7 @@ def prepare_run(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run
     """Data files, the starting policy, the MLflow run (resumed by tag) and the run's row (written to the store's
     row log: no other run or reader of the store can hold it up)."""
     if cfg.env is None:
-        ensure_files(cfg.data, cfg.seed)
+        ensure_files(cfg.data)
     ensure_policy(cfg)
     run_dir = Path(cfg.output_dir) / run_id
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
-    ensure_files(cfg.data, cfg.seed)
+    ensure_files(cfg.data)
     result = turn_gate(cfg.model.path, cfg.setups().eval, args.skip, args.prompts)
     result["gate"] = {"threshold": args.threshold, "max_turns": cfg.rollout.max_turns,
                       "samples": cfg.eval.samples, "skip": args.skip, "prompts": args.prompts,

@@ -61,3 +61,25 @@ def test_refill_rounds_never_repeat_a_prompt_of_the_step():
         drawn += batch
     assert len(drawn) == len(set(drawn)) == 10
     assert refill_batch(data, 2, 0, 7, 3, used) == []
+
+
+def test_synthetic_files_come_from_the_data_seed_not_the_runs(tmp_path):
+    """A run started alone on seed 22 must read the files a comparison (seed 0) wrote: the files' seed is
+    ``data.seed``; a rerun from a clean clone once drew other prompts and another held-out set."""
+    import pyarrow.parquet as pq
+
+    from flows.config import load_config
+    from tasks.data.loader import ensure_files
+
+    def rows(seed_overrides, folder):
+        cfg = load_config("configs/tiny.yaml", [f"data.train_path={tmp_path / folder / 'rl.parquet'}",
+                                                f"data.eval_path={tmp_path / folder / 'eval.parquet'}",
+                                                "data.n_train=12", "data.n_eval=6", *seed_overrides])
+        ensure_files(cfg.data)
+        return [pq.read_table(tmp_path / folder / f).to_pylist() for f in ("rl.parquet", "eval.parquet")]
+
+    first = rows(["seed=0"], "a")
+    assert rows(["seed=22"], "b") == first
+    other = rows(["data.seed=22"], "c")
+    assert other[0] != first[0] and other[1] != first[1]
+    assert [r["extra_info"]["split"] for r in first[0]] == ["rl"] * 12 and len(first[1]) == 6

@@ -26,6 +26,11 @@ class DataConfig(BaseModel):
     n_eval: int = Field(200, ge=1)
     """Synthetic held-out prompts to write."""
 
+    seed: int = 0
+    """Seed of the synthetic files. Not the run's ``seed`` (that one orders the prompts): every run reads the same
+    prompts and held-out set whatever its seed, so runs on different seeds pair up and a run started alone
+    (``cleaner train --set seed=22``) sees the files a comparison wrote."""
+
     prompts_per_step: int = Field(8, ge=1)
     """Prompts per RL step (each is rolled out ``rollout.n_samples`` times)."""
 

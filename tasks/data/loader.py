@@ -24,8 +24,8 @@ from tasks.data.config import DataConfig
 from tasks.rollout.types import PromptItem
 
 
-def ensure_files(cfg: DataConfig, seed: int) -> None:
-    """Write the synthetic train/eval files when missing (no-op for user-supplied data)."""
+def ensure_files(cfg: DataConfig) -> None:
+    """Write the synthetic train/eval files when missing, from ``cfg.seed`` (no-op for user-supplied data)."""
     for path, n, field, split in ((cfg.train_path, cfg.n_train, "train", "rl"), (cfg.eval_path, cfg.n_eval, "eval", "eval")):
         if Path(path).exists():
             continue
@@ -34,7 +34,7 @@ def ensure_files(cfg: DataConfig, seed: int) -> None:
         from tasks.data.synthetic import write_task_parquet
 
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        write_task_parquet(Path(path), n, seed, split)
+        write_task_parquet(Path(path), n, cfg.seed, split)
 
 
 @lru_cache(maxsize=8)

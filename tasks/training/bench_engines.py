@@ -33,8 +33,8 @@ def _configs(work: Path, steps: int, prompts: int, n_samples: int, max_new_token
     from tasks.training.config import MixConfig
 
     data = DataConfig(train_path=str(work / "train.parquet"), eval_path=str(work / "eval.parquet"),
-                      n_train=max(64, prompts * steps), n_eval=8, prompts_per_step=prompts)
-    ensure_files(data, seed)
+                      n_train=max(64, prompts * steps), n_eval=8, prompts_per_step=prompts, seed=seed)
+    ensure_files(data)
     return {"data": data, "rollout": RolloutConfig(n_samples=n_samples, max_new_tokens=max_new_tokens,
                                                    max_response_tokens=4 * max_new_tokens),
             "sandbox": SandboxConfig(backend="local", workers=2), "reward": RewardConfig(), "score": ScoreConfig(),
