@@ -237,8 +237,8 @@ def test_resume_of_a_killed_deployment_run_retries_it_through_prefect(stack):
     def db_status():  # db.query loads what runs wrote to the store's row log first (docs/store.md)
         return db.query(stack.tmp / "cleaner.duckdb", "SELECT status FROM runs WHERE run_id = ?", [ours]).item()
 
-    deadline = time.time() + 60
-    while mlruns()[0].info.status != "FAILED" and time.time() < deadline:
+    deadline = time.time() + 60  # the hook marks MLflow, then the store: wait for both (a loaded machine parts them)
+    while (mlruns()[0].info.status != "FAILED" or db_status() != "crashed") and time.time() < deadline:
         time.sleep(1)
     assert mlruns()[0].info.status == "FAILED" and db_status() == "crashed", "on_crashed did not mark the stores"
     # the worker may report the crash a second time once it reaps the process (~30 s later here), overwriting a
