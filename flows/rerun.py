@@ -26,7 +26,7 @@ from pathlib import Path
 
 from flows.compare import _train_process, compare_jobs
 from flows.config import load_config
-from tasks.reports.compare import ACC, ACC_ON, GRADED, TOOL
+from tasks.reports.compare import ACC, ACC_ON, GRADED, TOOL, final_values
 from tasks.stores import db
 
 FIELDS = {"final_pass_at_1": (ACC, GRADED), "final_pass_at_1_saar_on": (ACC_ON, GRADED.replace("saar_off", "saar_on")),
@@ -66,7 +66,11 @@ def committed_row(against: Path, run_id: str) -> dict:
 
     if not against.is_file():
         raise ValueError(f"--against: {against} is not a file")
-    rows = list(walk(json.loads(against.read_text())))
+    try:
+        tree = json.loads(against.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--against: {against} is not JSON ({err})") from None
+    rows = list(walk(tree))
     if not rows:
         raise ValueError(f"--against: no per_seed row of run {run_id!r} in {against}")
     return rows[-1]
@@ -77,10 +81,12 @@ def final_of(duckdb_path: Path, run_id: str) -> dict:
     rows = db.evaluation_rows(duckdb_path, [run_id])
     if rows.is_empty():
         raise RuntimeError(f"rerun {run_id}: no evaluation rows in {duckdb_path}")
-    last = rows.filter(rows["policy_version"] == rows["policy_version"].max())
-    values = dict(zip(last["key"], last["value"]))
-    return {"policy_version": int(last["policy_version"][0]), **{f: values.get(k) for f, (k, _) in FIELDS.items()},
-            "graded": {f: values.get(n) for f, (_, n) in FIELDS.items()}}
+
+    def final(key: str) -> float | None:
+        return final_values(rows, key).get(run_id)
+
+    return {"policy_version": int(rows["policy_version"].max()), **{f: final(k) for f, (k, _) in FIELDS.items()},
+            "graded": {f: final(n) for f, (_, n) in FIELDS.items()}}
 
 
 def noise_bound(p: float, n: float | None) -> float | None:

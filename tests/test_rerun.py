@@ -35,6 +35,9 @@ def test_committed_row_is_found_in_a_report_or_in_json_holding_reports(tmp_path)
         committed_row(tmp_path / "study.json", "x-mask-s21")
     with pytest.raises(ValueError, match="--against: .*missing.json is not a file"):
         committed_row(tmp_path / "missing.json", "x-cleaner-s21")
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(ValueError, match="--against: .*broken.json is not JSON"):
+        committed_row(tmp_path / "broken.json", "x-cleaner-s21")
 
 
 def test_a_run_the_comparison_does_not_have_lists_the_valid_ones_before_training(tmp_path):
@@ -52,3 +55,16 @@ def test_noise_bound_is_twice_the_binomial_standard_error():
     assert noise_bound(0.5, 1024) == 0.03125  # 2 * sqrt(0.25 / 1024)
     assert noise_bound(0.75, 768) == 0.03125  # 2 * sqrt(0.1875 / 768)
     assert noise_bound(0.5, None) is None and noise_bound(0.5, 0) is None
+
+
+def test_the_cli_names_the_missing_compare_id_and_a_bad_spec_with_exit_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    runner = CliRunner()
+    no_id = runner.invoke(app, ["compare", "--rerun", "cleaner:21", "--into", str(tmp_path / "r")])
+    assert no_id.exit_code == 2 and "--rerun needs the comparison's --compare-id" in no_id.output
+    bad = runner.invoke(app, ["compare", "--compare-id", "cmp", "--rerun", "cleaner", "--into", str(tmp_path / "r")])
+    assert bad.exit_code == 2 and "is not ARM:SEED" in bad.output
+    assert not (tmp_path / "r").exists()
