@@ -76,9 +76,13 @@ class Fanout:
     def kill_worker(self, name: str) -> list[int]:
         """SIGKILL a worker's process group and every flow process it started (a lost machine); returns the pids."""
         proc = self.workers.pop(name)
-        flows = _descendants(proc.pid)
-        for pid in flows:
-            os.kill(pid, signal.SIGKILL)
+        flows = []
+        for pid in _descendants(proc.pid):
+            try:  # a short-lived child (a subprocess of the flow) may exit between the listing and the kill
+                os.kill(pid, signal.SIGKILL)
+                flows.append(pid)
+            except ProcessLookupError:
+                pass
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
