@@ -1,12 +1,13 @@
 """Tool calls beside the decoding stream (``tasks.rollout.toolcalls``): the lockstep schedule hands calls back at
 their due step in submission order whatever order they finish in, so a rollout is the same bit for bit however
-slow the sandbox is; ``tool_lag_steps=0`` hands back whatever is done."""
+slow the sandbox is; ``tool_lag_steps=0`` hands back whatever is done, so
+there the rollout follows the timing (shown with timings fixed by construction, not by sleeping under load)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
@@ -92,7 +93,70 @@ class _SlowSandbox:
         return [self.run(c, s, timeout_s) for c, s in zip(codes, setups or [None] * len(codes))]
 
 
-def _rollouts(warm_model_dir, chat, lag: int, delays, work) -> list[list[tuple]]:
+class _Scheduled:
+    """Stands in for the rollout's tool-thread pool with a sandbox timing fixed by construction: a call runs in the
+    decoding thread ``after`` decode steps after its submission (0: at once), or as soon as nothing decodes."""
+
+    def __init__(self, after: int):
+        self.after, self.steps, self.held = after, 0, []
+
+    def __call__(self, **_):  # called as ``ThreadPoolExecutor(max_workers=..., thread_name_prefix=...)``
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.run_due(idle=True)
+
+    def submit(self, fn, *args) -> Future:
+        f: Future = Future()
+        self.held.append((self.steps + self.after, f, fn, args))
+        self.run_due()
+        return f
+
+    def run_due(self, idle: bool = False) -> None:
+        for item in [h for h in self.held if idle or h[0] <= self.steps]:
+            self.held.remove(item)
+            _, f, fn, args = item
+            f.set_result(fn(*args))
+
+
+class _CountedStream:
+    """The engine's decoding stream, telling the scheduled pool about every decode step and every idle look."""
+
+    def __init__(self, stream, pool: _Scheduled):
+        self.stream, self.pool = stream, pool
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+    @property
+    def busy(self) -> bool:
+        if not self.stream.busy:
+            self.pool.run_due(idle=True)
+        return self.stream.busy
+
+    def step(self):
+        out = self.stream.step()
+        self.pool.steps += 1
+        self.pool.run_due()
+        return out
+
+
+class _CountedEngine:
+    def __init__(self, engine, pool: _Scheduled):
+        self.engine, self.pool = engine, pool
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def stream(self, *args, **kwargs):
+        return _CountedStream(self.engine.stream(*args, **kwargs), self.pool)
+
+
+def _rollouts(warm_model_dir, chat, lag: int, arms, work, monkeypatch=None) -> list[list[tuple]]:
+    """One rollout of 6 prompts x 4 samples per arm: a delay per call (real tool threads) or a ``_Scheduled`` pool."""
     from models.config import EngineConfig
     from models.engine import TransformersEngine
     from sandbox.base import make_sandbox
@@ -106,9 +170,14 @@ def _rollouts(warm_model_dir, chat, lag: int, delays, work) -> list[list[tuple]]
     engine = TransformersEngine(EngineConfig(max_batch=8), warm_model_dir, chat.eos_id, chat.tokenizer.pad_token_id)
     out = []
     with make_sandbox(SandboxConfig(workers=2)) as box:
-        for delay in delays:
+        for arm in arms:
             cfg = RolloutConfig(n_samples=4, max_new_tokens=96, tool_lag_steps=lag, tool_threads=4)
-            trajs = Rollout(cfg, engine, chat, _SlowSandbox(box, delay)).run(items, 3, 1, progress=False)
+            if isinstance(arm, _Scheduled):
+                monkeypatch.setattr("tasks.rollout.machine.ThreadPoolExecutor", arm)
+                rollout = Rollout(cfg, _CountedEngine(engine, arm), chat, box)
+            else:
+                rollout = Rollout(cfg, engine, chat, _SlowSandbox(box, arm))
+            trajs = rollout.run(items, 3, 1, progress=False)
             out.append([(tuple(t.response_ids), tuple(t.logprobs)) for t in trajs])
     return out
 
@@ -118,5 +187,14 @@ def test_a_lockstep_rollout_is_the_same_bit_for_bit_however_slow_the_sandbox(war
     a, b, c = _rollouts(warm_model_dir, chat, 1, [fast, slow, jitter], tmp_path)
     assert sum(len(ids) for ids, _ in a) > 6 * 4 * 20  # real multi-turn rollouts with calls
     assert a == b == c  # token ids and every log-prob, exactly
-    d, e = _rollouts(warm_model_dir, chat, 0, [fast, slow], tmp_path)
-    assert [ids for ids, _ in d] != [] and d != e  # as soon as back: the batch's make-up follows the timing
+
+
+def test_as_soon_as_back_the_batch_follows_the_sandbox_timing(warm_model_dir, chat, tmp_path, monkeypatch):
+    """The negative control, with both timings fixed by construction (not by sleeping on a loaded machine): calls
+    back at once vs calls back 8 decode steps later. Under ``tool_lag_steps=0`` the batch's make-up follows the
+    timing, so the rollouts differ; each timing alone reproduces itself."""
+    now, now_again, late = _rollouts(warm_model_dir, chat, 0, [_Scheduled(0), _Scheduled(0), _Scheduled(8)],
+                                     tmp_path, monkeypatch)
+    assert sum(len(ids) for ids, _ in now) > 6 * 4 * 20
+    assert now == now_again
+    assert now != late
