@@ -22,7 +22,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup setup-verl lock lock-upgrade lock-check demo lint test test-fast mutation sandbox-image serve serve-stop clean
+.PHONY: setup setup-verl lock lock-upgrade lock-check demo lint test test-fast docs docs-serve mutation sandbox-image serve serve-stop clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	@echo "== setting up $(VENV) from $(LOCK) (first time: about 5-8 minutes; later runs skip this)"
@@ -75,6 +75,14 @@ lint: setup
 test: lint setup-verl
 	$(VENV)/bin/pytest -q -ra --durations=15 -m "not verl"
 	$(VERL_VENV)/bin/pytest -q -ra -m verl
+
+# The docs site (mkdocs.yml, Material theme) into site/; strict: a warning (a broken link or anchor) fails it.
+# The config and CLI reference pages are generated from the code on every build (infra/docs_hooks.py).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
 test-fast: setup
 	$(VENV)/bin/pytest -q -m "not slow and not docker"
