@@ -198,3 +198,28 @@ def test_as_soon_as_back_the_batch_follows_the_sandbox_timing(warm_model_dir, ch
     assert sum(len(ids) for ids, _ in now) > 6 * 4 * 20
     assert now == now_again
     assert now != late
+
+
+def test_the_lockstep_wait_counts_only_what_decoding_stood_still_for():
+    events = {n: threading.Event() for n in "ab"}
+    with ThreadPoolExecutor(2) as pool:
+        calls = ToolCalls(pool, lag=1)
+        events["a"].set()
+        calls.submit("a", _gated, events, "a")
+        calls.stepped()
+        assert calls.due(decoding=True) == [("a", "ran a")]
+        calls.submit("b", _gated, events, "b")
+        calls.stepped()
+        threading.Timer(0.2, events["b"].set).start()
+        assert calls.due(decoding=True) == [("b", "ran b")]
+        assert calls.waited_s >= 0.19  # decoding stood still until the timer let b finish
+        waited = calls.waited_s
+        events["b"].clear()
+        calls.submit("b", _gated, events, "b")
+        threading.Timer(0.1, events["b"].set).start()
+        assert calls.due(decoding=False) == [("b", "ran b")] and calls.waited_s == waited  # nothing was decoding
+    with ThreadPoolExecutor(1) as pool:
+        calls = ToolCalls(pool, lag=0)
+        events["a"].set()
+        calls.submit("a", _gated, events, "a")
+        assert calls.due(decoding=False) == [("a", "ran a")] and calls.waited_s == 0.0

@@ -56,6 +56,7 @@ class Rollout:
         self.engine = engine
         self.chat = chat
         self.sandbox = sandbox
+        self.tool_wait_s = 0.0  # decoding stood still for a lockstep tool call (``ToolCalls.waited_s``), summed
 
     def new_trajectories(self, items: list[PromptItem], seed: int, step: int) -> list[Trajectory]:
         """``n_samples`` trajectories per prompt; ids ``step:prompt:sample`` are unique because prompts are."""
@@ -168,6 +169,7 @@ class Rollout:
                 for t, res in calls.due(decoding):
                     self.on_executed(t, res)
                     route(t)
+        self.tool_wait_s += calls.waited_s
 
     def request(self, t: Trajectory) -> GenRequest:
         """The engine request of a trajectory waiting in GENERATING or RETRYING (continuing a carried turn)."""

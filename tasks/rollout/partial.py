@@ -111,6 +111,7 @@ class PartialRollout:
             self.calls: ToolCalls[Trajectory] = ToolCalls(pool, self.runner.cfg.tool_lag_steps)
             self._loop(fresh)
             self._abort()
+        self.runner.tool_wait_s += self.calls.waited_s
         batch = [g for g in self.judged if g.verdict] + [g for g in self.judged if not g.verdict]
         left = [g for g in self.submitted if g.verdict is None]
         return PartialResult(batch, list(self.pending) + left, self.counts)

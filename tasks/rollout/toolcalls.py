@@ -15,10 +15,19 @@ out differently (``models.decode``: a row's draws are its own, its logits are no
   a rerun can differ at a near-tie token once the sandbox's timing differs).
 
 With nothing decoding, the next calls due are waited for (lockstep: the earliest due step; else any one).
+``waited_s`` sums the seconds decoding stood still because a call due under lockstep was not back yet (the
+schedule's price; waits with nothing decoding happen under either schedule and are not counted; 0 under lag 0).
+The rollout stage logs it as ``rollout/tool_wait_s``.
+
+What lockstep guarantees: the batch's make-up, hence every token and log-prob, given the calls' *results*. A call's
+result can itself depend on the machine: the sandbox's limit (``sandbox.timeout_s``) is wall-clock time, so a
+snippet that runs close to it can time out in one run and not in another on a loaded machine, and the rollouts
+part from there on.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Generic, TypeVar
@@ -32,7 +41,7 @@ class ToolCalls(Generic[T]):
     def __init__(self, pool: ThreadPoolExecutor, lag: int):
         if lag < 0:
             raise ValueError(f"rollout.tool_lag_steps: {lag} < 0")
-        self.pool, self.lag, self.tick = pool, lag, 0
+        self.pool, self.lag, self.tick, self.waited_s = pool, lag, 0, 0.0
         self.running: dict[Future, tuple[T, int]] = {}  # insertion order = submission order
 
     def __bool__(self) -> bool:
@@ -53,12 +62,18 @@ class ToolCalls(Generic[T]):
         if self.lag == 0:
             done = [f for f in self.running if f.done()] if decoding else \
                 list(wait(self.running, return_when=FIRST_COMPLETED).done)
-        else:
-            if not decoding:
-                self.tick = max(self.tick, min(at for _, at in self.running.values()))
-            done = [f for f, (_, at) in self.running.items() if at <= self.tick]
-        return [(self.running.pop(f)[0], f.result()) for f in done]
+            return self._collect(done)
+        if not decoding:
+            self.tick = max(self.tick, min(at for _, at in self.running.values()))
+        t0 = time.perf_counter()
+        out = self._collect([f for f, (_, at) in self.running.items() if at <= self.tick])
+        if decoding:
+            self.waited_s += time.perf_counter() - t0
+        return out
 
     def drain(self) -> list[tuple[T, object]]:
         """Every call still in flight, waited for, in submission order."""
-        return [(self.running.pop(f)[0], f.result()) for f in list(self.running)]
+        return self._collect(list(self.running))
+
+    def _collect(self, done: list[Future]) -> list[tuple[T, object]]:
+        return [(self.running.pop(f)[0], f.result()) for f in done]

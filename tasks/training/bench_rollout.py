@@ -11,7 +11,8 @@ its raw share, the synthetic task's bound inputs) with
   cached prefix, only sampled log-probs are kept; tool calls rejoin in lockstep (``rollout.tool_lag_steps=1``:
   after the next decode step, waited for if need be, so the rollout does not depend on the sandbox's timing);
 * **asap**: as *after*, but a call rejoins as soon as it is back (``tool_lag_steps=0``; never waits, and a
-  rerun can differ at a near-tie token) — the price of lockstep is the wall time after / asap;
+  rerun can differ at a near-tie token) — the price of lockstep is the wall time after / asap, and the
+  seconds decoding stood still for a due call (``tool_wait_s``, the rollout stage's ``rollout/tool_wait_s``);
 
 alternating the sides ``repeats`` times so load changes on a shared machine hit both. It
 prints, per side, rollout wall time, useful tokens (tokens the engine returned: sampled for a
@@ -50,12 +51,13 @@ def _roll(side: str, model: str, items, n_samples: int, max_new_tokens: int, see
     cfg = RolloutConfig(n_samples=n_samples, max_turns=4, max_new_tokens=max_new_tokens,
                         max_response_tokens=4 * max_new_tokens, scheduling=scheduling, tool_lag_steps=lag)
     t0 = time.perf_counter()
-    trajs = Rollout(cfg, engine, chat, box).run(items, seed, step=0, progress=False)
+    runner = Rollout(cfg, engine, chat, box)
+    trajs = runner.run(items, seed, step=0, progress=False)
     wall = time.perf_counter() - t0
     useful, slots = engine.counters["generated"], engine.counters["decode_slots"]
     return {"wall_s": wall, "useful_tokens": useful, "useful_tokens_per_s": useful / wall, "decode_slots": slots,
             "padding_share": 1 - useful / max(slots, 1), "kept_tokens": sum(sum(t.response_mask) for t in trajs),
-            "trajectories": len(trajs)}
+            "trajectories": len(trajs), "tool_wait_s": runner.tool_wait_s}
 
 
 def bench_rollout(model: str | Path, prompts_path: str | Path | None = None, n_prompts: int = 32, n_samples: int = 8,
@@ -93,5 +95,7 @@ def bench_rollout(model: str | Path, prompts_path: str | Path | None = None, n_p
     echo(f"after / before: useful tokens/s x{summary['ratio_useful_tokens_per_s']:.2f}, "
          f"rollout wall time x{summary['ratio_wall_time']:.2f} faster "
          f"({len(items)} prompts x {n_samples} samples, mean of {max(1, repeats - 1)} repeats after a warm-up)")
-    echo(f"lockstep tool calls (after) / as soon as back (asap): rollout wall time x{summary['ratio_lockstep_wall_time']:.3f}")
+    echo(f"lockstep tool calls (after) / as soon as back (asap): rollout wall time x{summary['ratio_lockstep_wall_time']:.3f}; "
+         f"decoding stood still for a due call {summary['after']['tool_wait_s']:.2f} s of {summary['after']['wall_s']:.1f} s "
+         f"(rollout/tool_wait_s)")
     return summary

@@ -111,6 +111,7 @@ def rollout_stage(step_dir: Path, step: int, ckpt: str, run_id: str, setup: Roll
         metrics.update(aggregate_stats([t.stats for t in rolled], [t.raw for t in rolled]))
         metrics.update(mode.metrics(trajs))
         metrics.update(refill)
+        metrics["rollout/tool_wait_s"] = runner.tool_wait_s
     return Path(step_dir)
 
 
