@@ -88,8 +88,9 @@ class RolloutConfig(BaseModel):
 
     tool_lag_steps: int = Field(1, ge=0)
     """Continuous scheduling: a tool call submitted after decode step k rejoins the batch after step k + this,
-    waiting for it there if need be, so the batch's make-up (and every float of a step) depends on the seed alone
-    and a rerun reproduces the rollout bit for bit; 0 = as soon as it is back (never waits; a near-tie token can
+    waiting for it there if need be, so the batch's make-up (and every float of a step) depends on the seed and the
+    calls' results alone and a rerun reproduces the rollout bit for bit unless a call near ``sandbox.timeout_s``
+    (wall-clock) times out in one run and not the other; 0 = as soon as it is back (never waits; a near-tie token can
     differ between reruns when the sandbox's timing differs). ``tasks.rollout.toolcalls``."""
 
     saar: SAARConfig = SAARConfig()

@@ -9,7 +9,8 @@ out differently (``models.decode``: a row's draws are its own, its logits are no
 
 * ``lag`` ≥ 1, **lockstep**: a call submitted after decode step k is handed back after step k + lag,
   waiting for it there if it is not back yet, in submission order. The batch's make-up then depends on the
-  seed alone, so a rerun reproduces every rollout bit for bit however loaded the machine or slow the sandbox.
+  seed and the calls' results alone, so a rerun reproduces every rollout bit for bit however slow the sandbox,
+  as long as every call gives the same result (see below: a timeout near the limit may not).
   Cost: the batch waits for a call slower than ``lag`` decode steps.
 * ``lag`` = 0, **as soon as back**: a call is handed back at the first look after it finished (no waiting;
   a rerun can differ at a near-tie token once the sandbox's timing differs).
