@@ -49,6 +49,8 @@ ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS dropped BOOLEAN;
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS start_step BIGINT;
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS token_versions INTEGER[];
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS spliced TINYINT[];
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS sampled_tokens BIGINT;
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS sandbox_calls BIGINT;
 CREATE TABLE IF NOT EXISTS env_steps (
     run_id VARCHAR, step BIGINT, traj_id VARCHAR, turn_idx BIGINT, env VARCHAR, seed BIGINT, state VARCHAR,
     response VARCHAR, think VARCHAR, parsed BOOLEAN, actions JSON, executed JSON, invalid JSON, reward DOUBLE,
