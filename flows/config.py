@@ -296,7 +296,9 @@ class RunConfig(BaseModel):
         the run's version-0 checkpoint when it differs from ``model.path`` (a LoRA adapter linked to
         ``model.base`` in the run folder): the KL reference."""
         sizes = {"final_prompts": None, "final_samples": None}  # an evaluation reads its own size only
-        ordinary, final = self.eval.model_copy(update=sizes), self.eval.final().model_copy(update=sizes)
+        fresh = {"fresh_prompts": None, "fresh_samples": None}  # the fresh split: the last evaluation only
+        ordinary = self.eval.model_copy(update={**sizes, **fresh})
+        final = self.eval.final().model_copy(update=sizes if self.data.fresh_path else {**sizes, **fresh})
         eval_setup = EvalSetup(seed=self.seed, chat=self.model.chat, eval_path=self.data.eval_path,
                                rollout=self.rollout, engine=self.engine, sandbox=self.sandbox, reward=self.reward,
                                eval=ordinary, tracking=self.tracking, env=self.env)
@@ -316,7 +318,8 @@ class RunConfig(BaseModel):
             update=UpdateSetup(trainer=self.trainer, seed=self.seed, reference=start or self.model.path),
             log=LogSetup(tracking=self.tracking),
             eval=eval_setup,
-            final_eval=eval_setup.model_copy(update={"eval": final}) if final != ordinary else None,
+            final_eval=(eval_setup.model_copy(update={"eval": final, "fresh_path": self.data.fresh_path})
+                        if final != ordinary or self.data.fresh_path else None),
         )
 
 
