@@ -85,10 +85,12 @@ ARM_PRESETS: dict[str, list[str]] = {
     "cleaner": ["rollout.saar.enabled=true", "rollout.saar.raw_share=0.3"],
     "dapo": ["rollout.saar.enabled=false"],
     "saar_all": ["rollout.saar.enabled=true", "rollout.saar.raw_share=0.0"],
+    "cleaner_masked": ["rollout.saar.enabled=true", "rollout.saar.raw_share=0.0", "trainer.splice=mask"],
     "r3l": ["rollout.mode=r3l", "rollout.saar.enabled=false", "mix.advantage=opmd_reweight_adv",
             "mix.dynamic_sampling=false", "data.refill_rounds=0", "trainer.loss=opmd", "trainer.kl_coef=0.001"],
 }
-"""Named arms for ``compare.add_arms``; ``r3l`` is R3L as its authors run it (docs/methods.md)."""
+"""Named arms for ``compare.add_arms``; ``r3l`` is R3L as its authors run it (docs/methods.md); ``cleaner_masked`` is
+the recipe of ``configs/cleaner-masked.yaml`` (every failure purified, the spliced tokens out of the loss)."""
 
 
 class CompareConfig(BaseModel):
