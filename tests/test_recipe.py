@@ -54,3 +54,20 @@ def test_cleaner_compare_accepts_the_recipe():
     assert result.exit_code == 0 and "--rerun" in result.output
     bad = CliRunner().invoke(app, ["compare", "--config", str(RECIPE), "--set", "trainer.splice=nope"])
     assert bad.exit_code != 0 and "unknown splice treatment 'nope'" in bad.output  # refused before any flow starts
+
+
+def test_the_registered_long_study_resolves():
+    """configs/regimes/t4_long.yaml (docs/generalisation.md): seeds 51-56, 72 steps evaluated every 24, the fresh
+    split at the last evaluation, the filter arm masking failed turns, and dapo_matched added by an override."""
+    path = RECIPE.parent / "regimes" / "t4_long.yaml"
+    cfg = load_config(path)
+    extra = ["compare.arms.dapo_matched=[rollout.saar.enabled=false, data.prompts_per_step=18]"]
+    jobs = compare_jobs(load_config(path, extra), extra, "long")
+    assert len(jobs) == 24 and {s for _, s, _, _ in jobs} == set(range(51, 57))
+    runs = {arm: load_config(path, ov) for arm, seed, _, ov in jobs if seed == 51}
+    assert runs["dapo_matched"].data.prompts_per_step == 18 and runs["dapo"].data.prompts_per_step == 16
+    assert runs["dapo_filter"].mix.failed_turns == "mask" and runs["dapo"].mix.failed_turns == "keep"
+    assert (runs["mask_raw0"].trainer.splice, runs["mask_raw0"].rollout.saar.raw_share) == ("mask", 0.0)
+    final = runs["dapo"].setups().eval_setup(final=True)
+    assert final.fresh_path == "data/synthetic-v2/fresh.parquet" and (final.eval.fresh_prompts, final.eval.fresh_samples) == (256, 4)
+    assert (runs["dapo"].train.steps, runs["dapo"].train.eval_every, cfg.rollout.tool_lag_steps) == (72, 24, 1)
