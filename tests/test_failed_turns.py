@@ -80,6 +80,17 @@ def test_a_dapo_rollouts_failed_turn_leaves_the_loss(chat, box, tmp_path):
     assert list(rows["0:p0:1"]["response_mask"]) == mask1
     assert metrics["mix/failed_turns_masked"] == 1 and metrics["mix/failed_tokens_masked"] == first_turn
 
+    # the log stage writes the rows with their loss mask to the store (the record of what trained)
+    from tasks.stores import db
+
+    keys = ["run_id", "step", "traj_id"]
+    logged = (frames["trajectories"].join(pl.read_parquet(tmp_path / "scores.parquet"), on=keys)
+              .join(pl.read_parquet(tmp_path / "mix.parquet"), on=keys)
+              .join(pl.read_parquet(tmp_path / "advantages.parquet"), on=keys))
+    db.replace_step(tmp_path / "store.duckdb", "r", 0, {"trajectories": logged})
+    stored = db.query(tmp_path / "store.duckdb", "SELECT loss_mask FROM trajectories WHERE traj_id = '0:p0:0'")
+    assert list(stored["loss_mask"][0]) == [0] * first_turn + mask0[first_turn:]
+
     advantage_step(tmp_path, MixConfig())
     assert "loss_mask" not in pl.read_parquet(tmp_path / "advantages.parquet").columns
     rows = {r["traj_id"]: r for r in training_rows(tmp_path).iter_rows(named=True)}
