@@ -85,3 +85,16 @@ def test_the_store_keeps_the_counters_and_sums_them_per_run(tmp_path):
     assert rows.rows() == [(17, 2), (17, 2)]
     totals = db.step_totals(path, ["r1"], ["rollout/sampled_tokens", "rollout/sandbox_calls"])
     assert totals.rows() == [("r1", "rollout/sampled_tokens", 12.0, 2)]
+
+
+def test_a_carried_turn_counts_its_carried_tokens_once_when_delivered(chat, box):
+    """Partial rollouts: a turn an abort cut short (2 tokens carried) finishes with 1 new token; delivering it counts
+    all 3, in the step that finishes the turn (the aborted request delivered nothing, so nothing twice)."""
+    from models.engine import GenOutput
+    from tasks.rollout.types import Carry
+
+    rollout = Rollout(RolloutConfig(n_samples=1), ScriptedEngine(chat, []), chat, box)
+    [t] = rollout.new_trajectories([ITEM], 0, 7)
+    t.carry = Carry([11, 12], [-0.5, -0.25], [6, 6])
+    rollout.deliver(t, GenOutput([13], [-0.125], "length"))
+    assert t.stats.sampled_tokens == 3 and t.response_ids == [11, 12, 13]
