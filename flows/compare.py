@@ -1,8 +1,8 @@
 """Prefect flow ``compare``: CLEANER vs the DAPO baseline (and side arms), over several seeds, in parallel.
 
 1. **Initial evaluation**, once: the starting policy on the fixed held-out prompts at the final
-   evaluation's size (``eval.final_prompts × eval.final_samples``), SAAR off and on; it is step 0 of
-   every run (all runs start from the same policy).
+   evaluation's size (``eval.final_prompts × eval.final_samples``), SAAR off and on, and on the fresh split
+   when ``data.fresh_path`` is set; it is step 0 of every run (all runs start from the same policy).
 2. **Training**: every arm × seed (``compare.seeds``, or ``compare.arm_seeds[arm]``) is a child
    ``cleaner train`` process with one torch thread, ``compare.parallel`` at a time (one per
    core) — or, with ``compare.dispatch`` (``--dispatch train/train-tiny-fanout``), a flow run of that
@@ -39,6 +39,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.config import CompareConfig, RunConfig, load_config
 from tasks.reports.compare import summarize, write_report
+from tasks.reports.compare_extra import COMPUTE_KEYS
 from tasks.stores import db, links, tracking
 
 
@@ -76,8 +77,8 @@ def initial_eval_task(cfg: RunConfig, run_id: str, mlrun: str, folder: str) -> d
         return json.loads(path.read_text())
     ensure_files(cfg.data)
     ensure_policy(cfg)
-    eval_cfg = cfg.eval.final().model_copy(update={"modes": ["saar_off", "saar_on"]})
-    setup = cfg.setups().eval.model_copy(update={"eval": eval_cfg})
+    final = cfg.setups().eval_setup(final=True)  # with the fresh split when data.fresh_path is set
+    setup = final.model_copy(update={"eval": final.eval.model_copy(update={"modes": ["saar_off", "saar_on"]})})
     metrics = stages.eval_stage(run_id, 0, cfg.model.path, mlrun, setup)
     live.close_live()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -165,7 +166,8 @@ def report_task(duckdb_path: str, runs: dict[str, list[str]], baseline: str, tre
                 initial: dict | None, keys: tuple[str, str] | None = None, probe: dict | None = None) -> dict:
     ids = [r for ids in runs.values() for r in ids]
     evals, kinds = db.evaluation_rows(duckdb_path, ids), db.kept_kinds(duckdb_path, ids)
-    summary = summarize(evals, runs, baseline, treatment, kinds, initial, *(keys or ()), probe=probe)
+    totals = db.step_totals(duckdb_path, ids, COMPUTE_KEYS)
+    summary = summarize(evals, runs, baseline, treatment, kinds, initial, *(keys or ()), probe=probe, totals=totals)
     write_report(summary, Path(folder))
     return summary
 

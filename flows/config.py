@@ -85,10 +85,12 @@ ARM_PRESETS: dict[str, list[str]] = {
     "cleaner": ["rollout.saar.enabled=true", "rollout.saar.raw_share=0.3"],
     "dapo": ["rollout.saar.enabled=false"],
     "saar_all": ["rollout.saar.enabled=true", "rollout.saar.raw_share=0.0"],
+    "cleaner_masked": ["rollout.saar.enabled=true", "rollout.saar.raw_share=0.0", "trainer.splice=mask"],
     "r3l": ["rollout.mode=r3l", "rollout.saar.enabled=false", "mix.advantage=opmd_reweight_adv",
             "mix.dynamic_sampling=false", "data.refill_rounds=0", "trainer.loss=opmd", "trainer.kl_coef=0.001"],
 }
-"""Named arms for ``compare.add_arms``; ``r3l`` is R3L as its authors run it (docs/methods.md)."""
+"""Named arms for ``compare.add_arms``; ``r3l`` is R3L as its authors run it (docs/methods.md); ``cleaner_masked`` is
+the recipe of ``configs/cleaner-masked.yaml`` (every failure purified, the spliced tokens out of the loss)."""
 
 
 class CompareConfig(BaseModel):
@@ -296,7 +298,9 @@ class RunConfig(BaseModel):
         the run's version-0 checkpoint when it differs from ``model.path`` (a LoRA adapter linked to
         ``model.base`` in the run folder): the KL reference."""
         sizes = {"final_prompts": None, "final_samples": None}  # an evaluation reads its own size only
-        ordinary, final = self.eval.model_copy(update=sizes), self.eval.final().model_copy(update=sizes)
+        fresh = {"fresh_prompts": None, "fresh_samples": None}  # the fresh split: the last evaluation only
+        ordinary = self.eval.model_copy(update={**sizes, **fresh})
+        final = self.eval.final().model_copy(update=sizes if self.data.fresh_path else {**sizes, **fresh})
         eval_setup = EvalSetup(seed=self.seed, chat=self.model.chat, eval_path=self.data.eval_path,
                                rollout=self.rollout, engine=self.engine, sandbox=self.sandbox, reward=self.reward,
                                eval=ordinary, tracking=self.tracking, env=self.env)
@@ -316,7 +320,8 @@ class RunConfig(BaseModel):
             update=UpdateSetup(trainer=self.trainer, seed=self.seed, reference=start or self.model.path),
             log=LogSetup(tracking=self.tracking),
             eval=eval_setup,
-            final_eval=eval_setup.model_copy(update={"eval": final}) if final != ordinary else None,
+            final_eval=(eval_setup.model_copy(update={"eval": final, "fresh_path": self.data.fresh_path})
+                        if final != ordinary or self.data.fresh_path else None),
         )
 
 

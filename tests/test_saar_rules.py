@@ -410,10 +410,10 @@ def test_batch_without_refill_is_kept_whole():
 def test_reference_metrics_hand_computed():
     saar = TrajStats(tool_calls=4, tool_success=2, first_attempt_total=2, first_attempt_success=1,
                      rollbacks_triggered=1, rollbacks_recovered=1, shallow=1, deep=1, tool_rounds=4,
-                     similarities=[0.8, 0.3])
+                     similarities=[0.8, 0.3], sampled_tokens=120, sandbox_calls=4)
     saar.failure_reasons.update({"NameError": 2})
     raw = TrajStats(tool_calls=3, tool_success=1, first_attempt_total=3, first_attempt_success=1, tool_rounds=3,
-                    errors_kept=2, retry_loops=1)
+                    errors_kept=2, retry_loops=1, sampled_tokens=75, sandbox_calls=2)
     raw.failure_reasons.update({"NameError": 1, "ZeroDivisionError": 1})
     gave_up = TrajStats(rollbacks_triggered=1, rollbacks_failed=1)
     m = aggregate_stats([saar, raw, gave_up], [False, True, False])
@@ -432,7 +432,7 @@ def test_reference_metrics_hand_computed():
         "saar/rollbacks_triggered": 2, "saar/rollbacks_recovered": 1, "saar/rollbacks_failed": 1,
         "saar/global_recovery_rate": 0.5, "saar/shallow": 1, "saar/deep": 1, "saar/similarity_mean": 0.55,
         "rollout/raw_share": 1 / 3, "rollout/tool_rounds_mean": 7 / 3, "rollout/retry_loop_share": 1 / 3,
-        "rollout/errors_kept_mean": 2 / 3})
+        "rollout/errors_kept_mean": 2 / 3, "rollout/sampled_tokens": 195, "rollout/sandbox_calls": 6})
     assert len(m) == len(ours) + 10  # the reference's keys: 8 + 2 failure reasons
     empty = aggregate_stats([], [])
     assert empty["saar/similarity_mean"] == empty["rollout/raw_share"] == empty["rollout/tool_rounds_mean"] == 0.0

@@ -43,6 +43,8 @@ TABLE = [
     ("tiny.num_layers=2", set(), set()),
     ("warmup.lr=0.01", set(), set()),
     ("data.n_train=99", set(), set()),
+    ("eval.fresh_prompts=100", set(), set()),  # read only with data.fresh_path
+    ("mix.failed_turns=mask", {"mix", "advantage", "update", "log"}, ALL),
     ("tracking.duckdb_path=other.duckdb", {"log", "eval"}, {"log", "eval"}),
     ("tracking.sample_trajectories=1", {"log", "eval"}, {"log", "eval"}),
     ("eval.n_prompts=3", {"eval"}, {"eval"}),
@@ -104,3 +106,21 @@ def test_the_final_evaluation_is_keyed_by_its_own_size():
     assert bigger.key("run", 4, "eval", "p") == plain.key("run", 4, "eval", "p")
     assert bigger.key("run", 4, "eval", "p", final=True) != plain.key("run", 4, "eval", "p", final=True)
     assert bigger.eval_setup(final=True).eval.n_prompts == 99 and bigger.eval_setup().eval.n_prompts == 32
+
+
+def test_the_fresh_split_changes_the_last_evaluations_key_only():
+    """``data.fresh_path`` (issue 41) is scored at a run's last evaluation: it changes that key and no other."""
+    base, fresh = load_config(TINY).setups(), load_config(TINY, ["data.fresh_path=fresh.parquet"]).setups()
+    assert base.key("run", 5, "eval", "p", final=True) != fresh.key("run", 5, "eval", "p", final=True)
+    assert fresh.eval_setup(final=True).fresh_path == "fresh.parquet" and fresh.eval_setup().fresh_path is None
+    for stage in STAGES:
+        assert base.key("run", 5, stage, "p") == fresh.key("run", 5, stage, "p")
+    sized = load_config(TINY, ["data.fresh_path=fresh.parquet", "eval.fresh_samples=2"]).setups()
+    assert sized.key("run", 5, "eval", "p", final=True) != fresh.key("run", 5, "eval", "p", final=True)
+
+
+def test_fields_added_off_are_not_hashed():
+    """A config that does not use issue 41's fields dumps none of them: its stage keys are the ones it had before
+    they existed (the setups hash the dump)."""
+    dumped = load_config(TINY).setups().model_dump_json()
+    assert all(name not in dumped for name in ("failed_turns", "fresh_path", "fresh_prompts", "fresh_samples"))

@@ -5,7 +5,7 @@ Pydantic only, so flow modules and the CLI read it without loading polars or tor
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class DataConfig(BaseModel):
@@ -31,9 +31,29 @@ class DataConfig(BaseModel):
     prompts and held-out set whatever its seed, so runs on different seeds pair up and a run started alone
     (``cleaner train --set seed=22``) sees the files a comparison wrote."""
 
+    fresh_path: str | None = None
+    """A second held-out file nothing was selected on (issue 41; e.g. ``data/synthetic-v2/fresh.parquet``): a run's
+    last evaluation also scores on it (``eval_fresh/…``; ``eval.fresh_prompts`` / ``fresh_samples``). Synthetic:
+    written from ``fresh_seed``, ``eval`` split questions only (never a training one) and none of ``eval_path``'s
+    (``tasks.data.loader.write_fresh``); a user's file is checked for overlap with both. None: no fresh split."""
+
+    n_fresh: int = Field(256, ge=1)
+    """Synthetic fresh prompts to write."""
+
+    fresh_seed: int = 1
+    """Generator seed of the synthetic fresh file; must differ from ``seed`` (the held-out file's)."""
+
     prompts_per_step: int = Field(8, ge=1)
     """Prompts per RL step (each is rolled out ``rollout.n_samples`` times)."""
 
     refill_rounds: int = Field(0, ge=0)
     """DAPO dynamic sampling: extra rollout rounds with fresh prompts while fewer than
     ``prompts_per_step`` groups have unequal rewards (0 = no refill, only filtering)."""
+
+    @model_validator(mode="after")
+    def _fresh_is_another_file(self) -> DataConfig:
+        if self.fresh_path is not None and self.fresh_path in (self.train_path, self.eval_path):
+            raise ValueError(f"data.fresh_path: {self.fresh_path} is also the training or held-out file")
+        if self.fresh_path is not None and self.synthetic and self.fresh_seed == self.seed:
+            raise ValueError(f"data.fresh_seed ({self.fresh_seed}) must differ from data.seed (the held-out file's)")
+        return self

@@ -8,6 +8,11 @@ batches (the last ``len % n`` prompts of each epoch's order are left out, as a d
 ``drop_last`` does), so a step's prompts are always distinct — a batch never straddles two
 epochs — and a rerun of step N sees exactly the prompts it saw before.
 
+``data.fresh_path`` is a second held-out file (issue 41) that nothing was ever selected on: synthetic, it is
+written from ``data.fresh_seed`` with ``eval``-split questions only (the split is a hash of the question, so
+never a training one) and none of ``eval_path``'s; any fresh file, a user's too, is checked on every
+``ensure_files``: a question shared with the training or held-out file is an error naming it.
+
 ``PromptCursor`` serves partial rollouts, which take a varying number of fresh prompts per step: it walks
 the same seeded epoch permutations from a position the run keeps (``partial_state.json``), skipping prompts
 still being rolled out.
@@ -35,6 +40,30 @@ def ensure_files(cfg: DataConfig) -> None:
 
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         write_task_parquet(Path(path), n, cfg.seed, split)
+    if cfg.fresh_path is not None:
+        ensure_fresh(cfg)
+
+
+def ensure_fresh(cfg: DataConfig) -> None:
+    """Write the fresh split when missing (synthetic), then check it shares no question with the other two files."""
+    path = cfg.fresh_path
+    if not Path(path).exists():
+        if not cfg.synthetic:
+            raise FileNotFoundError(f"data.fresh_path: {path} does not exist")
+        from tasks.data.synthetic import write_task_parquet
+
+        write_task_parquet(Path(path), cfg.n_fresh, cfg.fresh_seed, "eval", exclude=frozenset(questions(cfg.eval_path)))
+    for field, other in (("train_path", cfg.train_path), ("eval_path", cfg.eval_path)):
+        shared = sorted(set(questions(path)) & set(questions(other)))
+        if shared:
+            raise ValueError(f"data.fresh_path: {path} shares {len(shared)} question(s) with data.{field} ({other}), "
+                             f"e.g. {shared[0]!r}: a fresh split must be disjoint from both")
+
+
+def questions(path: str) -> list[str]:
+    """The last user message of every row of a task file (the question a prompt asks)."""
+    return [next(m["content"] for m in reversed(item.messages) if m.get("role") == "user")
+            for item in load_prompts(path)]
 
 
 @lru_cache(maxsize=8)

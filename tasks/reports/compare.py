@@ -20,6 +20,8 @@ Both evaluation settings side by side (``settings``, when the runs evaluated SAA
 learnt on its own) and the paper's **headline setting** (the arm with SAAR on — rollback at evaluation,
 as the paper's evaluation scripts do — against the baseline with SAAR off), each paired by seed.
 
+The fresh split and each arm's compute (sampled tokens, sandbox calls) are ``tasks.reports.compare_extra``'s.
+
 When the baseline ends no higher than it started, the "half the steps" claim cannot be tested
 and is reported as ``None``, never as a pass.
 """
@@ -28,47 +30,20 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 
 import polars as pl
 
+from tasks.reports import compare_extra
 from tasks.reports.compare_plots import plot
+from tasks.reports.paired import final_values, mean_se_ci, seed_of
+from tasks.reports.paired import fmt as _f
+from tasks.reports.paired import pm as _pm
 
 ACC = "eval/saar_off/all/pass_at_1"
 ACC_ON = "eval/saar_on/all/pass_at_1"
 TOOL = "eval/saar_off/tools/first_attempt_success_rate"
 GRADED = "eval/saar_off/eval/graded"
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
-"""97.5 % quantiles of Student's t by degrees of freedom (the next lower tabulated df is used)."""
-
-
-def seed_of(run_id: str) -> int:
-    m = re.search(r"-s(\d+)$", run_id)
-    if m is None:
-        raise ValueError(f"run id {run_id!r} does not end in -s<seed>")
-    return int(m.group(1))
-
-
-def t975(df: int) -> float:
-    return T975[max(k for k in T975 if k <= df)] if df >= 1 else float("nan")
-
-
-def mean_se_ci(xs: list[float]) -> dict:
-    """Mean, standard error and 95 % t interval of ``xs`` (s.e. and interval ``None`` below two values)."""
-    n = len(xs)
-    if not n:
-        return {"n": 0, "mean": None, "se": None, "ci95": None, "values": []}
-    m = sum(xs) / n
-    if n < 2:
-        return {"n": n, "mean": m, "se": None, "ci95": None, "values": list(xs)}
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
-    se = sd / math.sqrt(n)
-    half = t975(n - 1) * se
-    return {"n": n, "mean": m, "se": se, "sd": sd, "ci95": [m - half, m + half], "values": list(xs)}
-
-
 def run_curves(evals: pl.DataFrame, key: str, initial: dict | None) -> dict[str, list[tuple[int, float]]]:
     """Per run: [(policy version, value)] sorted, with the shared initial value at version 0 when given."""
     out: dict[str, list[tuple[int, float]]] = {}
@@ -128,12 +103,6 @@ def paired(seeds: dict[str, list[dict]], baseline: str, field: str) -> dict[str,
         diffs = [(r["seed"], r[field] - base[r["seed"]]) for r in rows if r["seed"] in base and r[field] is not None]
         out[arm] = {**mean_se_ci([d for _, d in diffs]), "seeds": [s for s, _ in diffs]}
     return out
-
-
-def final_values(evals: pl.DataFrame, key: str) -> dict[str, float]:
-    """Per run: ``key`` at its last evaluated version."""
-    rows = evals.filter(pl.col("key") == key).sort("policy_version").group_by("run_id").agg(pl.col("value").last())
-    return dict(zip(rows["run_id"], rows["value"]))
 
 
 def settings(evals: pl.DataFrame, runs: dict[str, list[str]], baseline: str) -> dict[str, dict]:
@@ -198,10 +167,11 @@ def eval_noise(evals: pl.DataFrame, p: float | None) -> dict:
 
 def summarize(evals: pl.DataFrame, runs: dict[str, list[str]], baseline: str, treatment: str,
               kinds: pl.DataFrame | None = None, initial: dict | None = None, acc_key: str = ACC,
-              tool_key: str = TOOL, probe: dict[str, dict] | None = None) -> dict:
+              tool_key: str = TOOL, probe: dict[str, dict] | None = None, totals: pl.DataFrame | None = None) -> dict:
     """``initial``: the shared initial evaluation's metrics (step 0 of every run); ``acc_key`` / ``tool_key``: the
     evaluation metrics compared (environment runs: ``eval/<env>/success`` and ``eval/<env>/valid_action_rate``);
-    ``probe``: per run, the fixed-probe entropy of its final checkpoint (``tasks.training.probe``)."""
+    ``probe``: per run, the fixed-probe entropy of its final checkpoint (``tasks.training.probe``); ``totals``:
+    per run the summed per-step compute counters (``tasks.stores.db.step_totals``)."""
     acc, tool = run_curves(evals, acc_key, initial), run_curves(evals, tool_key, initial)
     base_curve = mean_curve(acc, runs[baseline])
     if not base_curve:
@@ -235,6 +205,8 @@ def summarize(evals: pl.DataFrame, runs: dict[str, list[str]], baseline: str, tr
         "eval_noise": eval_noise(evals, target),
         "metrics": {"accuracy": acc_key, "tools": tool_key},
         "trained_by_kind": by_kind(kinds, runs),
+        "fresh": compare_extra.fresh_split(evals, runs, baseline, initial) if acc_key == ACC else {},
+        "compute": compare_extra.compute(totals, runs, baseline),
         "claim_half_the_steps": faster,
         "claim_third_of_the_steps": third,
         "initial_settings": ({"saar_off": initial[ACC], "saar_on": initial[ACC_ON]}
@@ -346,6 +318,7 @@ def markdown(s: dict) -> str:
                   "| arm | kind | trajectories | mean reward | mean advantage |", "| --- | --- | --- | --- | --- |"]
         for arm, rows in s["trained_by_kind"].items():
             lines += [f"| {arm} | {r['kind']} | {r['n']} | {r['reward']:.3f} | {r['advantage']:+.3f} |" for r in rows]
+    lines += compare_extra.markdown_lines(s)
     half, third = s["claim_half_the_steps"], s.get("claim_third_of_the_steps")
     lines += ["", f"- {t} reaches the baseline's final {acc} in at most half the steps: **{_VERDICT[half]}**",
               f"- {t} reaches it in at most a third of the steps (the paper's claim): **{_VERDICT[third]}**",
@@ -353,18 +326,6 @@ def markdown(s: dict) -> str:
               f"**{'yes' if s['claim_higher_first_attempt_success'] else 'no'}**", "",
               "![curves](compare.png)", "", "![per seed](compare_seeds.png)"]
     return "\n".join(lines) + "\n"
-
-
-def _f(x, fmt: str = ".3f") -> str:
-    return "-" if x is None else format(x, fmt)
-
-
-def _pm(d: dict) -> str:
-    if d.get("mean") is None:
-        return "-"
-    if d.get("se") is None:
-        return f"{d['mean']:+.3f}"
-    return f"{d['mean']:+.3f} ± {d['se']:.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
 
 
 _VERDICT = {True: "yes", False: "no",

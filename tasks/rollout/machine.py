@@ -182,7 +182,9 @@ class Rollout:
         return GenRequest(ctx + carried, max(1, min(self.cfg.max_new_tokens, self.budget(t) - start) - len(carried)))
 
     def deliver(self, t: Trajectory, out: GenOutput) -> None:
-        """Hand a finished generation to the handler of ``t``'s state."""
+        """Hand a finished generation to the handler of ``t``'s state (its tokens, and a carried prefix's, are
+        counted as sampled here, once)."""
+        t.stats.sampled_tokens += len(out.token_ids) + (len(t.carry.ids) if t.carry else 0)
         (self.on_retry_generated if t.state is State.RETRYING else self.on_generated)(t, out)
 
     def whole_turn(self, t: Trajectory, out: GenOutput) -> tuple[GenOutput, list[int]]:
@@ -246,6 +248,7 @@ class Rollout:
         s, snap = t.stats, t.snapshot
         position, attempt = t.assistant_turns - 1, snap.retries if snap else 0
         t.executions.append(Execution(position, attempt, t.pending.code, res))
+        s.sandbox_calls += int(t.pending.code is not None)
         s.retry_loops += int(s.errors_kept > 0 and attempt == 0)
         s.tool_calls += 1
         s.tool_rounds += 1

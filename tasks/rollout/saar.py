@@ -100,6 +100,11 @@ class TrajStats:
     """Tool errors that stay visible in the final trajectory (raw, exhausted, no-call)."""
     retry_loops: int = 0
     """Tool calls made after a visible error: the error-and-retry loops SAAR removes."""
+    sampled_tokens: int = 0
+    """Policy tokens sampled for this trajectory, turns SAAR regenerated or cut out included; tool responses and
+    injected end-of-turn ids are not sampled (compute accounting, issue 41)."""
+    sandbox_calls: int = 0
+    """Calls sent to the sandbox (retries included; a call that could not be parsed never reaches it)."""
     failure_reasons: Counter = field(default_factory=Counter)
     similarities: list[float] = field(default_factory=list)
 
@@ -138,6 +143,8 @@ def aggregate_stats(stats: list[TrajStats], raw_flags: list[bool]) -> dict[str, 
         "rollout/tool_rounds_mean": _rate(tot["tool_rounds"], len(stats)),
         "rollout/retry_loop_share": _rate(sum(s.retry_loops > 0 for s in stats), len(stats)),
         "rollout/errors_kept_mean": _rate(tot["errors_kept"], len(stats)),
+        "rollout/sampled_tokens": tot["sampled_tokens"],
+        "rollout/sandbox_calls": tot["sandbox_calls"],
     }
     for kind, n in sorted(reasons.items()):
         out[f"tools/failures/{kind}"] = n

@@ -234,6 +234,13 @@ def evaluation_rows(path: str | Path, run_ids: Sequence[str]) -> pl.DataFrame:
                        "WHERE list_contains(?::VARCHAR[], run_id)", [list(run_ids)])
 
 
+def step_totals(path: str | Path, run_ids: Sequence[str], keys: Sequence[str]) -> pl.DataFrame:
+    """(run_id, key, total, steps): the sum over training steps of each per-step metric in ``keys``."""
+    return _runs_query(path, run_ids, ["metrics"], "SELECT run_id, key, sum(value) AS total, count(*) AS steps "
+                       "FROM metrics WHERE list_contains(?::VARCHAR[], run_id) AND list_contains(?::VARCHAR[], key) "
+                       "GROUP BY ALL", [list(run_ids), list(keys)])
+
+
 def kept_kinds(path: str | Path, run_ids: Sequence[str]) -> pl.DataFrame:
     """Trained (kept) trajectories of ``run_ids`` by kind — R3L's rows by their kind, then errors kept,
     purified, clean first try — with their count and mean reward and advantage."""

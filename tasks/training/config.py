@@ -1,20 +1,40 @@
 """Config slices of training: group filters and advantages (``MixConfig``), held-out evaluation (``EvalConfig``),
 the warm-up gate (``GateConfig``).
 
+Fields added after results were committed (issue 41: ``mix.failed_turns``, ``eval.fresh_*``) are left out of a
+config's dump while they hold their off value (``OffFieldsOmitted``): the stage cache keys hash the dump
+(``tasks.training.setups``), so a config that does not use them keeps the keys it had before they existed.
+
 Pydantic only, so flow modules and the CLI read them without loading polars or torch.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from tasks.envs.config import GroupFilterConfig
 
 
-class MixConfig(BaseModel):
+class OffFieldsOmitted(BaseModel):
+    """A config whose ``OMIT_WHEN_OFF`` fields are left out of its dump (and so of every cache key) while they hold
+    the value given there."""
+
+    OMIT_WHEN_OFF: ClassVar[dict[str, object]] = {}
+
+    @model_serializer(mode="wrap")
+    def _omit_off(self, handler):
+        out = handler(self)
+        for name, off in self.OMIT_WHEN_OFF.items():
+            if name in out and out[name] == off:
+                del out[name]
+        return out
+
+
+class MixConfig(OffFieldsOmitted):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    OMIT_WHEN_OFF: ClassVar[dict[str, object]] = {"failed_turns": "keep"}
 
     dynamic_sampling: bool = True
     """Drop groups whose rewards are all equal (DAPO dynamic sampling)."""
@@ -41,6 +61,12 @@ class MixConfig(BaseModel):
     mc_eps: float = Field(1e-3, gt=0)
     """``mc_grpo``: ε added to the group's median absolute deviation (MC-GRPO: 1e-3)."""
 
+    failed_turns: Literal["keep", "mask"] = "keep"
+    """Assistant turns whose tool call failed and stayed in the trajectory (every failure of a SAAR-off run; an
+    exhausted rollback's last attempt): ``keep`` trains them like any turn; ``mask`` sets their loss mask to 0 (the
+    filter baseline of issue 41: the failed attempt and its error — a tool turn, never trained — out of the loss,
+    no rollback; the turns after it still train). ``tasks.training.mixing.mask_failed_turns``."""
+
     @field_validator("advantage")
     @classmethod
     def _known_estimator(cls, name: str) -> str:
@@ -51,8 +77,9 @@ class MixConfig(BaseModel):
         return name
 
 
-class EvalConfig(BaseModel):
+class EvalConfig(OffFieldsOmitted):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    OMIT_WHEN_OFF: ClassVar[dict[str, object]] = {"fresh_prompts": None, "fresh_samples": None}
 
     n_prompts: int = Field(64, ge=1)
     """Held-out prompts evaluated (the first ones of ``data.eval_path``)."""
@@ -75,6 +102,13 @@ class EvalConfig(BaseModel):
 
     final_samples: int | None = Field(None, ge=1)
     """Samples per prompt of a run's last evaluation (None: ``samples``)."""
+
+    fresh_prompts: int | None = Field(None, ge=1)
+    """Prompts of the fresh split (``data.fresh_path``) scored at a run's last evaluation, metrics
+    ``eval_fresh/<mode>/…`` (None: every prompt of the file). Read only when ``data.fresh_path`` is set."""
+
+    fresh_samples: int | None = Field(None, ge=1)
+    """Samples per prompt on the fresh split (None: the last evaluation's samples)."""
 
     def final(self) -> EvalConfig:
         """This config at the size of a run's last evaluation."""

@@ -10,6 +10,9 @@ they add how often the policy fixes a failed call once it sees the error
 pass@k counts every attempted trajectory: one the grader could not grade (an infrastructure failure
 that outlived its retries, a malformed ground truth) counts as a failure, so the denominator never
 shrinks; ``eval/grader_errors`` (beside ``eval/graded``) says how many there were.
+
+``evaluate_fresh``: the same evaluation on the fresh split (``data.fresh_path``, a run's last evaluation only),
+its metrics named ``eval_fresh/<mode>/``.
 """
 
 from __future__ import annotations
@@ -79,3 +82,22 @@ def evaluate(ckpt: str, items: list[PromptItem], setup: EvalSetup, on_mode=None)
         if on_mode is not None:
             on_mode(mode, tables)
     return out
+
+
+FRESH = "eval_fresh"
+"""Prefix of the fresh split's metrics (``eval_fresh/<mode>/<metric>``)."""
+
+
+def evaluate_fresh(ckpt: str, setup: EvalSetup) -> dict[str, float]:
+    """``evaluate`` on ``setup.fresh_path``'s first ``eval.fresh_prompts`` prompts (all by default) with
+    ``eval.fresh_samples`` samples (default: the evaluation's), every mode; metrics ``eval_fresh/<mode>/…``."""
+    from tasks.data.loader import load_prompts
+
+    cfg = setup.eval
+    items = list(load_prompts(setup.fresh_path))
+    n = cfg.fresh_prompts or len(items)
+    if n > len(items):
+        raise ValueError(f"eval.fresh_prompts={n}: {setup.fresh_path} holds only {len(items)} prompts")
+    fresh = setup.model_copy(update={"eval": cfg.model_copy(update={"n_prompts": n,
+                                                                     "samples": cfg.fresh_samples or cfg.samples})})
+    return {FRESH + k[len("eval"):]: v for k, v in evaluate(ckpt, items[:n], fresh).items()}

@@ -15,6 +15,11 @@ GRPO (reward − group mean) / (group std + ε) by default) per ``group_id``, ti
 loss scaling, broadcast later over the model's own tokens (mask 1) only; rows the estimator drops
 (MC-GRPO's pivot) are marked ``dropped`` and never reach the update (``train/dropped_rows``).
 
+``mix.failed_turns: mask`` (the filter baseline of issue 41) writes a ``loss_mask`` beside the advantages: the
+row's response mask with every assistant turn whose tool call failed and stayed in the trajectory set to 0
+(``mask_failed_turns``); the update trains on it instead of the response mask. The error text after such a turn
+is a tool response, mask 0 already; the turns after it still train, in the context the failure left.
+
 ``fill_batch`` is the other half of DAPO dynamic sampling, used by the rollout stage: roll out
 more prompts until ``want`` groups are informative (rewards not all equal), at most
 ``max_rounds`` extra rounds — the bound keeps a step's cost finite when the policy solves
@@ -157,7 +162,47 @@ def advantage_step(step_dir: Path, cfg: MixConfig) -> dict[str, float]:
     adv = compute_advantages(with_roles(df), cfg)
     if "adv_scale" in adv.columns:
         adv = adv.with_columns(pl.col("advantage") * pl.col("adv_scale"))
-    adv.select([*keys, "advantage", "dropped"]).write_parquet(step_dir / "advantages.parquet")
+    columns, metrics = [*keys, "advantage", "dropped"], {}
+    if cfg.failed_turns == "mask":
+        adv, metrics = with_loss_mask(adv, failed_positions(read_table(step_dir, "executions")))
+        columns.append("loss_mask")
+    adv.select(columns).write_parquet(step_dir / "advantages.parquet")
     kept = adv.filter(pl.col("kept") & ~pl.col("dropped"))
     return {"train/advantage_abs_mean": float(kept["advantage"].abs().mean() or 0.0) if kept.height else 0.0,
-            "train/dropped_rows": int(adv["dropped"].sum())}
+            "train/dropped_rows": int(adv["dropped"].sum()), **metrics}
+
+
+def failed_positions(executions: pl.DataFrame) -> dict[str, set[int]]:
+    """Per trajectory, the assistant turns (positions) whose last call failed: the failure stayed in the trajectory
+    (every failed call with SAAR off; a rollback that ran out of retries; never a recovered one)."""
+    if not executions.height:
+        return {}
+    last = executions.sort("exec_idx").group_by("traj_id", "position").agg(pl.col("ok").last())
+    out: dict[str, set[int]] = {}
+    for row in last.filter(~pl.col("ok")).iter_rows(named=True):
+        out.setdefault(row["traj_id"], set()).add(int(row["position"]))
+    return out
+
+
+def mask_failed_turns(mask: list[int], failed: set[int]) -> list[int]:
+    """``mask`` with assistant turns ``failed`` set to 0. Turn i is the i-th maximal run of 1s: every assistant turn
+    is followed by a tool response or the response's end (mask 0); a failed turn past the last run was cut off by
+    the response budget and has nothing to mask."""
+    out, turn, inside = list(mask), -1, False
+    for i, m in enumerate(mask):
+        if m and not inside:
+            turn += 1
+        inside = bool(m)
+        if m and turn in failed:
+            out[i] = 0
+    return out
+
+
+def with_loss_mask(adv: pl.DataFrame, failed: dict[str, set[int]]) -> tuple[pl.DataFrame, dict[str, float]]:
+    """``adv`` with ``loss_mask`` (``mask_failed_turns`` per row) and how many turns / tokens of kept rows it took out."""
+    masks = [mask_failed_turns(list(m), failed.get(t, set())) for t, m in zip(adv["traj_id"], adv["response_mask"])]
+    out = adv.with_columns(pl.Series("loss_mask", masks, dtype=pl.List(pl.Int8)))
+    kept = out.filter(pl.col("kept") & ~pl.col("dropped"))
+    tokens = int((kept["response_mask"].list.sum() - kept["loss_mask"].list.sum()).sum() or 0)
+    turns = sum(len(failed.get(t, ())) for t in kept["traj_id"])
+    return out, {"mix/failed_turns_masked": turns, "mix/failed_tokens_masked": tokens}

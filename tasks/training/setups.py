@@ -19,8 +19,9 @@ A policy after step 0 is the product of the whole training chain, so every key a
 rollout..update setups. Fields no stage reads — ``train.*``, ``name``, ``output_dir``, ``compare.*``,
 ``tiny.*``, ``warmup.*`` — change no key: extending ``train.steps`` of a finished run reuses
 every finished stage. The run's last evaluation uses ``eval.final()`` (a larger one when
-``eval.final_prompts`` / ``final_samples`` are set): extending such a run evaluates the old last
-version again at the ordinary size. ``tests/test_stage_keys.py`` pins which field changes which key.
+``eval.final_prompts`` / ``final_samples`` are set) and the fresh split (``data.fresh_path``, with
+``eval.fresh_*``): extending such a run evaluates the old last version again at the ordinary size. Fields
+added later with an off value (``tasks.training.config.OffFieldsOmitted``) are not hashed while off. ``tests/test_stage_keys.py`` pins which field changes which key.
 
 Pydantic only (built by ``flows.config.RunConfig.setups``), so flow modules stay light.
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -38,7 +40,7 @@ from tasks.envs.config import EnvConfig
 from tasks.rewards.config import RewardConfig, ScoreConfig
 from tasks.rollout.config import RolloutConfig
 from tasks.stores.config import TrackingConfig
-from tasks.training.config import EvalConfig, MixConfig
+from tasks.training.config import EvalConfig, MixConfig, OffFieldsOmitted
 
 CHAIN = ("rollout", "score", "mix", "advantage", "update")
 """The stages that produce the next policy, in order."""
@@ -141,7 +143,9 @@ class LogSetup(_Setup):
     """MLflow and DuckDB."""
 
 
-class EvalSetup(_Setup):
+class EvalSetup(_Setup, OffFieldsOmitted):
+    OMIT_WHEN_OFF: ClassVar[dict[str, object]] = {"fresh_path": None}
+
     seed: int
     """Run seed (sampling)."""
 
@@ -165,6 +169,9 @@ class EvalSetup(_Setup):
 
     eval: EvalConfig
     """Prompts, samples, k values, modes."""
+
+    fresh_path: str | None = None
+    """The fresh split (``data.fresh_path``), scored too: set on a run's last evaluation only."""
 
     tracking: TrackingConfig
     """Where the rows and metrics go."""

@@ -42,7 +42,7 @@ from tasks.stores.datasets import dataset_ref
 from tasks.stores.records import read_table, trajectory_frames, write_frames
 from tasks.stores.registry import ModelRef
 from tasks.stores.system import sandbox_metrics
-from tasks.training.evaluation import evaluate
+from tasks.training.evaluation import evaluate, evaluate_fresh
 from tasks.training.faults import maybe_crash
 from tasks.training.live import get_chat, get_engine, get_sandbox
 from tasks.training.mixing import advantage_step, fill_batch, mix_step
@@ -179,13 +179,16 @@ def update_stage(step_dir: Path, ckpt: str, out_ckpt: Path, setup: UpdateSetup) 
 
 
 def training_rows(step_dir: Path) -> pl.DataFrame:
-    """The rows the update trains on: kept by the mix stage, not dropped by the advantage estimator."""
+    """The rows the update trains on: kept by the mix stage, not dropped by the advantage estimator; their
+    ``response_mask`` is the advantage stage's ``loss_mask`` when it wrote one (``mix.failed_turns=mask``)."""
     keys = ["run_id", "step", "traj_id"]
     df = read_table(step_dir, "trajectories").join(read_table(step_dir, "advantages"), on=keys)
     df = df.join(read_table(step_dir, "scores").select([*keys, "reward"]), on=keys)
     df = df.join(read_table(step_dir, "mix"), on=keys).filter(pl.col("kept"))
     if "dropped" in df.columns:  # absent in step folders written before estimators could drop rows
         df = df.filter(~pl.col("dropped"))
+    if "loss_mask" in df.columns:  # mix.failed_turns=mask: the failed turns out of the loss
+        df = df.with_columns(pl.col("loss_mask").alias("response_mask")).drop("loss_mask")
     return df
 
 
@@ -311,6 +314,8 @@ def eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, setup: E
         starts.append(time.time())
 
     metrics = evaluate(ckpt, items, setup, on_mode=seen)
+    if setup.fresh_path:  # the run's last evaluation: the fresh split too (no traces)
+        metrics.update(evaluate_fresh(ckpt, setup))
     metrics["time/eval_s"] = time.perf_counter() - t0
     db.replace_eval(tracking_cfg.duckdb_path, run_id, version, ckpt, metrics)
     if mlrun:

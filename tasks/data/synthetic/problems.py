@@ -121,8 +121,10 @@ def split_of(question: str) -> str:
     return _SPLIT_OF_BUCKET.get(bucket, "sft")
 
 
-def make_problems(n: int, seed: int, split: str, kinds: list[str] | None = None) -> list[Problem]:
-    """``n`` distinct problems of ``split``, kinds drawn uniformly (from ``kinds`` if given)."""
+def make_problems(n: int, seed: int, split: str, kinds: list[str] | None = None,
+                  exclude: frozenset[str] = frozenset()) -> list[Problem]:
+    """``n`` distinct problems of ``split``, kinds drawn uniformly (from ``kinds`` if given), none whose question is
+    in ``exclude`` (a fresh held-out file drawn beside another one)."""
     import tasks.data.synthetic  # noqa: F401  (registers the kinds)
 
     if split not in SPLITS:
@@ -133,7 +135,7 @@ def make_problems(n: int, seed: int, split: str, kinds: list[str] | None = None)
         raise ValueError(f"kinds: unknown {sorted(unknown)}; valid: {sorted(KINDS)}")
     r = random.Random(f"{seed}:{split}")
     out: list[Problem] = []
-    seen: set[str] = set()
+    seen: set[str] = set(exclude)
     while len(out) < n:
         p = KINDS[r.choice(names)].draw(r)
         if p is not None and p.question not in seen and split_of(p.question) == split:
@@ -156,9 +158,10 @@ def task_rows(problems: list[Problem], split: str) -> list[dict]:
     ]
 
 
-def write_task_parquet(path: Path, n: int, seed: int, split: str) -> Path:
-    """Write ``n`` problems of ``split`` (``rl`` for training prompts, ``eval`` held out) as verl parquet; written
-    under a temporary name and renamed, so runs started together never read a half-written file."""
+def write_task_parquet(path: Path, n: int, seed: int, split: str, exclude: frozenset[str] = frozenset()) -> Path:
+    """Write ``n`` problems of ``split`` (``rl`` for training prompts, ``eval`` held out), none whose question is in
+    ``exclude``, as verl parquet; written under a temporary name and renamed, so runs started together never read a
+    half-written file."""
     import os
 
     import pyarrow as pa
@@ -169,6 +172,6 @@ def write_task_parquet(path: Path, n: int, seed: int, split: str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pq.write_table(pa.Table.from_pylist(task_rows(make_problems(n, seed, split), split)), tmp)
+    pq.write_table(pa.Table.from_pylist(task_rows(make_problems(n, seed, split, exclude=exclude), split)), tmp)
     tmp.replace(path)
     return path
