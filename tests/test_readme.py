@@ -1,0 +1,65 @@
+"""The README is the front door: short, two commands on its first screen, links that resolve, and every result it
+quotes equal to the committed study (``docs/regimes.json``) it comes from."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+# README results table: the start of a row's first two cells -> (study section, arm) in docs/regimes.json.
+ROWS = {
+    ("4 turns: a failed call costs little", "CLEANER as published"): ("t4", "cleaner"),
+    ("4 turns", "masked CLEANER"): ("t4", "mask_raw0"),
+    ("4 turns, registered confirm on new seeds", "masked CLEANER"): ("t4_confirm", "mask_raw0"),
+    ("2 turns: a failed call costs the answer", "CLEANER as published"): ("t2", "cleaner"),
+    ("2 turns", "masked CLEANER"): ("t2", "mask_raw0"),
+}
+
+
+def signed(x: float) -> str:
+    return f"{x:+.3f}".replace("-", "−")
+
+
+def test_short_with_the_two_commands_on_its_first_screen():
+    lines = README.splitlines()
+    assert len(lines) <= 150
+    first_screen = "\n".join(lines[:12])
+    assert re.findall(r"^make \w+", first_screen, re.M) == ["make demo", "make test"]
+    assert "![held-out pass@1" in README  # the results figure
+    assert (ROOT / "docs/img/results.png").exists()
+
+
+def test_every_relative_link_resolves():
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README) + re.findall(r'src="([^"]+)"', README)
+    local = [link for link in links if not link.startswith("http")]
+    assert len(local) > 15
+    missing = [link for link in local if not (ROOT / link).exists()]
+    assert not missing
+
+
+def test_the_results_table_is_the_committed_study():
+    study = json.loads((ROOT / "docs/regimes.json").read_text())
+    table = README.split("| task | setting | final pass@1 − DAPO | pairs |")[1].split("\n\n")[0]
+    rows = [[c.strip().strip("*") for c in line.strip("|").split("|")]
+            for line in table.splitlines() if line.startswith("| ") and "[" in line]
+    assert len(rows) == len(ROWS)
+    for task, setting, difference, pairs in rows:
+        regime, arm = ROWS[next(key for key in ROWS if key == (task, setting.split(" (")[0]))]
+        report = study[regime]["report"] if regime == "t4_confirm" else study[regime]["phase2"]["report_all_arms"]
+        paired = report["paired_pass_at_1"][arm]
+        lo, hi = paired["ci95"]
+        assert difference == f"{signed(paired['mean'])} [{signed(lo)}, {signed(hi)}]", (task, setting)
+        assert int(pairs) == paired["n"]
+    assert "+0.051 [+0.028, +0.074]" in README  # the confirm, by hand from docs/regimes.md
+
+
+def test_the_figure_reads_the_same_study():
+    from tasks.reports.results_figure import results_rows
+
+    rows = {(r["regime"], r["arm"]): r for r in results_rows(json.loads((ROOT / "docs/regimes.json").read_text()))}
+    assert set(rows) == set(ROWS.values())
+    assert round(rows["t4_confirm", "mask_raw0"]["mean"], 3) == 0.051 and rows["t4_confirm", "mask_raw0"]["pairs"] == 6
