@@ -26,7 +26,9 @@ out and never shifts a row.
 Sampling: temperature, optional nucleus (``top_p``), one uniform draw per row and token from
 a generator seeded by (seed, key, turn), so what a row samples does not depend on which other
 rows share its batch (up to floating-point noise of different batch shapes). The log-prob of a
-sampled token is under the temperature-scaled distribution, as the static engine reports.
+sampled token is under the temperature-scaled distribution, as the static engine reports. The draws are
+made on the CPU (the same numbers on any device). Temperature 0 is greedy decoding (the arg-max, its
+log-prob at temperature 1): ``models.gpu_check`` compares a device's tokens with the CPU's that way.
 
 Cache: ``kv_cache`` picks its holder (``models.kv_cache``): ``preallocated`` buffers written in place
 (the engine's default) or ``concat``, transformers' cache copied for every token (the previous path);
@@ -283,15 +285,19 @@ class DecodeStream:
         return out.past_key_values, out.logits.float()
 
     def _sample(self, rows: list[_Row], logits: torch.Tensor) -> None:
-        logp = torch.log_softmax(logits / self.temperature, dim=-1)
-        probs = logp.exp()
-        if self.top_p < 1.0:
-            sorted_p, order = probs.sort(dim=-1, descending=True)
-            keep = sorted_p.cumsum(-1) - sorted_p < self.top_p
-            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
-        cdf = probs.cumsum(-1)
-        draws = torch.stack([torch.rand(1, generator=row.gen) for row in rows]) * cdf[:, -1:]
-        tokens = torch.searchsorted(cdf, draws).clamp_(max=logits.shape[-1] - 1).squeeze(-1)
+        if self.temperature == 0:  # greedy: the arg-max and its log-prob at temperature 1
+            logp = torch.log_softmax(logits, dim=-1)
+            tokens = logp.argmax(dim=-1)
+        else:
+            logp = torch.log_softmax(logits / self.temperature, dim=-1)
+            probs = logp.exp()
+            if self.top_p < 1.0:
+                sorted_p, order = probs.sort(dim=-1, descending=True)
+                keep = sorted_p.cumsum(-1) - sorted_p < self.top_p
+                probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
+            cdf = probs.cumsum(-1)
+            draws = torch.stack([torch.rand(1, generator=row.gen) for row in rows]).to(cdf.device) * cdf[:, -1:]
+            tokens = torch.searchsorted(cdf, draws).clamp_(max=logits.shape[-1] - 1).squeeze(-1)
         chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
         for row, tok, lp in zip(rows, tokens.tolist(), chosen.tolist()):
             row.next_id = tok
