@@ -72,6 +72,8 @@ class _Pending:
     key: object
     input_ids: list[int]
     budget: int
+    seed_key: object = None
+    """What the row's draws are seeded by in place of ``key`` (a fork decoding beside its original)."""
 
 
 def gqa_decode_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
@@ -138,14 +140,22 @@ class DecodeStream:
     def busy(self) -> bool:
         return bool(self.queue or self.rows)
 
-    def submit(self, key: object, input_ids: list[int], max_new_tokens: int) -> None:
+    def submit(self, key: object, input_ids: list[int], max_new_tokens: int, seed_key: object = None) -> None:
+        """Queue a turn under ``key``; its draws are seeded by ``seed_key`` when given (else ``key``): two keys
+        with the same ``seed_key`` and input length sample the same tokens from the same logits."""
         if not input_ids:
             raise ValueError(f"request {key!r}: empty input_ids")
-        self.queue.append(_Pending(key, list(input_ids), max(1, max_new_tokens)))
+        self.queue.append(_Pending(key, list(input_ids), max(1, max_new_tokens), seed_key))
 
     def release(self, key: object) -> None:
         """Forget the cached prefix of ``key`` (its trajectory ended)."""
         self.store.pop(key, None)
+
+    def copy_prefix(self, src: object, dst: object) -> None:
+        """``dst`` reuses the cached prefix of ``src`` (a trajectory forked from it; the tensors are shared, never
+        written in place)."""
+        if src in self.store:
+            self.store[dst] = self.store[src]
 
     @torch.no_grad()
     def step(self) -> list[tuple[object, list[int], list[float], str]]:
@@ -170,8 +180,9 @@ class DecodeStream:
         first = len(self.rows)
         keys, values, lasts = self._prefill(joiners)
         for (req, _), logits in zip(joiners, lasts):
+            seed_key = req.key if req.seed_key is None else req.seed_key
             row = _Row(req.key, req.budget, req.input_ids,
-                       gen=torch.Generator().manual_seed(_row_seed(self.seed, req.key, len(req.input_ids))))
+                       gen=torch.Generator().manual_seed(_row_seed(self.seed, seed_key, len(req.input_ids))))
             self.rows.append(row)
             self._sample([row], logits[None])
         self._merge(keys, values, [len(req.input_ids) for req, _ in joiners])

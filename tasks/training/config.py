@@ -76,6 +76,11 @@ class EvalConfig(BaseModel):
     final_samples: int | None = Field(None, ge=1)
     """Samples per prompt of a run's last evaluation (None: ``samples``)."""
 
+    shared_pass: bool = True
+    """SAAR off and on from one paired pass (``tasks.rollout.paired``: the SAAR-off twin of a trajectory forks at
+    its first failed call; the same trajectories as two separate passes, the shared turns computed once). False, or
+    an engine/scheduling whose draws are not each trajectory's own: two separate passes."""
+
     def final(self) -> EvalConfig:
         """This config at the size of a run's last evaluation."""
         return self.model_copy(update={"n_prompts": self.final_prompts or self.n_prompts,
