@@ -244,7 +244,10 @@ def gpu_check(cfg: GpuCheckConfig) -> tuple[dict, bool]:
     eos = eos[0] if isinstance(eos, list) else eos
     batch = prompts(cfg.model, cfg.rows)
     figures, decode_ok, ref = check_decodes(cfg, cpu, dev, batch, eos, pad)
-    update_figures, update_ok = check_update(cfg, batch, ref)
+    try:
+        update_figures, update_ok = check_update(cfg, batch, ref)
+    except Exception as err:  # a device error is this check's finding: reported, exit 1
+        update_figures, update_ok = {"update_error": f"{type(err).__name__}: {err}"}, False
     name = torch.cuda.get_device_name(0) if cfg.device.startswith("cuda") else cfg.device
     return {"device": name, "torch": torch.__version__, **figures, **update_figures,
             "decode_ok": decode_ok, "update_ok": update_ok}, decode_ok and update_ok
@@ -252,7 +255,7 @@ def gpu_check(cfg: GpuCheckConfig) -> tuple[dict, bool]:
 
 def report(cfg: GpuCheckConfig, f: dict) -> str:
     """The figures as lines a person reads."""
-    d, tps, stps, up = cfg.device, f["greedy_tokens_per_s"], f["sampled_tokens_per_s"], f["update_s"]
+    d, tps, stps = cfg.device, f["greedy_tokens_per_s"], f["sampled_tokens_per_s"]
     return "\n".join([
         f"gpu_check: {cfg.model} on {f['device']} (torch {f['torch']}) against the CPU",
         f"greedy decode, {f['rows']} rows x {cfg.tokens} tokens ({f['generated']} generated): "
@@ -262,11 +265,18 @@ def report(cfg: GpuCheckConfig, f: dict) -> str:
         f"  tokens/s: cpu {tps['cpu']:.0f}, {d} {tps['device']:.0f}",
         f"sampled decode: {f['sampled_equal_rows']}/{f['rows']} rows the same ids; tokens/s: cpu "
         f"{stps['cpu']:.0f}, {d} {stps['device']:.0f}",
-        f"one update: train/* mismatches {f['update_metric_mismatches'] or 'none'}; weights within "
-        f"{f['update_weight_gap']:.2e} (bound {f['update_weight_bound']:.1e}) -> "
-        f"{'ok' if f['update_ok'] else 'FAILED'}",
-        f"  step time: cpu {up['cpu']:.2f} s, {d} {up['device']:.2f} s",
+        *_update_lines(d, f),
     ])
+
+
+def _update_lines(d: str, f: dict) -> list[str]:
+    if "update_error" in f:
+        return [f"one update: raised on {d}: {f['update_error']} -> FAILED"]
+    up = f["update_s"]
+    return [f"one update: train/* mismatches {f['update_metric_mismatches'] or 'none'}; weights within "
+            f"{f['update_weight_gap']:.2e} (bound {f['update_weight_bound']:.1e}) -> "
+            f"{'ok' if f['update_ok'] else 'FAILED'}",
+            f"  step time: cpu {up['cpu']:.2f} s, {d} {up['device']:.2f} s"]
 
 
 def parse(argv: list[str]) -> tuple[GpuCheckConfig, str | None]:

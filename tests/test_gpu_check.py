@@ -82,3 +82,19 @@ def test_greedy_decoding_is_the_arg_max_of_a_plain_forward():
         logp = torch.log_softmax(logits, -1)
         assert row.ids == logp.argmax(-1).tolist()
         assert row.lps == pytest.approx(logp.max(-1).values.tolist(), abs=1e-5)
+
+
+def test_an_update_that_raises_on_the_device_is_reported_and_fails(monkeypatch):
+    """Reading the trainer, an update on CUDA may raise (tensors made on the CPU beside the device's): the check says
+    so beside the decode's figures and fails, never a passed check without an update."""
+    from models import gpu_check
+
+    def broken(*args):
+        raise RuntimeError("Expected all tensors to be on the same device")
+
+    monkeypatch.setattr(gpu_check, "check_update", broken)
+    cfg = gpu_check.GpuCheckConfig(model=str(ROOT / "assets/tiny-warm"), device="cpu", rows=2, tokens=4)
+    figures, ok = gpu_check.gpu_check(cfg)
+    assert not ok and figures["decode_ok"] and not figures["update_ok"]
+    text = gpu_check.report(cfg, figures)
+    assert "one update: raised on cpu: RuntimeError: Expected all tensors to be on the same device -> FAILED" in text
