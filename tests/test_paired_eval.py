@@ -77,23 +77,39 @@ def test_the_pass_forks_where_a_call_failed_and_only_there(both):
     assert all(differ)  # SAAR off keeps the error turn, SAAR on splices it away
 
 
-def test_a_twin_samples_with_its_originals_draws():
-    """``seed_key``: another key with the same seed key and input samples what the original samples; another seed
-    key samples otherwise (the draws are the key's, not the batch slot's)."""
-    from transformers import AutoModelForCausalLM
-
+def _decode(model, requests: list[tuple], seed: int = 3) -> tuple[dict, dict]:
     from models.decode import DecodeStream
+
+    counters: dict = {}
+    stream = DecodeStream(model, 2, 0, 1.0, 1.0, 8, seed=seed, keep_prefix=True, counters=counters)
+    for key, prompt, budget, seed_key in requests:
+        stream.submit(key, prompt, budget, seed_key=seed_key)
+    out = {}
+    while stream.busy:
+        out.update({k: (ids, lps, reason) for k, ids, lps, reason in stream.step()})
+    return out, counters
+
+
+def test_a_twin_samples_with_its_originals_draws_and_an_identical_turn_is_decoded_once():
+    """``seed_key``: a twin alone samples what its original samples (the draws are the seed key's, not the key's or
+    the batch slot's); another key samples otherwise. Queued together with the same ids, the two are decoded as one
+    row: the twin gets the original's ids cut at its own budget."""
+    from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(MODEL).eval()
     prompt = [5, 17, 40, 8, 99, 3]
-    stream = DecodeStream(model, 2, 0, 1.0, 1.0, 8, seed=3, keep_prefix=True)
-    stream.submit("t", prompt, 24)
-    stream.submit("t/saar_off", prompt, 24, seed_key="t")
-    stream.submit("u", prompt, 24)
-    out = {}
-    while stream.busy:
-        out.update({k: ids for k, ids, _, _ in stream.step()})
-    assert out["t"] == out["t/saar_off"] and out["u"] != out["t"]
+    out, counters = _decode(model, [("t", prompt, 24, None), ("u", prompt, 24, None)])
+    t_ids, t_lps, _ = out["t"]
+    assert len(t_ids) > 5 and out["u"][0] != t_ids
+    alone, _ = _decode(model, [("u", prompt, 24, None), ("t/saar_off", prompt, 24, "t")])
+    assert alone["t/saar_off"][0] == t_ids
+    both, counters_both = _decode(model, [("t/saar_off", prompt, 5, "t"), ("t", prompt, 24, None),
+                                          ("u", prompt, 24, None)])
+    assert both["t"][0] == t_ids and both["t/saar_off"] == (t_ids[:5], t_lps[:5], "length")
+    assert counters_both["generated"] == counters["generated"] == len(t_ids) + len(out["u"][0])
+    longer, _ = _decode(model, [("t", prompt, 24, None), ("t/saar_off", prompt, 30, "t")])  # the twin leads
+    assert longer["t"][0] == t_ids and longer["t"][2] == out["t"][2] and longer["t/saar_off"][0][:24] == t_ids
+    assert longer["t"][1] == pytest.approx(t_lps, abs=LP_NOISE)  # a batch of one row, not two: float noise
 
 
 def test_paired_rollout_refuses_what_cannot_share_a_pass(chat):

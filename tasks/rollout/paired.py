@@ -11,6 +11,10 @@ which decodes on beside its original under its own stream key (its own cache, st
 cached prefix) but with the original's draws (``seed_key`` = the trajectory id). A trajectory that never
 fails that way is its own SAAR-off twin.
 
+Right after the fork the twin's next turn and the original's regeneration are the same request (the error's tool
+turn appended to the same ids, the same draws): the stream decodes them as one row (``DecodeStream.submit`` joins
+queued requests of one seed key and the same ids; the smaller budget is cut from the larger's ids).
+
 So one pass gives the two separate passes' trajectories — the same token ids, the same tool calls and results,
 the same statistics — while the turns before the first failure (the whole of every trajectory without one) are
 decoded and executed once. What can differ: the log-probs by float noise (~1e-6; the decoding batch has another
