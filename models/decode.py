@@ -18,6 +18,10 @@ batch (``[rows, kv_heads, width, head_dim]`` per layer). Every ``step()``:
 ``abort(keys)`` stops rows (and queued requests) between steps and hands back what each sampled
 so far: partial rollouts (``tasks.rollout.partial``) and the test server's ``/abort_request``.
 
+Two queued requests with the same ``seed_key`` (a rollout's fork and its original, ``tasks.rollout.paired``) and the
+same ids would sample the same tokens: ``submit`` joins them into one request, decoded as one row keyed by the
+larger budget; the other gets its ids cut at its own budget (``stop`` when they end on the end-of-turn id).
+
 So no row ever decodes padding after it finished, a long turn does not hold back the others,
 and only the sampled tokens' log-probs are kept (never full logits). Positions are explicit
 (``position_ids`` = each row's own token count), so padding anywhere in the cache is masked
@@ -26,7 +30,9 @@ out and never shifts a row.
 Sampling: temperature, optional nucleus (``top_p``), one uniform draw per row and token from
 a generator seeded by (seed, key, turn), so what a row samples does not depend on which other
 rows share its batch (up to floating-point noise of different batch shapes). The log-prob of a
-sampled token is under the temperature-scaled distribution, as the static engine reports.
+sampled token is under the temperature-scaled distribution, as the static engine reports. The draws are
+made on the CPU (the same numbers on any device). Temperature 0 is greedy decoding (the arg-max, its
+log-prob at temperature 1): ``models.gpu_check`` compares a device's tokens with the CPU's that way.
 
 Cache: ``kv_cache`` picks its holder (``models.kv_cache``): ``preallocated`` buffers written in place
 (the engine's default) or ``concat``, transformers' cache copied for every token (the previous path);
@@ -63,6 +69,8 @@ class _Row:
     out: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
     gen: torch.Generator | None = None
+    followers: list[tuple[object, int]] = field(default_factory=list)
+    """(key, budget) of identical requests this row decodes for: each gets this row's ids cut at its budget."""
 
 
 @dataclass
@@ -70,6 +78,9 @@ class _Pending:
     key: object
     input_ids: list[int]
     budget: int
+    seed_key: object = None
+    """What the row's draws are seeded by in place of ``key`` (a fork decoding beside its original)."""
+    followers: list[tuple[object, int]] = field(default_factory=list)
 
 
 def gqa_decode_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
@@ -123,6 +134,8 @@ class DecodeStream:
         self.lean = lean_decode and supports(model)
         """Decode steps through ``models.lean_decode`` (same logits, less Python per forward)."""
         self.queue: deque[_Pending] = deque()
+        self.waiting: dict[object, _Pending] = {}
+        """Queued requests by the key their draws are seeded by (``submit`` joins identical ones)."""
         self.rows: list[_Row] = []
         if kv_cache not in KV_CACHES:
             raise ValueError(f"engine.kv_cache: unknown {kv_cache!r}; valid: {sorted(KV_CACHES)}")
@@ -136,14 +149,28 @@ class DecodeStream:
     def busy(self) -> bool:
         return bool(self.queue or self.rows)
 
-    def submit(self, key: object, input_ids: list[int], max_new_tokens: int) -> None:
+    def submit(self, key: object, input_ids: list[int], max_new_tokens: int, seed_key: object = None) -> None:
+        """Queue a turn under ``key``; its draws are seeded by ``seed_key`` when given (else ``key``): two keys
+        with the same ``seed_key`` and input length sample the same tokens from the same logits."""
         if not input_ids:
             raise ValueError(f"request {key!r}: empty input_ids")
-        self.queue.append(_Pending(key, list(input_ids), max(1, max_new_tokens)))
+        req, sk = _Pending(key, list(input_ids), max(1, max_new_tokens), seed_key), key if seed_key is None else seed_key
+        same = self.waiting.get(sk)
+        if same is not None and same.input_ids == req.input_ids:
+            _join(same, req, sk)
+            return
+        self.waiting[sk] = req
+        self.queue.append(req)
 
     def release(self, key: object) -> None:
         """Forget the cached prefix of ``key`` (its trajectory ended)."""
         self.store.pop(key, None)
+
+    def copy_prefix(self, src: object, dst: object) -> None:
+        """``dst`` reuses the cached prefix of ``src`` (a trajectory forked from it; the tensors are shared, never
+        written in place)."""
+        if src in self.store:
+            self.store[dst] = self.store[src]
 
     @torch.no_grad()
     def step(self) -> list[tuple[object, list[int], list[float], str]]:
@@ -162,14 +189,18 @@ class DecodeStream:
         joiners: list[tuple[_Pending, int]] = []
         while self.queue and len(self.rows) + len(joiners) < self.max_batch:
             req = self.queue.popleft()
+            sk = req.key if req.seed_key is None else req.seed_key
+            if self.waiting.get(sk) is req:
+                del self.waiting[sk]
             joiners.append((req, self._reusable(req)))
         if not joiners:
             return []
         first = len(self.rows)
         keys, values, lasts = self._prefill(joiners)
         for (req, _), logits in zip(joiners, lasts):
-            row = _Row(req.key, req.budget, req.input_ids,
-                       gen=torch.Generator().manual_seed(_row_seed(self.seed, req.key, len(req.input_ids))))
+            seed_key = req.key if req.seed_key is None else req.seed_key
+            row = _Row(req.key, req.budget, req.input_ids, followers=req.followers,
+                       gen=torch.Generator().manual_seed(_row_seed(self.seed, seed_key, len(req.input_ids))))
             self.rows.append(row)
             self._sample([row], logits[None])
         self._merge(keys, values, [len(req.input_ids) for req, _ in joiners])
@@ -283,15 +314,19 @@ class DecodeStream:
         return out.past_key_values, out.logits.float()
 
     def _sample(self, rows: list[_Row], logits: torch.Tensor) -> None:
-        logp = torch.log_softmax(logits / self.temperature, dim=-1)
-        probs = logp.exp()
-        if self.top_p < 1.0:
-            sorted_p, order = probs.sort(dim=-1, descending=True)
-            keep = sorted_p.cumsum(-1) - sorted_p < self.top_p
-            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
-        cdf = probs.cumsum(-1)
-        draws = torch.stack([torch.rand(1, generator=row.gen) for row in rows]) * cdf[:, -1:]
-        tokens = torch.searchsorted(cdf, draws).clamp_(max=logits.shape[-1] - 1).squeeze(-1)
+        if self.temperature == 0:  # greedy: the arg-max and its log-prob at temperature 1
+            logp = torch.log_softmax(logits, dim=-1)
+            tokens = logp.argmax(dim=-1)
+        else:
+            logp = torch.log_softmax(logits / self.temperature, dim=-1)
+            probs = logp.exp()
+            if self.top_p < 1.0:
+                sorted_p, order = probs.sort(dim=-1, descending=True)
+                keep = sorted_p.cumsum(-1) - sorted_p < self.top_p
+                probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
+            cdf = probs.cumsum(-1)
+            draws = torch.stack([torch.rand(1, generator=row.gen) for row in rows]).to(cdf.device) * cdf[:, -1:]
+            tokens = torch.searchsorted(cdf, draws).clamp_(max=logits.shape[-1] - 1).squeeze(-1)
         chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
         for row, tok, lp in zip(rows, tokens.tolist(), chosen.tolist()):
             row.next_id = tok
@@ -303,23 +338,29 @@ class DecodeStream:
     # -- retirement ---------------------------------------------------------------------------
 
     def _retire(self, rows: list[int]) -> list[tuple[object, list[int], list[float], str]]:
-        done = []
+        done, finished = [], []
         for i in rows:
             row = self.rows[i]
             if row.next_id == self.eos_id:
                 done.append((i, "stop"))
             elif len(row.out) >= row.budget:
                 done.append((i, "length"))
-        if not done:
-            return []
-        finished = []
+            if row.followers:
+                finished += self._followers_due(row, ended=bool(done) and done[-1][0] == i)
         for i, reason in done:
             row = self.rows[i]
             if self.keep_prefix:
                 self.store[row.key] = (list(row.fed), *self.kv.row(i, len(row.fed)))
             finished.append((row.key, row.out, row.lps, reason))
-        self._drop({i for i, _ in done})
+        if done:
+            self._drop({i for i, _ in done})
         return finished
+
+    def _followers_due(self, row: _Row, ended: bool) -> list[tuple[object, list[int], list[float], str]]:
+        """The followers of ``row`` whose budget its ids reached (all of them once it ended): its ids cut there."""
+        due = [(k, b) for k, b in row.followers if ended or len(row.out) >= b]
+        row.followers = [f for f in row.followers if f not in due]
+        return [(k, row.out[:b], row.lps[:b], "stop" if row.out[:b][-1] == self.eos_id else "length") for k, b in due]
 
     def _drop(self, gone: set[int]) -> None:
         """Remove rows ``gone`` from the batch (rows from its end fill their places) and trim the cache to the
@@ -334,13 +375,26 @@ class DecodeStream:
         far, their log-probs, ``"abort"``) for each — a queued request has sampled nothing. Partial rollouts
         store these and continue them later; a stopped row's cached prefix is not kept."""
         hit = (lambda k: True) if keys is None else (lambda k: k in keys)
-        out = [(req.key, [], [], "abort") for req in self.queue if hit(req.key)]
+        out = [(k, [], [], "abort") for req in self.queue if hit(req.key) for k in (req.key, *dict(req.followers))]
         self.queue = deque(req for req in self.queue if not hit(req.key))
+        self.waiting = {sk: req for sk, req in self.waiting.items() if not hit(req.key)}
         gone = {i for i, row in enumerate(self.rows) if hit(row.key)}
-        out = [(self.rows[i].key, list(self.rows[i].out), list(self.rows[i].lps), "abort") for i in sorted(gone)] + out
+        out = [(key, list(row.out[:b]), list(row.lps[:b]), "abort") for row in (self.rows[i] for i in sorted(gone))
+               for key, b in [(row.key, len(row.out)), *row.followers]] + out
         if gone:
             self._drop(gone)
         return out
+
+
+def _join(queued: _Pending, req: _Pending, seed_key: object) -> None:
+    """``req`` asks for what ``queued`` asks for (the same draws, the same ids): one row decodes both, keyed by the
+    larger budget; the other follows it."""
+    if req.budget > queued.budget:
+        queued.followers.append((queued.key, queued.budget))
+        queued.key, queued.budget = req.key, req.budget
+    else:
+        queued.followers.append((req.key, req.budget))
+    queued.seed_key = seed_key
 
 
 def _pack(layers: list[torch.Tensor], c_max: int, spans: list[tuple[int, int]]) -> list[torch.Tensor]:

@@ -94,6 +94,11 @@ def load_causal_lm(path: str | Path, device: str = "cpu"):
 class TransformersEngine:
     """In-process batched generation with a transformers causal LM."""
 
+    row_seeded = True
+    """Its stream's draws are a function of (stream seed, key or ``seed_key``, input length): a turn samples the
+    same tokens whatever else shares the batch, up to the float noise of other batch shapes
+    (``tasks.rollout.paired`` relies on it)."""
+
     def __init__(self, cfg: EngineConfig, model_path: str | Path, eos_id: int, pad_id: int):
         self.cfg = cfg
         self.eos_id = eos_id

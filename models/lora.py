@@ -68,10 +68,10 @@ def _base_model(base: Path, device: str):
 
 def load_policy(path: str | Path, device: str = "cpu", trainable: bool = False):
     """A checkpoint as a model: a full folder via ``from_pretrained``, an adapter as base + ``PeftModel``."""
-    from peft import PeftModel
-
     if not is_adapter(path):
         return _base_model(Path(path), device).eval()
+    from peft import PeftModel  # only an adapter needs peft (``models.gpu_check`` runs without it)
+
     model = PeftModel.from_pretrained(_base_model(base_of(path), device), str(path), is_trainable=trainable)
     return model.to(device).train(trainable) if trainable else model.eval()
 

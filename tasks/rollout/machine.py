@@ -57,6 +57,9 @@ class Rollout:
         self.chat = chat
         self.sandbox = sandbox
         self.tool_wait_s = 0.0  # decoding stood still for a lockstep tool call (``ToolCalls.waited_s``), summed
+        self.spawned: list[Trajectory] = []
+        """Trajectories a handler started mid-rollout (``tasks.rollout.paired``'s SAAR-off twins), each with its
+        ``stream_key``; the continuous driver takes them in."""
 
     def new_trajectories(self, items: list[PromptItem], seed: int, step: int) -> list[Trajectory]:
         """``n_samples`` trajectories per prompt; ids ``step:prompt:sample`` are unique because prompts are."""
@@ -146,14 +149,22 @@ class Rollout:
             def route(t: Trajectory) -> None:
                 while t.state is State.EXECUTING and t.pending.code is None:
                     self.on_executed(t, _call_failure(t.pending))
+                while self.spawned:  # a twin starts from its original's cached prefix
+                    twin = self.spawned.pop(0)
+                    by_id[twin.stream_key] = twin
+                    stream.copy_prefix(twin.traj_id, twin.stream_key)
+                    route(twin)
                 if t.state is State.EXECUTING:
                     calls.submit(t, self.sandbox.run, t.pending.code, setup_of(t))
                 elif t.state is State.TERMINATED:
-                    stream.release(t.traj_id)
+                    stream.release(t.stream_key or t.traj_id)
                     bar.update(1)
                 else:
                     req = self.request(t)
-                    stream.submit(t.traj_id, req.input_ids, req.max_new_tokens)
+                    if t.stream_key is None:
+                        stream.submit(t.traj_id, req.input_ids, req.max_new_tokens)
+                    else:  # a twin: its own cache, its original's draws
+                        stream.submit(t.stream_key, req.input_ids, req.max_new_tokens, seed_key=t.traj_id)
 
             for t in trajs:
                 route(t)

@@ -120,6 +120,9 @@ class Trajectory:
     spliced: list[int] = field(default_factory=list)
     """1 on response tokens sampled in an error context and spliced over the failed turn (SAAR); their
     ``logprobs`` are the behaviour log-probs of that context (``models.splice``)."""
+    stream_key: str | None = None
+    """The decoding stream's key when it is not ``traj_id``: a SAAR-off twin decoding beside its SAAR-on original
+    under the same id (``tasks.rollout.paired``); its draws stay seeded by ``traj_id``."""
 
     def append(self, ids: list[int], mask: int, lps: list[float] | None = None,
                versions: list[int] | None = None, spliced: list[int] | None = None) -> None:

@@ -79,7 +79,7 @@ class MixConfig(OffFieldsOmitted):
 
 class EvalConfig(OffFieldsOmitted):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-    OMIT_WHEN_OFF: ClassVar[dict[str, object]] = {"fresh_prompts": None, "fresh_samples": None}
+    OMIT_WHEN_OFF: ClassVar[dict[str, object]] = {"fresh_prompts": None, "fresh_samples": None, "shared_pass": False}
 
     n_prompts: int = Field(64, ge=1)
     """Held-out prompts evaluated (the first ones of ``data.eval_path``)."""
@@ -109,6 +109,11 @@ class EvalConfig(OffFieldsOmitted):
 
     fresh_samples: int | None = Field(None, ge=1)
     """Samples per prompt on the fresh split (None: the last evaluation's samples)."""
+
+    shared_pass: bool = True
+    """SAAR off and on from one paired pass (``tasks.rollout.paired``: the SAAR-off twin of a trajectory forks at
+    its first failed call; the same trajectories as two separate passes, the shared turns computed once). False, or
+    an engine/scheduling whose draws are not each trajectory's own: two separate passes."""
 
     def final(self) -> EvalConfig:
         """This config at the size of a run's last evaluation."""

@@ -13,6 +13,13 @@ shrinks; ``eval/grader_errors`` (beside ``eval/graded``) says how many there wer
 
 ``evaluate_fresh``: the same evaluation on the fresh split (``data.fresh_path``, a run's last evaluation only),
 its metrics named ``eval_fresh/<mode>/``.
+Both modes in one pass (``eval.shared_pass``, the default): a trajectory's SAAR-off and SAAR-on rollouts are the
+same until its first failed call SAAR acts on, and each turn's draws are the trajectory's own, so
+``tasks.rollout.paired`` rolls SAAR on out once and forks the SAAR-off twin at that failure: the same
+trajectories, token for token, as two separate passes with the same seed (``tests/test_paired_eval.py``), the
+shared turns decoded and executed once. The figures are the ones the two separate passes gave — the same draws,
+not only the same distribution — up to a token that batch-shape float noise flips at a near-tie (as between any two
+runs of the continuous driver). Rounds scheduling or an engine that samples on its own (SGLang) runs the two passes.
 """
 
 from __future__ import annotations
@@ -22,9 +29,11 @@ import polars as pl
 from tasks.rewards.config import ScoreConfig
 from tasks.rewards.registry import pass_at_k_by_source
 from tasks.rewards.scoring import score_rows
+from tasks.rollout.config import RolloutConfig
 from tasks.rollout.machine import Rollout
+from tasks.rollout.paired import PairedRollout, shares_work
 from tasks.rollout.saar import aggregate_stats
-from tasks.rollout.types import PromptItem
+from tasks.rollout.types import PromptItem, Trajectory
 from tasks.stores.records import trajectory_frames
 from tasks.training.live import get_chat, get_engine, get_sandbox
 from tasks.training.setups import EvalSetup
@@ -54,30 +63,61 @@ def _mlflow_names(metrics: dict[str, float]) -> dict[str, float]:
     return {k.replace("@", "_at_"): v for k, v in metrics.items()}
 
 
-def evaluate_mode(ckpt: str, items: list[PromptItem], setup: EvalSetup,
-                  mode: str) -> tuple[dict[str, float], dict[str, pl.DataFrame]]:
-    """Metrics of one mode (``saar_off`` / ``saar_on``) and its tables (``trajectories`` joined with their
-    scores, ``executions``, ``saar_events``)."""
-    cfg = setup.eval
+def rollout_config(setup: EvalSetup, mode: str) -> RolloutConfig:
+    """The rollout of evaluation mode ``mode``: SAAR on (raw share 0) or off, ``eval.samples`` per prompt."""
     saar = setup.rollout.saar.model_copy(update={"enabled": mode == "saar_on", "raw_share": 0.0})
-    roll_cfg = setup.rollout.model_copy(update={"saar": saar, "n_samples": cfg.samples})
-    eng_cfg = setup.engine.model_copy(update={"temperature": cfg.temperature})
+    return setup.rollout.model_copy(update={"saar": saar, "n_samples": setup.eval.samples})
+
+
+def _live(ckpt: str, setup: EvalSetup):
+    """The chat format, engine (at the evaluation's temperature) and sandbox of this process."""
     chat = get_chat(ckpt, setup.chat)
-    box = get_sandbox(setup.sandbox)
-    runner = Rollout(roll_cfg, get_engine(eng_cfg, ckpt, chat), chat, box)
-    trajs = runner.run(items, setup.seed, step=0, progress=False)
+    engine = get_engine(setup.engine.model_copy(update={"temperature": setup.eval.temperature}), ckpt, chat)
+    return chat, engine, get_sandbox(setup.sandbox)
+
+
+def grade(trajs: list[Trajectory], setup: EvalSetup, roll_cfg: RolloutConfig, chat,
+          box) -> tuple[dict[str, float], dict[str, pl.DataFrame]]:
+    """Metrics of one mode's trajectories and its tables (``trajectories`` joined with their scores,
+    ``executions``, ``saar_events``)."""
     frames = trajectory_frames(trajs, "eval", 0, chat.decode)
     scores, _ = score_rows(frames["trajectories"], setup.reward, ScoreConfig(), roll_cfg.max_response_tokens, box)
     scored = frames["trajectories"].join(scores, on=["run_id", "step", "traj_id"])
     stats = aggregate_stats([t.stats for t in trajs], [t.raw for t in trajs])
-    return summarize(scored, stats, cfg.ks), {**frames, "trajectories": scored}
+    return summarize(scored, stats, setup.eval.ks), {**frames, "trajectories": scored}
+
+
+def evaluate_mode(ckpt: str, items: list[PromptItem], setup: EvalSetup,
+                  mode: str) -> tuple[dict[str, float], dict[str, pl.DataFrame]]:
+    """Metrics of one mode (``saar_off`` / ``saar_on``) rolled out alone, and its tables (see ``grade``)."""
+    roll_cfg = rollout_config(setup, mode)
+    chat, engine, box = _live(ckpt, setup)
+    trajs = Rollout(roll_cfg, engine, chat, box).run(items, setup.seed, step=0, progress=False)
+    return grade(trajs, setup, roll_cfg, chat, box)
+
+
+def evaluate_pair(ckpt: str, items: list[PromptItem],
+                  setup: EvalSetup) -> dict[str, tuple[dict[str, float], dict[str, pl.DataFrame]]] | None:
+    """Both modes from one paired pass (``tasks.rollout.paired``), or None where the engine or the scheduling
+    cannot share it (then each mode is rolled out alone)."""
+    roll_cfg = rollout_config(setup, "saar_on")
+    chat, engine, box = _live(ckpt, setup)
+    if not shares_work(roll_cfg.scheduling, engine):
+        return None
+    off, on = PairedRollout(roll_cfg, engine, chat, box).run_pair(items, setup.seed, step=0)
+    return {"saar_off": grade(off, setup, rollout_config(setup, "saar_off"), chat, box),
+            "saar_on": grade(on, setup, roll_cfg, chat, box)}
 
 
 def evaluate(ckpt: str, items: list[PromptItem], setup: EvalSetup, on_mode=None) -> dict[str, float]:
-    """``eval/<mode>/<metric>`` for every mode of ``setup.eval``; ``on_mode(mode, tables)`` sees each mode's tables."""
+    """``eval/<mode>/<metric>`` for every mode of ``setup.eval``; ``on_mode(mode, tables)`` sees each mode's tables.
+    Both modes come from one paired pass when ``eval.shared_pass`` and the engine allow it."""
+    modes = setup.eval.modes
+    paired = (evaluate_pair(ckpt, items, setup)
+              if setup.eval.shared_pass and sorted(set(modes)) == ["saar_off", "saar_on"] else None)
     out: dict[str, float] = {}
-    for mode in setup.eval.modes:
-        metrics, tables = evaluate_mode(ckpt, items, setup, mode)
+    for mode in modes:
+        metrics, tables = paired[mode] if paired else evaluate_mode(ckpt, items, setup, mode)
         out.update({f"eval/{mode}/{k}": v for k, v in metrics.items()})
         if on_mode is not None:
             on_mode(mode, tables)
