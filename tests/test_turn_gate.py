@@ -35,3 +35,25 @@ def test_gate_refuses_an_empty_rollout():
                                  "tool_calls": pl.Int64, "graded": pl.Boolean, "correct": pl.Boolean})
     with pytest.raises(ValueError, match="no trajectories"):
         gate_metrics(empty, pl.DataFrame(schema={"traj_id": pl.String, "exec_idx": pl.Int64, "ok": pl.Boolean}))
+
+
+def test_the_gate_reads_the_evaluation_keys_the_evaluation_writes(monkeypatch):
+    """The gate once read ``tools/first_call_failure_rate``, a key the evaluation renamed (issue 30): KeyError."""
+    import tasks.training.turn_gate as tg
+    from tasks.rollout.types import PromptItem
+    from tasks.training.evaluation import summarize
+
+    rows = [("a", 2, "stop", 1, True, True, "s", "p", [1, 2]), ("b", 2, "stop", 1, True, False, "s", "p", [1])]
+    trajs = pl.DataFrame(rows, orient="row", schema=["traj_id", "num_turns", "finish_reason", "tool_calls", "graded",
+                                                     "correct", "data_source", "prompt_id", "response_ids"])
+    execs = pl.DataFrame([("a", 0, True), ("b", 0, False)], schema=["traj_id", "exec_idx", "ok"], orient="row")
+    stats = {"tools/first_attempt_success_rate": 0.5, "tools/first_attempt_total": 2}
+    monkeypatch.setattr(tg, "evaluate_mode", lambda *a: (summarize(trajs, stats, [1]),
+                                                         {"trajectories": trajs, "executions": execs}))
+    monkeypatch.setattr(tg, "load_prompts", lambda path: [PromptItem(str(i), [], "s", "1", {}) for i in range(3)])
+
+    class Setup:
+        eval_path = "x"
+
+    out = tg.turn_gate("ckpt", Setup(), 0, 2, modes=("saar_off",))
+    assert out["saar_off"]["first_attempt_failure_rate"] == pytest.approx(0.5)

@@ -70,5 +70,5 @@ def turn_gate(ckpt: str, setup: EvalSetup, skip: int, n_prompts: int,
     for mode in modes:
         metrics, tables = evaluate_mode(ckpt, items, setup, mode)
         out[mode] = {**gate_metrics(tables["trajectories"], tables["executions"]),
-                     "first_call_failure_rate": metrics["tools/first_call_failure_rate"]}
+                     "first_attempt_failure_rate": metrics["tools/first_attempt_failure_rate"]}
     return out
