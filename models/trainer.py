@@ -10,8 +10,9 @@ One call of ``update`` is one RL step on the policy side:
    (``causal_only`` and ``response_logits`` trim every forward: no padding mask, no prompt logits;
    ``share_prompts`` forwards each distinct prompt once, ``models.forward``); the splice
    treatment ``cfg.splice`` (``models.splice``) then decides how the spliced tokens train (``full``: like the
-   others; ``mask``, ``truncated_is``, ``behaviour_old``; any but ``full`` turns the fusion off) and logs
-   ``splice/*``;
+   others; ``mask``: cut like a response mask — before the ESS weights and GAE, and a row left with nothing to train
+   is dropped; ``truncated_is``: weights in the policy loss's numerator only; ``behaviour_old``; any but ``full``
+   turns the fusion off) and logs ``splice/*``;
 3. for each mini-batch: the registered loss ``cfg.loss`` (``models.losses``: ``dapo`` =
    -min(ratio·A, clip(ratio, 1-ε_low, 1+ε_high)·A) with ratio = exp(new - old), ``opmd`` =
    -A·log π / (1 + τ)), token-mean over the mini-batch's mask-1 tokens (``loss_agg``: or the mean over its
@@ -61,7 +62,7 @@ from models.forward import (
 from models.forward import response_forward as _response_forward
 from models.lora import copy_tokenizer, is_adapter, trainable_parameters, trainable_policy
 from models.losses import LossBatch, get_loss, kl_penalty
-from models.splice import treat_rows
+from models.splice import trains, treat_rows
 from models.vcpo import ess_ratio, get_lr_scale, opob_baseline, seq_log_weights
 
 
@@ -110,18 +111,22 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
     critic = load_critic(ckpt_dir, model, cfg.critic.lr, cfg.device) if cfg.critic.enabled else None
     if critic is not None and cfg.opob:
         raise ValueError("trainer.opob and the critic (mix.advantage: gae) exclude each other")
+    samples = [s for s in samples if trains(s.response_mask, s.spliced, cfg.splice)]
+    if not samples:
+        raise ValueError(f"update: no row has a token to train (trainer.splice={cfg.splice!r}); a step with none "
+                         "copies the policy instead (tasks.training.stages.update_stage)")
     rng = random.Random(seed)
     epochs = [_minibatches(samples, cfg, rng) for _ in range(cfg.epochs)]  # the same draws as epoch by epoch
     share = ForwardSwitches.of(cfg).share_prompts and critic is None
     first = micro_order(samples, epochs[0][0], share) if fusable(model, cfg, critic is not None) else []
-    forwards, old, t_old, first_prompts = _first_forwards(model, samples, first, pad_id, cfg)
+    forwards, recomputed, t_old, first_prompts = _first_forwards(model, samples, first, pad_id, cfg)
+    samples, old, weights, splice_stats = treat_rows(samples, recomputed, cfg)  # masks cut: ESS and GAE see them
     targets = _critic_targets(model, critic[0], samples, pad_id, cfg) if critic is not None else None
     ref = _reference_logprobs(ref_dir, samples, pad_id, cfg) if cfg.kl_coef > 0 else None
     model.train()
     totals = {"loss": 0.0, "grad_norm": 0.0, "clipped": 0.0, "ratio": 0.0, "tokens": 0.0, "kl": 0.0, "entropy": 0.0,
               "approx_kl": 0.0, "value_loss": 0.0, "value": 0.0}
-    log_w = _log_weights(samples, old, required=cfg.lr_scale != "none" or cfg.opob)
-    samples, old, weights, splice_stats = treat_rows(samples, old, cfg)
+    log_w = _log_weights(samples, recomputed, required=cfg.lr_scale != "none" or cfg.opob)
     lr_rule, ess_seen = get_lr_scale(cfg.lr_scale), []
     n_steps = 0
     for minibatches in epochs:
@@ -327,8 +332,8 @@ def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: 
                     weights: list[torch.Tensor] | None = None, forwards: list | None = None,
                     prompts: SharedPrompts | None = None):
     """One optimizer step on a mini-batch; with a ``critic`` (head, optimizer) the advantages are the per-token
-    GAE ``targets`` (advantage, return) and the value loss is added; ``weights`` (``models.splice``) multiply
-    each row's mask in the loss batch. ``forwards``: this mini-batch's forwards per micro-batch, already run
+    GAE ``targets`` (advantage, return) and the value loss is added; ``weights`` (``models.splice``) scale
+    each row's tokens in the policy loss's numerator only (``LossBatch.weight``). ``forwards``: this mini-batch's forwards per micro-batch, already run
     (``_first_forwards``), and ``prompts`` the shared prompts they attend to. With ``trainer.share_prompts`` (no
     critic) the micro-batches attend to the mini-batch's prompts forwarded once (``models.forward``)."""
     n_tokens = float(sum(sum(s.response_mask) for s in mb)) or 1.0
@@ -353,10 +358,9 @@ def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: 
             adv = torch.tensor([s.advantage for s in chunk], device=new_lp.device)
         else:
             adv = _stack([t[0] for t in targets[lo:hi]], new_lp)
-        loss_mask = mask * _stack(weights[lo:hi], new_lp) if weights is not None else mask
-        batch = LossBatch(new_lp, _stack(old[lo:hi], new_lp), adv, loss_mask, n_tokens,
-                          _stack(ref[lo:hi], new_lp) if ref is not None else None,
-                          cfg.loss_agg, float(len(mb)))
+        batch = LossBatch(new_lp, _stack(old[lo:hi], new_lp), adv, mask, n_tokens,
+                          _stack(ref[lo:hi], new_lp) if ref is not None else None, cfg.loss_agg, float(len(mb)),
+                          _stack(weights[lo:hi], new_lp) if weights is not None else None)
         loss, stats = loss_fn(batch, cfg)
         if values is not None:
             returns = _stack([t[1] for t in targets[lo:hi]], new_lp)
