@@ -6,9 +6,11 @@ One call of ``update`` is one RL step on the policy side:
 2. **recompute old log-probs** on the final sequences (no grad) — SAAR changed the context
    the rollout log-probs were computed in, so they are never used as the old policy; with
    ``fuse_old_logprobs`` the first mini-batch's forwards (with grad, before any optimizer step) are its
-   rows' old log-probs and the update reuses them, so only the other rows get the no-grad pass
+   rows' old log-probs and the update reuses them, so only the other rows get the no-grad pass (only when that
+   mini-batch is one micro-batch: fused graphs are held until its step)
    (``causal_only`` and ``response_logits`` trim every forward: no padding mask, no prompt logits;
-   ``share_prompts`` forwards each distinct prompt once, ``models.forward``); the splice
+   ``share_prompts`` forwards each distinct prompt once, ``models.forward``, but not in train mode when the model
+   has dropout: one prompt forward would give its rows one dropout mask); the splice
    treatment ``cfg.splice`` (``models.splice``) then decides how the spliced tokens train (``full``: like the
    others; ``mask``: cut like a response mask — before the ESS weights and GAE, and a row left with nothing to train
    is dropped; ``truncated_is``: weights in the policy loss's numerator only; ``behaviour_old``; any but ``full``
@@ -99,10 +101,10 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
     every optimizer step (fault injection uses it); ``ref_dir`` is the KL reference policy
     (required when ``cfg.kl_coef > 0``).
     """
-    torch.manual_seed(seed)
     if cfg.device == "cpu":
         torch.set_num_threads(cfg.threads)
     model = trainable_policy(ckpt_dir, cfg.device) if is_adapter(ckpt_dir) else load_causal_lm(ckpt_dir, cfg.device)
+    torch.manual_seed(seed)  # after loading: a first load draws random initial weights, a cached base does not
     opt = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, weight_decay=cfg.weight_decay)
     opt_path = Path(ckpt_dir) / "optimizer.pt"
     if opt_path.exists():
@@ -117,8 +119,10 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
                          "copies the policy instead (tasks.training.stages.update_stage)")
     rng = random.Random(seed)
     epochs = [_minibatches(samples, cfg, rng) for _ in range(cfg.epochs)]  # the same draws as epoch by epoch
-    share = ForwardSwitches.of(cfg).share_prompts and critic is None
+    share = ForwardSwitches.of(cfg).share_prompts and critic is None and not random_in_train(model)
     first = micro_order(samples, epochs[0][0], share) if fusable(model, cfg, critic is not None) else []
+    if len(micro_spans([samples[i] for i in first], cfg.micro_batch, cfg.micro_tokens, share)) > 1:
+        first = []  # fused, every micro-batch's graph would stay alive until the step: micro-batching's bound lost
     forwards, recomputed, t_old, first_prompts = _first_forwards(model, samples, first, pad_id, cfg)
     samples, old, weights, splice_stats = treat_rows(samples, recomputed, cfg)  # masks cut: ESS and GAE see them
     targets = _critic_targets(model, critic[0], samples, pad_id, cfg) if critic is not None else None
@@ -251,11 +255,20 @@ def fusable(model, cfg: TrainerConfig, critic: bool) -> bool:
     """Whether the first mini-batch's forwards (with grad) may also be its old-log-prob pass: ``fuse_old_logprobs``
     is on, the step is a plain one (no critic, no OPOB, the ``full`` splice treatment: the others change rows'
     masks and old log-probs after the old-log-prob pass) and nothing random runs in train mode (no dropout), so the
-    forward before any optimizer step computes exactly what the no-grad pass would."""
+    forward before any optimizer step computes exactly what the no-grad pass would. ``update`` also fuses only a
+    first mini-batch that is one micro-batch: the fused forwards are held until the step, so with several
+    micro-batches every one's graph would be alive at once (16 rows at micro_batch 2: 221 MiB vs 31 MiB)."""
     if not cfg.fuse_old_logprobs or critic or cfg.opob or cfg.splice != "full":
         return False
+    return not random_in_train(model)
+
+
+def random_in_train(model) -> bool:
+    """Whether the model's forwards in train mode are random (dropout, LoRA's included). Then the fused old
+    log-probs would not be the no-grad pass's, and a prompt forwarded once for its rows (``SharedPrompts``) would
+    give every row one dropout mask: the update forwards each row whole instead."""
     dropouts = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
-    return not any(dropouts) and not getattr(getattr(model, "config", None), "attention_dropout", 0.0)
+    return any(dropouts) or bool(getattr(getattr(model, "config", None), "attention_dropout", 0.0))
 
 
 def _first_forwards(model, samples: list[Sample], first: list[int], pad_id: int, cfg: TrainerConfig):
@@ -337,7 +350,8 @@ def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: 
     (``_first_forwards``), and ``prompts`` the shared prompts they attend to. With ``trainer.share_prompts`` (no
     critic) the micro-batches attend to the mini-batch's prompts forwarded once (``models.forward``)."""
     n_tokens = float(sum(sum(s.response_mask) for s in mb)) or 1.0
-    if prompts is None and forwards is None and critic is None and ForwardSwitches.of(cfg).share_prompts:
+    if prompts is None and forwards is None and critic is None and ForwardSwitches.of(cfg).share_prompts \
+            and not random_in_train(model):
         prompts = SharedPrompts(model, mb, pad_id, cfg.device)
     loss_fn = get_loss(cfg.loss)
     opt.zero_grad(set_to_none=True)
