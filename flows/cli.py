@@ -298,7 +298,7 @@ def compare(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
                                                            "PREFECT_API_URL; docs/team.md)."),
             rerun: str | None = typer.Option(None, help="ARM:SEED: train that run of the comparison again, alone, "
                                                         "into --into, and compare its final numbers (flows/rerun.py)."),
-            into: Path = typer.Option(Path("runs/rerun"), help="Scratch folder of --rerun (own store and runs)."),
+            into: Path = typer.Option(Path("runs/rerun"), help="Folder of --rerun: each call trains in a fresh RUN-ID-N in it."),
             against: Path | None = typer.Option(None, help="With --rerun: committed numbers to check, a compare "
                                                            "report or JSON holding reports (docs/regimes.json).")) -> None:
     """CLEANER vs the DAPO baseline (and SAAR everywhere; R3L with --set 'compare.add_arms=[r3l]') over seeds."""

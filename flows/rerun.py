@@ -5,12 +5,15 @@ draws and the update are seeded by (seed, step); one torch thread; tool calls re
 lockstep, ``rollout.tool_lag_steps`` ≥ 1, so the sandbox's timing changes nothing). ``rerun`` trains that child again with
 the very overrides ``cleaner compare`` gives it (``flows.compare.compare_jobs``) and the same run id, but
 into a scratch folder with its own DuckDB file, MLflow store and run folder, so nothing of the comparison
-is touched. It then reads the rerun's final evaluation and sets it beside the committed one: a report
+is touched. Each call trains into a fresh folder, ``<into>/<run id>-<n>`` (``fresh_folder``): a folder that
+held an earlier rerun would hand back its finished stages and cached evaluations without training, and
+report "equal" even after a code change. It then reads the rerun's final evaluation and sets it beside the committed one: a report
 ``compare.json`` or any JSON holding such reports (``docs/regimes.json``), searched for the run id in
 ``per_seed`` rows.
 
 It compares the final evaluation (pass@1 in both modes and the first-call success with SAAR off): ``equal``
-(bit for bit) and ``within_noise`` (the difference within twice the binomial s.e. of that final evaluation, for
+(bit for bit) and ``within_noise`` (the difference within twice the binomial s.e. of that final evaluation —
+over its graded trajectories for pass@1, over its first calls for first-call success — for
 runs made before lockstep, ``tool_lag_steps=0``: their batches followed the sandbox's timing, so a rerun of one
 is the same until a near-tie token falls the other way, and then only as close as another evaluation).
 A rerun's curve is in its own store.
@@ -30,8 +33,9 @@ from tasks.reports.compare import ACC, ACC_ON, GRADED, TOOL, final_values
 from tasks.stores import db
 
 FIELDS = {"final_pass_at_1": (ACC, GRADED), "final_pass_at_1_saar_on": (ACC_ON, GRADED.replace("saar_off", "saar_on")),
-          "final_first_attempt_success": (TOOL, GRADED)}
-"""Per-seed fields of a compare report → (the evaluation key each is read from, its graded trajectories)."""
+          "final_first_attempt_success": (TOOL, "eval/saar_off/tools/first_attempt_total")}
+"""Per-seed fields of a compare report → (the evaluation key each is read from, the key of the count it is a rate
+over: graded trajectories for pass@1, first calls for first-call success)."""
 
 
 def parse_job(spec: str) -> tuple[str, int]:
@@ -47,6 +51,19 @@ def scratch_overrides(into: Path) -> list[str]:
     into = into.resolve()
     return [f"output_dir={into / 'runs'}", f"tracking.duckdb_path={into / 'cleaner.duckdb'}",
             f"tracking.mlflow_uri=sqlite:///{into / 'mlflow.db'}", f"tracking.artifact_root={into / 'mlartifacts'}"]
+
+
+def fresh_folder(into: Path, run_id: str) -> Path:
+    """A new, empty folder ``<into>/<run_id>-<n>`` (n one above the highest there), claimed by creating it."""
+    into.mkdir(parents=True, exist_ok=True)
+    taken = [p.name.removeprefix(f"{run_id}-") for p in into.glob(f"{run_id}-*")]
+    n = max((int(t) for t in taken if t.isdigit()), default=0) + 1
+    while True:
+        try:
+            (into / f"{run_id}-{n}").mkdir()
+            return into / f"{run_id}-{n}"
+        except FileExistsError:  # another rerun claimed it meanwhile
+            n += 1
 
 
 def committed_row(against: Path, run_id: str) -> dict:
@@ -86,11 +103,11 @@ def final_of(duckdb_path: Path, run_id: str) -> dict:
         return final_values(rows, key).get(run_id)
 
     return {"policy_version": int(rows["policy_version"].max()), **{f: final(k) for f, (k, _) in FIELDS.items()},
-            "graded": {f: final(n) for f, (_, n) in FIELDS.items()}}
+            "counts": {f: final(n) for f, (_, n) in FIELDS.items()}}
 
 
 def noise_bound(p: float, n: float | None) -> float | None:
-    """Twice the binomial s.e. of a rate ``p`` over ``n`` trajectories (``None`` without ``n``)."""
+    """Twice the binomial s.e. of a rate ``p`` over ``n`` trials (``None`` without ``n``)."""
     return 2 * (p * (1 - p) / n) ** 0.5 if n else None
 
 
@@ -106,16 +123,16 @@ def rerun(config_path: str, overrides: list[str], compare_id: str, spec: str, in
         raise ValueError(f"--rerun: {spec!r} is not a run of this comparison; valid: {valid}")
     run_id, ov = jobs[(arm, seed)]
     want = committed_row(against, run_id) if against is not None else None  # a bad file fails before training
-    into.mkdir(parents=True, exist_ok=True)
-    _train_process(config_path, [*ov, *scratch_overrides(into)], run_id, None, into / f"{run_id}.log", None)
-    got = final_of(into / "cleaner.duckdb", run_id)
-    out = {"run_id": run_id, "rerun": got}
+    folder = fresh_folder(into, run_id)
+    _train_process(config_path, [*ov, *scratch_overrides(folder)], run_id, None, folder / f"{run_id}.log", None)
+    got = final_of(folder / "cleaner.duckdb", run_id)
+    out = {"run_id": run_id, "folder": str(folder), "rerun": got}
     if want is not None:
         out["committed"] = {f: want.get(f) for f in FIELDS}
         fields = [f for f in FIELDS if want.get(f) is not None and got[f] is not None]
         out["equal"] = {f: want[f] == got[f] for f in fields}
         out["difference"] = {f: got[f] - want[f] for f in fields}
-        bounds = {f: noise_bound(want[f], got["graded"][f]) for f in fields}
+        bounds = {f: noise_bound(want[f], got["counts"][f]) for f in fields}
         out["within_noise"] = {f: bounds[f] is not None and abs(got[f] - want[f]) <= bounds[f] for f in fields}
     return out
 

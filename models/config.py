@@ -348,8 +348,10 @@ class TrainerConfig(BaseModel):
 
     fuse_old_logprobs: bool = True
     """The first mini-batch's forwards (with grad) are also its old-log-prob pass (the policy has not moved yet), so
-    its rows are forwarded once instead of twice; only where exact (no critic, no OPOB, no dropout). False: a
-    separate no-grad pass over every row first (``cleaner bench-step`` measures both)."""
+    its rows are forwarded once instead of twice; only where exact (no critic, no OPOB, no dropout) and when that
+    mini-batch is one micro-batch (fused forwards are held until the step: with several micro-batches every one's
+    graph would be alive at once, and micro-batching would no longer bound memory). False: a separate no-grad pass
+    over every row first (``cleaner bench-step`` measures both)."""
 
     causal_only: bool = True
     """The update's forwards pass no padding mask: rows are right-padded, so causal attention alone keeps every
@@ -362,7 +364,8 @@ class TrainerConfig(BaseModel):
     share_prompts: bool = True
     """The update's forwards run each distinct prompt of a mini-batch once and its rows' responses attend to its
     keys/values (``models.forward``: a group's 8 samples share one prompt), instead of every row whole. Not with the
-    critic or OPOB. False: every row forwarded whole."""
+    critic or OPOB, nor in the training forwards of a model with dropout (LoRA's included: one prompt forward would
+    give its rows one dropout mask). False: every row forwarded whole."""
 
     critic: CriticConfig = CriticConfig()
     """Value head and GAE (``mix.advantage: gae``); off otherwise."""

@@ -4,7 +4,8 @@ Every loss takes a ``LossBatch`` (log-probs of the response tokens under the pol
 trained, the old policy and optionally a reference policy; advantages per sequence ``[B]`` or
 per token ``[B, R]``; the response mask; the mini-batch's token count) and the trainer config,
 and returns ``(loss, stats)``: a scalar to backpropagate and token *sums* the trainer turns
-into ``train/*`` metrics (``clipped``, ``ratio``).
+into ``train/*`` metrics (``clipped``, ``ratio``). A per-token ``weight`` (splice treatments) scales the policy
+loss's numerator only.
 
 Registered losses:
 
@@ -50,9 +51,16 @@ class LossBatch:
     """Registered aggregation (``AGGREGATIONS``) of per-token values into the loss."""
     n_seqs: float = 1.0
     """Rows in the whole mini-batch (the ``seq-mean-token-mean`` denominator)."""
+    weight: torch.Tensor | None = None
+    """``[B, R]`` per-token weight of the policy loss's numerator only (``models.splice``: ``truncated_is``); None
+    is 1. The denominators (the token count, each row's token count), the KL and value losses and the clip and ratio
+    stats never see it, so a weight w trains its token w times as hard whatever the aggregation."""
 
     def token_adv(self) -> torch.Tensor:
         return self.adv.unsqueeze(-1) if self.adv.dim() == 1 else self.adv
+
+    def weighted(self, per_token: torch.Tensor) -> torch.Tensor:
+        return per_token if self.weight is None else per_token * self.weight
 
     def aggregate(self, per_token: torch.Tensor) -> torch.Tensor:
         """This micro-batch's share of the mini-batch's loss aggregate of ``per_token`` values."""
@@ -90,14 +98,14 @@ def dapo(batch: LossBatch, cfg) -> tuple:
     surrogate = (ratio * a).minimum(ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high) * a)
     clipped = ((ratio < 1 - cfg.clip_low) | (ratio > 1 + cfg.clip_high)).float()
     stats = {"clipped": (clipped * batch.mask).sum().detach(), "ratio": (ratio * batch.mask).sum().detach()}
-    return -batch.aggregate(surrogate), stats
+    return -batch.aggregate(batch.weighted(surrogate)), stats
 
 
 @register_loss("opmd")
 def opmd(batch: LossBatch, cfg) -> tuple:
     """R3L's OPMD loss: ``mean(-A · log π) / (1 + τ)``; the ratio is reported, never used."""
     ratio = (batch.new_lp - batch.old_lp).detach().exp()
-    loss = batch.aggregate(-batch.token_adv() * batch.new_lp) / (1.0 + cfg.opmd_tau)
+    loss = batch.aggregate(batch.weighted(-batch.token_adv() * batch.new_lp)) / (1.0 + cfg.opmd_tau)
     return loss, {"clipped": ratio.new_zeros(()), "ratio": (ratio * batch.mask).sum()}
 
 

@@ -7,13 +7,16 @@ response mask into what the loss sees (``Treated``):
 
 * ``full`` (the paper, its code, the default): spliced tokens train like any other (old log-probs recomputed on
   the purified sequence, so their ratio starts at 1);
-* ``mask``: spliced tokens leave the loss (mask 0: neither numerator nor token-mean denominator); the clean
-  context they form for later turns stays;
+* ``mask``: spliced tokens leave the update exactly as if the response mask had cut them: mask 0 in the loss
+  (neither numerator nor token-mean denominator), in VCPO's sequence weights (ESS) and in the critic's GAE (the
+  outcome reward lands on the last unspliced trained token), and a row left with no trained token leaves the
+  update (``trains``); the clean context they form for later turns stays;
 * ``behaviour_old``: their old log-probs are the behaviour ones, so the ratio starts at ρ = π_clean/π_error and the
   clip sees it (DAPO: a positive advantage trains with weight ρ while ρ ≤ 1 + ε_high, a negative one is clipped
   to no gradient while ρ < 1 − ε_low);
-* ``truncated_is``: their loss is weighted by w = min(1, π_clean/π_error) (a fixed per-token weight, the ratio
-  still starts at 1).
+* ``truncated_is``: their policy loss is weighted by w = min(1, π_clean/π_error) (a fixed per-token weight, the
+  ratio still starts at 1) — in the surrogate's numerator only (``models.losses.LossBatch.weight``): token counts,
+  ``seq-mean-token-mean``'s per-row denominators, the KL and value losses and the clip fraction do not see it.
 
 Every treatment reports, over a batch (``splice_metrics``): ``splice/tokens`` (spliced trained tokens),
 ``splice/logp_gap`` (their mean log π_clean − log π_error, ≈ −3 nats on the tiny model at step 0) and
@@ -64,13 +67,26 @@ class Treated:
 
 Treatment = Callable[[SpliceView, object], Treated]
 TREATMENTS: dict[str, Treatment] = {}
+CUTS: set[str] = set()
+"""Treatments that take the spliced tokens out of the response mask (``trains``)."""
 
 
-def register_treatment(name: str) -> Callable[[Treatment], Treatment]:
+def register_treatment(name: str, cuts: bool = False) -> Callable[[Treatment], Treatment]:
     def add(fn: Treatment) -> Treatment:
         TREATMENTS[name] = fn
+        if cuts:
+            CUTS.add(name)
         return fn
     return add
+
+
+def trains(mask: list[int], spliced: list[int] | None, name: str) -> bool:
+    """Whether a row keeps a trained token under treatment ``name``. A row that ``mask`` leaves with none is left
+    out of the update (``tasks.training.stages``, ``models.trainer.update``), as a row whose response mask is all 0
+    is: it neither counts in ``seq-mean-token-mean``'s rows nor in a mini-batch's ESS."""
+    if name in CUTS and spliced is not None:
+        return any(m and not f for m, f in zip(mask, spliced))
+    return any(mask)
 
 
 def get_treatment(name: str) -> Treatment:
@@ -84,7 +100,7 @@ def full(view: SpliceView, cfg) -> Treated:
     return Treated(view.old_lp, view.mask, view.mask.new_ones(view.mask.shape))
 
 
-@register_treatment("mask")
+@register_treatment("mask", cuts=True)
 def mask(view: SpliceView, cfg) -> Treated:
     return Treated(view.old_lp, view.mask * (1 - view.spliced), view.mask.new_ones(view.mask.shape))
 

@@ -6,12 +6,15 @@ One call of ``update`` is one RL step on the policy side:
 2. **recompute old log-probs** on the final sequences (no grad) — SAAR changed the context
    the rollout log-probs were computed in, so they are never used as the old policy; with
    ``fuse_old_logprobs`` the first mini-batch's forwards (with grad, before any optimizer step) are its
-   rows' old log-probs and the update reuses them, so only the other rows get the no-grad pass
+   rows' old log-probs and the update reuses them, so only the other rows get the no-grad pass (only when that
+   mini-batch is one micro-batch: fused graphs are held until its step)
    (``causal_only`` and ``response_logits`` trim every forward: no padding mask, no prompt logits;
-   ``share_prompts`` forwards each distinct prompt once, ``models.forward``); the splice
+   ``share_prompts`` forwards each distinct prompt once, ``models.forward``, but not in train mode when the model
+   has dropout: one prompt forward would give its rows one dropout mask); the splice
    treatment ``cfg.splice`` (``models.splice``) then decides how the spliced tokens train (``full``: like the
-   others; ``mask``, ``truncated_is``, ``behaviour_old``; any but ``full`` turns the fusion off) and logs
-   ``splice/*``;
+   others; ``mask``: cut like a response mask — before the ESS weights and GAE, and a row left with nothing to train
+   is dropped; ``truncated_is``: weights in the policy loss's numerator only; ``behaviour_old``; any but ``full``
+   turns the fusion off) and logs ``splice/*``;
 3. for each mini-batch: the registered loss ``cfg.loss`` (``models.losses``: ``dapo`` =
    -min(ratio·A, clip(ratio, 1-ε_low, 1+ε_high)·A) with ratio = exp(new - old), ``opmd`` =
    -A·log π / (1 + τ)), token-mean over the mini-batch's mask-1 tokens (``loss_agg``: or the mean over its
@@ -61,7 +64,7 @@ from models.forward import (
 from models.forward import response_forward as _response_forward
 from models.lora import copy_tokenizer, is_adapter, trainable_parameters, trainable_policy
 from models.losses import LossBatch, get_loss, kl_penalty
-from models.splice import treat_rows
+from models.splice import trains, treat_rows
 from models.vcpo import ess_ratio, get_lr_scale, opob_baseline, seq_log_weights
 
 
@@ -98,10 +101,10 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
     every optimizer step (fault injection uses it); ``ref_dir`` is the KL reference policy
     (required when ``cfg.kl_coef > 0``).
     """
-    torch.manual_seed(seed)
     if cfg.device == "cpu":
         torch.set_num_threads(cfg.threads)
     model = trainable_policy(ckpt_dir, cfg.device) if is_adapter(ckpt_dir) else load_causal_lm(ckpt_dir, cfg.device)
+    torch.manual_seed(seed)  # after loading: a first load draws random initial weights, a cached base does not
     opt = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, weight_decay=cfg.weight_decay)
     opt_path = Path(ckpt_dir) / "optimizer.pt"
     if opt_path.exists():
@@ -110,18 +113,24 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
     critic = load_critic(ckpt_dir, model, cfg.critic.lr, cfg.device) if cfg.critic.enabled else None
     if critic is not None and cfg.opob:
         raise ValueError("trainer.opob and the critic (mix.advantage: gae) exclude each other")
+    samples = [s for s in samples if trains(s.response_mask, s.spliced, cfg.splice)]
+    if not samples:
+        raise ValueError(f"update: no row has a token to train (trainer.splice={cfg.splice!r}); a step with none "
+                         "copies the policy instead (tasks.training.stages.update_stage)")
     rng = random.Random(seed)
     epochs = [_minibatches(samples, cfg, rng) for _ in range(cfg.epochs)]  # the same draws as epoch by epoch
-    share = ForwardSwitches.of(cfg).share_prompts and critic is None
+    share = ForwardSwitches.of(cfg).share_prompts and critic is None and not random_in_train(model)
     first = micro_order(samples, epochs[0][0], share) if fusable(model, cfg, critic is not None) else []
-    forwards, old, t_old, first_prompts = _first_forwards(model, samples, first, pad_id, cfg)
+    if len(micro_spans([samples[i] for i in first], cfg.micro_batch, cfg.micro_tokens, share)) > 1:
+        first = []  # fused, every micro-batch's graph would stay alive until the step: micro-batching's bound lost
+    forwards, recomputed, t_old, first_prompts = _first_forwards(model, samples, first, pad_id, cfg)
+    samples, old, weights, splice_stats = treat_rows(samples, recomputed, cfg)  # masks cut: ESS and GAE see them
     targets = _critic_targets(model, critic[0], samples, pad_id, cfg) if critic is not None else None
     ref = _reference_logprobs(ref_dir, samples, pad_id, cfg) if cfg.kl_coef > 0 else None
     model.train()
     totals = {"loss": 0.0, "grad_norm": 0.0, "clipped": 0.0, "ratio": 0.0, "tokens": 0.0, "kl": 0.0, "entropy": 0.0,
               "approx_kl": 0.0, "value_loss": 0.0, "value": 0.0}
-    log_w = _log_weights(samples, old, required=cfg.lr_scale != "none" or cfg.opob)
-    samples, old, weights, splice_stats = treat_rows(samples, old, cfg)
+    log_w = _log_weights(samples, recomputed, required=cfg.lr_scale != "none" or cfg.opob)
     lr_rule, ess_seen = get_lr_scale(cfg.lr_scale), []
     n_steps = 0
     for minibatches in epochs:
@@ -246,11 +255,20 @@ def fusable(model, cfg: TrainerConfig, critic: bool) -> bool:
     """Whether the first mini-batch's forwards (with grad) may also be its old-log-prob pass: ``fuse_old_logprobs``
     is on, the step is a plain one (no critic, no OPOB, the ``full`` splice treatment: the others change rows'
     masks and old log-probs after the old-log-prob pass) and nothing random runs in train mode (no dropout), so the
-    forward before any optimizer step computes exactly what the no-grad pass would."""
+    forward before any optimizer step computes exactly what the no-grad pass would. ``update`` also fuses only a
+    first mini-batch that is one micro-batch: the fused forwards are held until the step, so with several
+    micro-batches every one's graph would be alive at once (16 rows at micro_batch 2: 221 MiB vs 31 MiB)."""
     if not cfg.fuse_old_logprobs or critic or cfg.opob or cfg.splice != "full":
         return False
+    return not random_in_train(model)
+
+
+def random_in_train(model) -> bool:
+    """Whether the model's forwards in train mode are random (dropout, LoRA's included). Then the fused old
+    log-probs would not be the no-grad pass's, and a prompt forwarded once for its rows (``SharedPrompts``) would
+    give every row one dropout mask: the update forwards each row whole instead."""
     dropouts = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
-    return not any(dropouts) and not getattr(getattr(model, "config", None), "attention_dropout", 0.0)
+    return any(dropouts) or bool(getattr(getattr(model, "config", None), "attention_dropout", 0.0))
 
 
 def _first_forwards(model, samples: list[Sample], first: list[int], pad_id: int, cfg: TrainerConfig):
@@ -327,12 +345,13 @@ def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: 
                     weights: list[torch.Tensor] | None = None, forwards: list | None = None,
                     prompts: SharedPrompts | None = None):
     """One optimizer step on a mini-batch; with a ``critic`` (head, optimizer) the advantages are the per-token
-    GAE ``targets`` (advantage, return) and the value loss is added; ``weights`` (``models.splice``) multiply
-    each row's mask in the loss batch. ``forwards``: this mini-batch's forwards per micro-batch, already run
+    GAE ``targets`` (advantage, return) and the value loss is added; ``weights`` (``models.splice``) scale
+    each row's tokens in the policy loss's numerator only (``LossBatch.weight``). ``forwards``: this mini-batch's forwards per micro-batch, already run
     (``_first_forwards``), and ``prompts`` the shared prompts they attend to. With ``trainer.share_prompts`` (no
     critic) the micro-batches attend to the mini-batch's prompts forwarded once (``models.forward``)."""
     n_tokens = float(sum(sum(s.response_mask) for s in mb)) or 1.0
-    if prompts is None and forwards is None and critic is None and ForwardSwitches.of(cfg).share_prompts:
+    if prompts is None and forwards is None and critic is None and ForwardSwitches.of(cfg).share_prompts \
+            and not random_in_train(model):
         prompts = SharedPrompts(model, mb, pad_id, cfg.device)
     loss_fn = get_loss(cfg.loss)
     opt.zero_grad(set_to_none=True)
@@ -353,10 +372,9 @@ def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: 
             adv = torch.tensor([s.advantage for s in chunk], device=new_lp.device)
         else:
             adv = _stack([t[0] for t in targets[lo:hi]], new_lp)
-        loss_mask = mask * _stack(weights[lo:hi], new_lp) if weights is not None else mask
-        batch = LossBatch(new_lp, _stack(old[lo:hi], new_lp), adv, loss_mask, n_tokens,
-                          _stack(ref[lo:hi], new_lp) if ref is not None else None,
-                          cfg.loss_agg, float(len(mb)))
+        batch = LossBatch(new_lp, _stack(old[lo:hi], new_lp), adv, mask, n_tokens,
+                          _stack(ref[lo:hi], new_lp) if ref is not None else None, cfg.loss_agg, float(len(mb)),
+                          _stack(weights[lo:hi], new_lp) if weights is not None else None)
         loss, stats = loss_fn(batch, cfg)
         if values is not None:
             returns = _stack([t[1] for t in targets[lo:hi]], new_lp)

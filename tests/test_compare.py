@@ -269,7 +269,8 @@ def test_compare_flow_trains_every_arm_and_seed_under_one_parent(prefect_harness
                               "final_first_attempt_success": True}
     assert all(again["within_noise"].values()) and set(again["difference"].values()) == {0.0}
     assert again["rerun"]["final_pass_at_1"] == row["final_pass_at_1"] and again["rerun"]["policy_version"] == 1
-    assert (tmp_path / "again" / "runs" / "cmp-cleaner-s0" / "checkpoints").is_dir()
+    assert again["folder"] == str(tmp_path / "again" / "cmp-cleaner-s0-1")
+    assert (tmp_path / "again" / "cmp-cleaner-s0-1" / "runs" / "cmp-cleaner-s0" / "checkpoints").is_dir()
     assert store_rows() == before  # the comparison's store is untouched
 
 

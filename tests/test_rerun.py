@@ -68,3 +68,38 @@ def test_the_cli_names_the_missing_compare_id_and_a_bad_spec_with_exit_2(tmp_pat
     bad = runner.invoke(app, ["compare", "--compare-id", "cmp", "--rerun", "cleaner", "--into", str(tmp_path / "r")])
     assert bad.exit_code == 2 and "is not ARM:SEED" in bad.output
     assert not (tmp_path / "r").exists()
+
+
+def test_each_rerun_trains_in_a_fresh_folder_and_first_calls_bound_first_call_success(tmp_path, monkeypatch):
+    """A second ``--rerun`` into the same folder never finds the first one's stages or evaluations (it would report
+    "equal" without training); first-call success is a rate over first calls, so its noise bound uses their count.
+    Training is replaced by a stand-in that, like ``cleaner train``, writes the final evaluation into the store its
+    overrides name — and fails if the folder already holds a run."""
+    from flows import rerun as rerun_mod
+    from tasks.stores import db
+
+    trained = []
+
+    def train(config_path, overrides, run_id, parent, log, api_url):
+        where = dict(o.split("=", 1) for o in overrides if o.startswith(("output_dir=", "tracking.duckdb_path=")))
+        assert not any(log.parent.iterdir()), f"{log.parent} holds an earlier rerun"
+        assert where["output_dir"].startswith(str(log.parent)) and where["tracking.duckdb_path"].startswith(str(log.parent))
+        db.replace_eval(where["tracking.duckdb_path"], run_id, 2, "ckpt", {
+            "eval/saar_off/all/pass_at_1": 0.55, "eval/saar_off/eval/graded": 1000.0,
+            "eval/saar_off/tools/first_attempt_success_rate": 0.55, "eval/saar_off/tools/first_attempt_total": 100.0})
+        trained.append(log.parent)
+        return run_id
+
+    monkeypatch.setattr(rerun_mod, "_train_process", train)
+    arms = json.dumps({"cleaner": ["rollout.saar.enabled=true"], "dapo": ["rollout.saar.enabled=false"]})
+    ov = [f"output_dir={tmp_path}", f"compare.arms={arms}", "compare.seeds=[3]", "compare.arm_seeds={}"]
+    row = {"run_id": "cmp-cleaner-s3", "final_pass_at_1": 0.5, "final_first_attempt_success": 0.5}
+    (tmp_path / "c.json").write_text(json.dumps({"per_seed": {"cleaner": [row]}}))
+    first = rerun("configs/tiny.yaml", ov, "cmp", "cleaner:3", tmp_path / "r", tmp_path / "c.json")
+    second = rerun("configs/tiny.yaml", ov, "cmp", "cleaner:3", tmp_path / "r", tmp_path / "c.json")
+    assert [first["folder"], second["folder"]] == [str(tmp_path / "r" / f"cmp-cleaner-s3-{n}") for n in (1, 2)]
+    assert len(trained) == 2
+    # 0.05 off: beyond 2·sqrt(.25/1000) = 0.032 over 1000 graded trajectories, within 2·sqrt(.25/100) = 0.1
+    # over 100 first calls
+    assert second["within_noise"] == {"final_pass_at_1": False, "final_first_attempt_success": True}
+    assert second["rerun"]["counts"]["final_first_attempt_success"] == 100.0

@@ -106,7 +106,9 @@ def test_first_minibatch_forwards_are_its_old_logprobs(warm_model_dir, chat, sam
 
 
 def _update(warm_model_dir, chat, samples, tmp_path, name: str, mini_batches: int, **switches) -> dict:
-    cfg = TrainerConfig(lr=2e-4, mini_batches=mini_batches, micro_batch=2, **switches)
+    # micro_batch 3: two mini-batches of 3 rows are one micro-batch each, so the first one is fused; one of 6 rows
+    # is two micro-batches (not fused: the fused forwards would all be held until the step)
+    cfg = TrainerConfig(lr=2e-4, mini_batches=mini_batches, micro_batch=3, **switches)
     return update(warm_model_dir, samples, cfg, tmp_path / name, chat.tokenizer.pad_token_id, seed=3)
 
 

@@ -104,7 +104,9 @@ _INGEST = threading.Lock()
 
 def ingest(path: str | Path, wait_s: float = LOCK_WAIT_S) -> int:
     """Load every pending unit of the row log into the store (waiting up to ``wait_s`` for the file); returns
-    the units loaded. Each unit replaces its rows by key in one transaction; its markers go once it is in."""
+    the units loaded. Each unit replaces its rows by key in one transaction; a marker goes once a version at least
+    as new as the one it names is in (a marker written just before its version's rename stays for the next
+    ingest)."""
     with _INGEST:
         marks = rowlog.pending(path)
         if not marks and Path(path).exists():
@@ -112,11 +114,14 @@ def ingest(path: str | Path, wait_s: float = LOCK_WAIT_S) -> int:
         con = connect(path, wait_s)
         try:
             done = 0
-            for (run_id, unit), files in marks.items():
-                if _load_unit(con, path, run_id, unit):
-                    done += 1
-                    for mark in files:
-                        mark.unlink(missing_ok=True)
+            for (run_id, unit), found in marks.items():
+                loaded = _load_unit(con, path, run_id, unit)
+                if loaded is None:
+                    continue
+                done += 1
+                for mark in found:
+                    if mark.version <= loaded:
+                        mark.path.unlink(missing_ok=True)
             return done
         finally:
             con.close()
@@ -130,14 +135,19 @@ def try_ingest(path: str | Path) -> int | None:
         return None
 
 
-def _load_unit(con: duckdb.DuckDBPyConnection, path: str | Path, run_id: str, unit: str) -> bool:
-    """Replace one unit's rows by its newest version; False when versions kept changing under the read."""
+_GONE = 10**30
+"""What ``_load_unit`` reports for a unit whose run's row log was removed: every marker of it is satisfied."""
+
+
+def _load_unit(con: duckdb.DuckDBPyConnection, path: str | Path, run_id: str, unit: str) -> int | None:
+    """Replace one unit's rows by its newest version; the version loaded, or None when there was none yet (a
+    first write before its rename) or versions kept changing under the read."""
     kind, key = rowlog.parse_unit(unit)
     tables, column = UNITS[kind]
     for _ in range(3):
         newest = rowlog.latest(path, run_id, unit)
-        if newest is None:  # its run's row log was removed: nothing to load
-            return True
+        if newest is None:  # its run's row log was removed: nothing to load; or its first version is not in yet
+            return _GONE if not (rowlog.rows_dir(path) / "runs" / run_id / unit).is_dir() else None
         try:
             with _transaction(con):
                 for table in tables:
@@ -146,10 +156,10 @@ def _load_unit(con: duckdb.DuckDBPyConnection, path: str | Path, run_id: str, un
                     if (newest / f"{table}.parquet").exists():
                         con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM read_parquet(?, hive_partitioning = false)",
                                     [str(newest / f"{table}.parquet")])
-            return True
+            return int(newest.name)
         except duckdb.IOException:  # a newer version replaced this one while it was read
             continue
-    return False
+    return None
 
 
 def _write(path: str | Path, run_id: str, kind: str, key: int | None, frames: dict[str, pl.DataFrame]) -> None:

@@ -9,14 +9,20 @@ store, replacing the unit's rows by key. Layout beside the store (``cleaner.duck
     runs/<run_id>/run/<version>/runs.parquet
     runs/<run_id>/step-000003/<version>/{trajectories,turns,metrics,...}.parquet
     runs/<run_id>/eval-000002/<version>/evaluations.parquet
-    pending/<version>-<random>.json          {"run_id": ..., "unit": ...}: units written since the last ingest
+    pending/<version>-<random>.json          {"run_id": ..., "unit": ..., "version": ...}: versions not yet loaded
 
-A unit version is written into a hidden folder and renamed into place (a reader never sees half of one);
-versions grow (``max(now, newest + 1)`` in ns, so a machine with a slow clock still supersedes) and older
-ones are removed after the rename. A crash at any point leaves either the old or the new version whole, and
-at worst a pending marker of a unit already loaded, which loading again leaves unchanged. Files are written
-through an in-memory DuckDB holding the store's schema: types and primary keys are checked in the run that
-wrote them, and every file has exactly its table's columns.
+A unit version is written into a hidden folder, its files and the folder flushed to disk (fsync), then its
+pending marker — naming the version — is written and flushed, and only then is the folder renamed into place (a
+reader never sees half of one) and the unit's folder flushed; older versions are removed last. Versions grow
+(``max(now, newest + 1)`` in ns, counting crashed writes' hidden folders too, so a machine with a slow clock, or a
+unit written again after a crash, still supersedes). ``ingest`` removes a marker only once it has loaded a version
+at least as new as the marker's. So a crash (or a power loss) at any point leaves the old or the new version whole
+with a marker for every version the store may lack: killed before the rename, the store keeps the old rows, as the
+row log does; killed after it, the marker makes the next ingest load the new ones. At worst a marker names a
+version already loaded (loading again leaves the store unchanged), or one that never appeared (a write killed
+before its rename: the unit is loaded again at each ingest, unchanged, until the unit is written again).
+Files are written through an in-memory DuckDB holding the store's schema: types and primary keys are checked in
+the run that wrote them, and every file has exactly its table's columns.
 
 Readers of one run's rows (plots, the compare report) read the files of those runs (``load``), not the store.
 """
@@ -30,6 +36,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 import duckdb
 import polars as pl
@@ -53,10 +60,18 @@ def parse_unit(name: str) -> tuple[str, int | None]:
     return kind, int(key) if key else None
 
 
+class Mark(NamedTuple):
+    """A pending marker: its file and the unit version it announces (0 for a marker written before markers named
+    their version: any load satisfies it)."""
+
+    path: Path
+    version: int
+
+
 def _versions(unit_dir: Path) -> list[str]:
     """Complete versions of a unit, oldest first (hidden ``.tmp-*`` folders are writes in progress or crashed)."""
     try:
-        return sorted(p.name for p in unit_dir.iterdir() if p.name.isdigit())
+        return sorted((p.name for p in unit_dir.iterdir() if p.name.isdigit()), key=int)
     except FileNotFoundError:
         return []
 
@@ -94,16 +109,31 @@ def _checked(kind: str, run_id: str, key: int | None, frames: dict[str, pl.DataF
     return mem
 
 
+def _fsync(path: Path) -> None:
+    """Flush a file's or a folder's contents (a folder: its entries) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _next_version(unit_dir: Path, older: list[str]) -> int:
+    """Newer than every version of the unit, complete or hidden (a write in progress or killed), and than now."""
+    hidden = [int(p.name.split("-")[1]) for p in unit_dir.glob(".tmp-*") if p.name.split("-")[1].isdigit()]
+    return max([time.time_ns(), *(int(v) + 1 for v in older), *(v + 1 for v in hidden)])
+
+
 def write_unit(store: str | Path, run_id: str, kind: str, key: int | None, frames: dict[str, pl.DataFrame]) -> Path:
     """Write a new version of one unit (replacing the unit's rows of every table of its kind) and mark it
-    pending; returns the version folder."""
+    pending; returns the version folder. Order: files, fsync, marker, rename, fsync, older versions removed."""
     mem = _checked(kind, run_id, key, frames)
     name = unit_name(kind, key)
     unit_dir = rows_dir(store) / "runs" / run_id / name
     unit_dir.mkdir(parents=True, exist_ok=True)
     older = _versions(unit_dir)
-    version = f"{max(time.time_ns(), int(older[-1]) + 1 if older else 0):020d}"
-    tmp = unit_dir / f".tmp-{version}-{os.getpid()}"
+    version = f"{_next_version(unit_dir, older):020d}"
+    tmp = unit_dir / f".tmp-{version}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
         for table in frames:
@@ -111,20 +141,27 @@ def write_unit(store: str | Path, run_id: str, kind: str, key: int | None, frame
                 mem.execute(f"COPY {table} TO {_literal(tmp / f'{table}.parquet')} (FORMAT parquet)")
     finally:
         mem.close()
-    tmp.rename(unit_dir / version)
+    for file in sorted(tmp.iterdir()):
+        _fsync(file)
+    _fsync(tmp)
     _mark_pending(store, run_id, name, version)
+    tmp.rename(unit_dir / version)
+    _fsync(unit_dir)
     for old in older:
         shutil.rmtree(unit_dir / old, ignore_errors=True)
     return unit_dir / version
 
 
 def _mark_pending(store: str | Path, run_id: str, unit: str, version: str) -> None:
+    """A marker announcing ``version`` of the unit, on disk (fsynced, and its folder) when this returns."""
     folder = rows_dir(store) / "pending"
     folder.mkdir(parents=True, exist_ok=True)
     mark = folder / f"{version}-{uuid.uuid4().hex[:8]}.json"
     tmp = folder / f".{mark.name}.tmp"
-    tmp.write_text(json.dumps({"run_id": run_id, "unit": unit}))
+    tmp.write_text(json.dumps({"run_id": run_id, "unit": unit, "version": int(version)}))
+    _fsync(tmp)
     tmp.replace(mark)
+    _fsync(folder)
 
 
 def mark_all_pending(store: str | Path) -> int:
@@ -139,10 +176,10 @@ def mark_all_pending(store: str | Path) -> int:
     return n
 
 
-def pending(store: str | Path) -> dict[tuple[str, str], list[Path]]:
-    """Units written since they were last loaded: (run id, unit) → their pending markers."""
+def pending(store: str | Path) -> dict[tuple[str, str], list[Mark]]:
+    """Units with versions the store may lack: (run id, unit) → their pending markers."""
     folder = rows_dir(store) / "pending"
-    out: dict[tuple[str, str], list[Path]] = {}
+    out: dict[tuple[str, str], list[Mark]] = {}
     if not folder.is_dir():
         return out
     for mark in sorted(folder.glob("*.json")):
@@ -150,7 +187,7 @@ def pending(store: str | Path) -> dict[tuple[str, str], list[Path]]:
             found = json.loads(mark.read_text())
         except FileNotFoundError:  # loaded and removed by another process meanwhile
             continue
-        out.setdefault((found["run_id"], found["unit"]), []).append(mark)
+        out.setdefault((found["run_id"], found["unit"]), []).append(Mark(mark, int(found.get("version", 0))))
     return out
 
 

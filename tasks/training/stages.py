@@ -25,6 +25,7 @@ from pathlib import Path
 import polars as pl
 
 from models.config import ChatConfig
+from models.splice import trains
 from models.trainer import Sample, copy_checkpoint, update
 from tasks.data.loader import load_prompts, refill_batch
 from tasks.r3l.grouping import SINGLETON_KINDS
@@ -160,7 +161,8 @@ def update_stage(step_dir: Path, ckpt: str, out_ckpt: Path, setup: UpdateSetup) 
         samples = [Sample(r["prompt_ids"], r["response_ids"], r["response_mask"], r["advantage"],
                           r.get("rollout_logprobs"), r.get("reward") or 0.0, r.get("group_id") or r["prompt_id"],
                           r.get("traj_id") or "", r.get("spliced"))
-                   for r in training_rows(step_dir).iter_rows(named=True) if sum(r["response_mask"])]
+                   for r in training_rows(step_dir).iter_rows(named=True)
+                   if trains(r["response_mask"], r.get("spliced"), trainer.splice)]
         pad = get_chat(ckpt, ChatConfig()).tokenizer.pad_token_id or 0
         step = _step_of(step_dir)
         state = {"step": step, "policy_version": Path(out_ckpt).name, "seed": seed}
