@@ -212,8 +212,11 @@ def _log_weights(samples: list[Sample], old: list[torch.Tensor], required: bool 
                          f"{len(bad)} of {len(samples)} rows lack them: {names}")
     if bad:
         return None
-    return seq_log_weights(old, [torch.tensor(s.rollout_lp, dtype=o.dtype) for s, o in zip(samples, old)],
-                           [torch.tensor(s.response_mask, dtype=o.dtype) for s, o in zip(samples, old)])
+    def like(values, o: torch.Tensor) -> torch.Tensor:  # on the old log-probs' device (a GPU in a real run)
+        return torch.tensor(values, dtype=o.dtype, device=o.device)
+
+    return seq_log_weights(old, [like(s.rollout_lp, o) for s, o in zip(samples, old)],
+                           [like(s.response_mask, o) for s, o in zip(samples, old)])
 
 
 def _lp_count(s: Sample) -> str:
