@@ -1,9 +1,9 @@
-"""Policy update: the DAPO loss on final (purified) token sequences, plus checkpoint folders.
+"""Policy update: the DAPO loss on final (purified) token sequences.
 
 One call of ``update`` is one RL step on the policy side:
 
 1. load the policy from a ``save_pretrained`` checkpoint folder (and its optimizer state);
-2. **recompute old log-probs** on the final sequences (no grad) — SAAR changed the context
+2. **recompute old log-probs** on the final sequences (no grad; ``models.old_logprobs``) — SAAR changed the context
    the rollout log-probs were computed in, so they are never used as the old policy; with
    ``fuse_old_logprobs`` the first mini-batch's forwards (with grad, before any optimizer step) are its
    rows' old log-probs and the update reuses them, so only the other rows get the no-grad pass (only when that
@@ -30,7 +30,7 @@ One call of ``update`` is one RL step on the policy side:
    head on the policy gives per-token GAE advantages (from the values before the update, like the old
    log-probs) and adds ``value_coef`` × its value loss; the head and its optimizer live in ``critic.pt``;
 4. write the next checkpoint folder (weights, tokenizer, optimizer, trainer state) to a
-   temporary folder and rename it, so a crash never leaves a half-written checkpoint.
+   temporary folder and rename it, so a crash never leaves a half-written checkpoint (``models.checkpoint``).
 
 A checkpoint may be a LoRA adapter on a frozen base (``models.lora``): then only the adapter trains
 (the optimizer sees its parameters only), the base is loaded once per process and shared by every
@@ -41,49 +41,28 @@ Simplifications: one process, float32, gradient accumulation over micro-batches.
 
 from __future__ import annotations
 
-import json
 import random
-import shutil
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from models.checkpoint import save_checkpoint
 from models.config import TrainerConfig
-from models.critic import load_critic, save_critic, token_gae, whiten
+from models.critic import load_critic, token_gae, whiten
 from models.engine import load_causal_lm
 from models.forward import (
     ForwardSwitches,
     SharedPrompts,
-    by_response_length,
     micro_spans,
-    response_logprobs,
     response_logprobs_entropy,
 )
 from models.forward import response_forward as _response_forward
-from models.lora import copy_tokenizer, is_adapter, trainable_parameters, trainable_policy
+from models.lora import is_adapter, trainable_parameters, trainable_policy
 from models.losses import LossBatch, get_loss, kl_penalty
+from models.old_logprobs import first_forwards, fusable, micro_order, old_logprobs, random_in_train
+from models.samples import Sample
 from models.splice import trains, treat_rows
 from models.vcpo import ess_ratio, get_lr_scale, opob_baseline, seq_log_weights
-
-
-@dataclass(frozen=True)
-class Sample:
-    prompt_ids: list[int]
-    response_ids: list[int]
-    response_mask: list[int]
-    advantage: float
-    rollout_lp: list[float] | None = None
-    """The engine's log-probs of the response tokens (the behaviour policy), for VCPO's importance weights."""
-    reward: float = 0.0
-    """The row's reward (VCPO's OPOB baseline uses rewards, not advantages)."""
-    group: str = ""
-    """The row's advantage group (OPOB's baseline is per group; its mini-batches hold whole groups)."""
-    row_id: str = ""
-    """The row's trajectory id, for errors that name rows."""
-    spliced: list[int] | None = None
-    """1 on response tokens SAAR spliced in after a failed call (sampled in the error context); ``models.splice``."""
 
 
 def dapo_loss(new_lp, old_lp, adv, mask, clip_low: float, clip_high: float, n_tokens: float):
@@ -123,7 +102,7 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
     first = micro_order(samples, epochs[0][0], share) if fusable(model, cfg, critic is not None) else []
     if len(micro_spans([samples[i] for i in first], cfg.micro_batch, cfg.micro_tokens, share)) > 1:
         first = []  # fused, every micro-batch's graph would stay alive until the step: micro-batching's bound lost
-    forwards, recomputed, t_old, first_prompts = _first_forwards(model, samples, first, pad_id, cfg)
+    forwards, recomputed, t_old, first_prompts = first_forwards(model, samples, first, pad_id, cfg)
     samples, old, weights, splice_stats = treat_rows(samples, recomputed, cfg)  # masks cut: ESS and GAE see them
     targets = _critic_targets(model, critic[0], samples, pad_id, cfg) if critic is not None else None
     ref = _reference_logprobs(ref_dir, samples, pad_id, cfg) if cfg.kl_coef > 0 else None
@@ -236,80 +215,6 @@ def _optimizer_step(model, opt, cfg: TrainerConfig, lr_scale: float) -> float:
 
 
 @torch.no_grad()
-def _old_logprobs(model, samples: list[Sample], pad_id: int, cfg: TrainerConfig,
-                  skip: frozenset[int] = frozenset()) -> list[torch.Tensor]:
-    """Each row's response log-probs under ``model`` (no grad), in micro-batches ordered by length; rows in
-    ``skip`` are left None (their log-probs come from elsewhere)."""
-    model.eval()
-    out: list[torch.Tensor | None] = [None] * len(samples)
-    fast = ForwardSwitches.of(cfg)
-    order = micro_order(samples, [i for i in range(len(samples)) if i not in skip], fast.share_prompts)
-    prompts = SharedPrompts(model, [samples[i] for i in order], pad_id, cfg.device) if fast.share_prompts and order else None
-    rows = [samples[i] for i in order]
-    for lo, hi in micro_spans(rows, cfg.micro_batch, cfg.micro_tokens, fast.share_prompts):
-        idx, chunk = order[lo:hi], rows[lo:hi]
-        lp = prompts.forward(chunk)[0] if prompts else response_logprobs(model, chunk, pad_id, cfg.device, fast)[0]
-        for row, i in enumerate(idx):
-            out[i] = lp[row, : len(samples[i].response_ids)].detach()
-    return out  # type: ignore[return-value]
-
-
-def fusable(model, cfg: TrainerConfig, critic: bool) -> bool:
-    """Whether the first mini-batch's forwards (with grad) may also be its old-log-prob pass: ``fuse_old_logprobs``
-    is on, the step is a plain one (no critic, no OPOB, the ``full`` splice treatment: the others change rows'
-    masks and old log-probs after the old-log-prob pass) and nothing random runs in train mode (no dropout), so the
-    forward before any optimizer step computes exactly what the no-grad pass would. ``update`` also fuses only a
-    first mini-batch that is one micro-batch: the fused forwards are held until the step, so with several
-    micro-batches every one's graph would be alive at once (16 rows at micro_batch 2: 221 MiB vs 31 MiB)."""
-    if not cfg.fuse_old_logprobs or critic or cfg.opob or cfg.splice != "full":
-        return False
-    return not random_in_train(model)
-
-
-def random_in_train(model) -> bool:
-    """Whether the model's forwards in train mode are random (dropout, LoRA's included). Then the fused old
-    log-probs would not be the no-grad pass's, and a prompt forwarded once for its rows (``SharedPrompts``) would
-    give every row one dropout mask: the update forwards each row whole instead."""
-    dropouts = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
-    return any(dropouts) or bool(getattr(getattr(model, "config", None), "attention_dropout", 0.0))
-
-
-def _first_forwards(model, samples: list[Sample], first: list[int], pad_id: int, cfg: TrainerConfig):
-    """The old log-probs of every row, the forwards (with grad, per micro-batch of ``first`` in the order the
-    update takes them) that the first mini-batch's step reuses — for its rows the old log-probs are those forwards'
-    outputs, detached: the policy has not changed yet, so they are computed once instead of twice — and the seconds
-    of the separate no-grad pass over the other rows."""
-    t0 = time.perf_counter()
-    old = _old_logprobs(model, samples, pad_id, cfg, skip=frozenset(first))
-    seconds = time.perf_counter() - t0
-    model.train()
-    fast = ForwardSwitches.of(cfg)
-    prompts = SharedPrompts(model, [samples[i] for i in first], pad_id, cfg.device) if fast.share_prompts and first else None
-    forwards = []
-    rows = [samples[i] for i in first]
-    for lo, hi in micro_spans(rows, cfg.micro_batch, cfg.micro_tokens, fast.share_prompts):
-        chunk = rows[lo:hi]
-        fwd = prompts.forward(chunk) if prompts else _response_forward(model, chunk, pad_id, cfg.device, fast=fast)
-        forwards.append(fwd)
-        for row, i in enumerate(first[lo:hi]):
-            old[i] = fwd[0][row, : len(samples[i].response_ids)].detach()
-    return forwards, old, seconds, prompts
-
-
-def micro_order(samples: list[Sample], idx, share_prompts: bool) -> list[int]:
-    """The order a mini-batch's rows are cut into micro-batches: by response length with shared prompts (their
-    prompts are forwarded apart), else by whole length."""
-    return by_response_length(samples, idx) if share_prompts else by_length(samples, idx)
-
-
-def by_length(samples: list[Sample], idx) -> list[int]:
-    """``idx`` ordered by sequence length, so that each micro-batch pads to a similar width: about 1.3x fewer
-    padded tokens on the tiny compare's batches (``tasks.training.bench_update``). Per-row log-probs and the
-    token-mean loss do not depend on which rows share a micro-batch (up to float rounding)."""
-    return sorted(idx, key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
-
-
-@torch.no_grad()
 def _critic_targets(model, head, samples: list[Sample], pad_id: int, cfg: TrainerConfig):
     """Per sample (advantages, returns) ``[len(response)]``: GAE on the values before the update, the sample's
     ``advantage`` (the ``gae`` estimator's outcome reward) on its last trained token; whitened with
@@ -332,7 +237,7 @@ def _critic_targets(model, head, samples: list[Sample], pad_id: int, cfg: Traine
 def _reference_logprobs(ref_dir: Path | None, samples: list[Sample], pad_id: int, cfg: TrainerConfig):
     if ref_dir is None:
         raise ValueError("trainer.kl_coef > 0 needs a reference policy, but update() got no ref_dir")
-    return _old_logprobs(load_causal_lm(ref_dir, cfg.device), samples, pad_id, cfg)
+    return old_logprobs(load_causal_lm(ref_dir, cfg.device), samples, pad_id, cfg)
 
 
 def _stack(rows: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
@@ -350,7 +255,7 @@ def _minibatch_step(model, opt, mb: list[Sample], old: list[torch.Tensor], ref: 
     """One optimizer step on a mini-batch; with a ``critic`` (head, optimizer) the advantages are the per-token
     GAE ``targets`` (advantage, return) and the value loss is added; ``weights`` (``models.splice``) scale
     each row's tokens in the policy loss's numerator only (``LossBatch.weight``). ``forwards``: this mini-batch's forwards per micro-batch, already run
-    (``_first_forwards``), and ``prompts`` the shared prompts they attend to. With ``trainer.share_prompts`` (no
+    (``models.old_logprobs.first_forwards``), and ``prompts`` the shared prompts they attend to. With ``trainer.share_prompts`` (no
     critic) the micro-batches attend to the mini-batch's prompts forwarded once (``models.forward``)."""
     n_tokens = float(sum(sum(s.response_mask) for s in mb)) or 1.0
     if prompts is None and forwards is None and critic is None and ForwardSwitches.of(cfg).share_prompts \
@@ -462,43 +367,3 @@ def _kl_backward(model, mb: list[Sample], old, ref, cfg: TrainerConfig, pad_id: 
         kl = kl_penalty(batch, cfg.kl_estimator)
         (cfg.kl_coef * kl).backward()
         totals["kl"] += kl.item()
-
-
-def save_checkpoint(model, src_dir: Path, out_dir: Path, opt=None, extra: dict | None = None, critic=None) -> Path:
-    """Write ``out_dir`` atomically: weights (only the adapter's for a peft model: the base is shared),
-    tokenizer files of ``src_dir``, optimizer state.
-
-    A folder being replaced is moved aside first and deleted only after the new one is in place,
-    so a crash at any point leaves a complete checkpoint at ``out_dir`` or at ``.<name>.old``.
-    """
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    copy_tokenizer(src_dir, tmp)
-    if opt is not None:
-        torch.save(opt.state_dict(), tmp / "optimizer.pt")
-    if critic is not None:
-        save_critic(critic[0], critic[1], tmp)
-    (tmp / "trainer_state.json").write_text(json.dumps({"source": str(src_dir), **(extra or {})}, indent=1))
-    return _swap_in(tmp, out_dir)
-
-
-def copy_checkpoint(src_dir: Path, out_dir: Path, extra: dict | None = None) -> Path:
-    """``out_dir`` = the checkpoint ``src_dir`` unchanged (a step that trained nothing), with a new trainer state."""
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src_dir, tmp)
-    (tmp / "trainer_state.json").write_text(json.dumps({"source": str(src_dir), **(extra or {})}, indent=1))
-    return _swap_in(tmp, out_dir)
-
-
-def _swap_in(tmp: Path, out_dir: Path) -> Path:
-    old = out_dir.with_name(f".{out_dir.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if out_dir.exists():
-        out_dir.rename(old)
-    tmp.rename(out_dir)
-    shutil.rmtree(old, ignore_errors=True)
-    return out_dir

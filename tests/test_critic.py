@@ -11,7 +11,8 @@ from flows.config import ConfigError, load_config
 from models.config import CriticConfig, TrainerConfig
 from models.critic import CRITIC_FILE, gae, load_critic, token_gae, whiten
 from models.engine import load_causal_lm
-from models.trainer import Sample, _response_forward, update
+from models.forward import response_forward as _response_forward
+from models.trainer import Sample, update
 
 ENV_MODEL = Path(__file__).resolve().parents[1] / "assets" / "tiny-env"
 

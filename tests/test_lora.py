@@ -9,8 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from models.checkpoint import copy_checkpoint
 from models.config import EngineConfig, LoraSpec, TrainerConfig
 from models.engine import GenRequest, TransformersEngine
+from models.forward import response_logprobs
 from models.lora import (
     ADAPTER_WEIGHTS,
     add_lora,
@@ -21,7 +23,7 @@ from models.lora import (
     load_policy,
     merge_adapter,
 )
-from models.trainer import Sample, copy_checkpoint, response_logprobs, update
+from models.trainer import Sample, update
 
 
 def _adapter(base, out, seed: int, spec=LoraSpec(r=4, target_modules=["q_proj", "v_proj", "down_proj"])):

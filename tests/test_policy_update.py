@@ -8,7 +8,8 @@ import torch
 
 from models.config import EngineConfig, TrainerConfig
 from models.engine import GenRequest, TransformersEngine, load_causal_lm
-from models.trainer import Sample, dapo_loss, response_logprobs, update
+from models.forward import response_logprobs
+from models.trainer import Sample, dapo_loss, update
 from tasks.training.config import MixConfig
 from tasks.training.mixing import grpo_advantages, mix_rows
 
@@ -99,7 +100,7 @@ def test_checkpoints_replace_a_folder_over_crash_leftovers(warm_model_dir, tmp_p
     folder is replaced whole, nothing is left beside it, and ``trainer_state.json`` records the source."""
     import json
 
-    from models.trainer import copy_checkpoint, save_checkpoint
+    from models.checkpoint import copy_checkpoint, save_checkpoint
 
     def leave_crash_leftovers(name):
         for folder in (f".{name}.tmp", f".{name}.old", name):

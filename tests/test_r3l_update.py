@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from models.config import TrainerConfig
 from models.engine import load_causal_lm
-from models.trainer import Sample, TrainerConfig, response_logprobs, update
+from models.forward import response_logprobs
+from models.trainer import Sample, update
 
 
 def _samples(chat):

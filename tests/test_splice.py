@@ -134,7 +134,8 @@ def test_treat_rows_applies_the_configured_treatment_and_names_a_row_without_beh
 
 def _policy_update(warm_model_dir, chat, out, samples, splice: str) -> tuple[dict, torch.Tensor]:
     from models.engine import load_causal_lm
-    from models.trainer import response_logprobs, update
+    from models.forward import response_logprobs
+    from models.trainer import update
 
     cfg = TrainerConfig(lr=1e-3, mini_batches=1, splice=splice)
     metrics = update(warm_model_dir, samples, cfg, out, chat.tokenizer.pad_token_id, seed=0)
@@ -147,7 +148,7 @@ def test_update_trains_mask_like_a_response_mask_without_the_spliced_tokens(warm
     """The trainer wires the treatment in: ``mask`` on spliced tokens is the same update as ``full`` on rows whose
     response mask already excludes them; ``truncated_is`` with no gap (behaviour = clean) is the same as ``full``."""
     from models.engine import load_causal_lm
-    from models.trainer import response_logprobs
+    from models.forward import response_logprobs
 
     prompt = chat.prompt_ids([{"role": "user", "content": "What is 2 + 2?"}])
     good, bad = chat.encode("So \\boxed{4}.") + [chat.eos_id], chat.encode("So \\boxed{5}.") + [chat.eos_id]
@@ -178,7 +179,7 @@ def _rows_with_weights(warm_model_dir, chat) -> tuple[list[Sample], list[list[fl
     """Three rows of different lengths under one prompt, spliced at different places with π_clean/π_error = 1/2,
     1/4, 1/8 (behaviour log-probs ln k above the clean ones), and the per-token weights truncated_is must give."""
     from models.engine import load_causal_lm
-    from models.trainer import response_logprobs
+    from models.forward import response_logprobs
 
     prompt = chat.prompt_ids([{"role": "user", "content": "What is 2 + 2?"}])
     texts = ["So \\boxed{4}.", "The answer is \\boxed{5}, I think.", "4"]
@@ -205,7 +206,7 @@ def test_trainer_gradient_matches_an_independently_written_weighted_loss(warm_mo
     (e.g. reversed within a micro-batch) or into the denominators change it."""
     from models import trainer
     from models.engine import load_causal_lm
-    from models.trainer import response_logprobs
+    from models.forward import response_logprobs
 
     rows, weights = _rows_with_weights(warm_model_dir, chat)
     seen: list[dict[str, torch.Tensor]] = []
@@ -245,7 +246,8 @@ def test_mask_is_a_cut_response_mask_for_ess_gae_and_rows_left_empty(warm_model_
     the same ESS (rollout log-probs off the clean ones on spliced and unspliced tokens), the same value loss (GAE's
     outcome reward on the last unspliced token), the same row count in seq-mean-token-mean."""
     from models.engine import load_causal_lm
-    from models.trainer import response_logprobs, update
+    from models.forward import response_logprobs
+    from models.trainer import update
 
     rows, _ = _rows_with_weights(warm_model_dir, chat)
     off = [[x - 0.3 * (t % 3 == 0) for t, x in enumerate(r.rollout_lp)] for r in rows]

@@ -21,7 +21,10 @@ import torch
 from flows.bench_step import SWITCHES, side_overrides
 from models.config import TrainerConfig
 from models.engine import load_causal_lm
-from models.trainer import ForwardSwitches, Sample, _first_forwards, fusable, response_logprobs, update
+from models.forward import ForwardSwitches, response_logprobs
+from models.old_logprobs import first_forwards as _first_forwards
+from models.old_logprobs import fusable
+from models.trainer import Sample, update
 from tasks.stores.trace_writer import TraceWriteError, TraceWriter
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"

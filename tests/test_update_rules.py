@@ -197,7 +197,9 @@ def test_the_mini_batch_order_follows_the_seed(batch, warm_model_dir, chat, tmp_
 def test_old_logprobs_ordered_by_length_come_back_in_row_order(batch, warm_model_dir, chat):
     """The old-log-prob pass batches rows by length (long first here would be reordered) and hands each row its
     own log-probs: equal to the row computed alone, and the ordering is shortest first."""
-    from models.trainer import _old_logprobs, by_length, response_logprobs
+    from models.forward import response_logprobs
+    from models.old_logprobs import by_length
+    from models.old_logprobs import old_logprobs as _old_logprobs
 
     rows = [batch[1], batch[0], batch[1]]
     assert by_length(rows, range(3)) == [1, 0, 2]

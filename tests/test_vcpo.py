@@ -51,7 +51,8 @@ def test_opob_baseline_weights_rewards_by_gradient_norm_and_squared_weight():
 def _samples(model_dir, pad, log_w: list[float], rewards=(1.0, 0.0), group="g"):
     """Two rows whose rollout log-probs make their sequence log-weights exactly ``log_w`` (on the first token)."""
     from models.engine import load_causal_lm
-    from models.trainer import Sample, response_logprobs
+    from models.forward import response_logprobs
+    from models.trainer import Sample
 
     base = [Sample([5, 6, 7], [8, 9, 10, 11], [1, 1, 0, 1], 0.0), Sample([5, 6], [12, 13, 14], [1, 1, 1], 0.0)]
     with torch.no_grad():
@@ -130,8 +131,8 @@ class _Recorder:
 
 
 def _row_grads(model, samples, old, n_tokens, pad):
+    from models.forward import response_logprobs
     from models.losses import LossBatch, get_loss
-    from models.trainer import response_logprobs
 
     grads = []
     for s, o in zip(samples, old):
@@ -146,7 +147,8 @@ def _row_grads(model, samples, old, n_tokens, pad):
 
 def test_opob_step_follows_reward_minus_baseline_times_row_gradients(warm_model_dir):
     from models.engine import load_causal_lm
-    from models.trainer import _log_weights, _old_logprobs, _opob_step
+    from models.old_logprobs import old_logprobs as _old_logprobs
+    from models.trainer import _log_weights, _opob_step
 
     cfg = TrainerConfig(opob=True, grad_clip=1e9)
     model = load_causal_lm(warm_model_dir)
@@ -167,7 +169,8 @@ def test_opob_step_follows_reward_minus_baseline_times_row_gradients(warm_model_
 
 def test_opob_gives_a_group_of_equal_rewards_no_gradient(warm_model_dir):
     from models.engine import load_causal_lm
-    from models.trainer import _log_weights, _old_logprobs, _opob_step
+    from models.old_logprobs import old_logprobs as _old_logprobs
+    from models.trainer import _log_weights, _opob_step
 
     cfg = TrainerConfig(opob=True)
     model = load_causal_lm(warm_model_dir)
@@ -186,7 +189,9 @@ def test_opob_baselines_and_std_units_are_per_group_and_its_metrics_add_up(warm_
     """Two groups in one mini-batch, ``opob_norm_by_std``: each group has its own baseline and unit 1/std
     (population std: rewards (1, 0) → 0.5, (2, 0.5) → 0.75), and every total is added to what is there."""
     from models.engine import load_causal_lm
-    from models.trainer import _log_weights, _old_logprobs, _opob_step, response_logprobs_entropy
+    from models.forward import response_logprobs_entropy
+    from models.old_logprobs import old_logprobs as _old_logprobs
+    from models.trainer import _log_weights, _opob_step
 
     cfg = TrainerConfig(opob=True, opob_norm_by_std=True, grad_clip=1e9)
     model = load_causal_lm(warm_model_dir)
@@ -224,8 +229,10 @@ def test_a_kl_penalty_adds_its_gradient_per_micro_batch(warm_model_dir, micro_ba
     of one row or both) is added to the policy gradient — OPOB's (r − b)·g (without rollout log-probs every
     weight is 1) or DAPO's A·g at ratio 1 (advantages +1, −1) — and ``kl`` sums the micro-batches' parts."""
     from models.engine import load_causal_lm
+    from models.forward import response_logprobs
     from models.losses import LossBatch, kl_penalty
-    from models.trainer import _minibatch_step, _old_logprobs, _opob_step, response_logprobs
+    from models.old_logprobs import old_logprobs as _old_logprobs
+    from models.trainer import _minibatch_step, _opob_step
 
     cfg = TrainerConfig(opob=opob, grad_clip=1e9, kl_coef=0.5, kl_estimator="k2", micro_batch=micro_batch)
     model = load_causal_lm(warm_model_dir)
@@ -271,7 +278,8 @@ def test_opob_through_update_two_groups_with_kl_and_ess(warm_model_dir, tmp_path
     ESS by hand: w = [1, 2] → 9/10, w = [1, 3] → 16/20; the lr scale is √ρ per step; the first step's KL is 0
     (the policy is the reference), the second's is read off the checkpoint of a step on group a alone."""
     from models.engine import load_causal_lm
-    from models.trainer import response_logprobs, update
+    from models.forward import response_logprobs
+    from models.trainer import update
 
     a = _samples(warm_model_dir, 0, [0.0, math.log(2.0)], rewards=(1.0, 0.0), group="a")
     b = _samples(warm_model_dir, 0, [0.0, math.log(3.0)], rewards=(0.0, 1.0), group="b")

@@ -5,7 +5,7 @@ twice per repeat, alternating
 
 * **before**: micro-batches in the order the rows arrive (shuffled mini-batches, as before);
 * **after**: rows ordered by length inside each mini-batch and in the old-log-prob pass
-  (``models.trainer.by_length``), so each micro-batch pads to a similar width;
+  (``models.old_logprobs.by_length``), so each micro-batch pads to a similar width;
 
 and prints, per side, the update's wall time and the padded tokens its forwards process, the
 ratios after/before, and the largest difference of the update's metrics between the sides (the
@@ -67,7 +67,7 @@ def _run(side: str, model: Path, samples: list[Sample], cfg: TrainerConfig, out:
 def bench_update(model: Path, trajectories: Path | None = None, repeats: int = 2) -> dict:
     import torch
 
-    from models.trainer import by_length
+    from models.old_logprobs import by_length
 
     torch.set_num_threads(1)
     samples = load_samples(trajectories)

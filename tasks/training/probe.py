@@ -8,7 +8,7 @@ between arms. The probe fixes the token set instead:
   (seeded), and its own tokens (mask 1) are the probe, saved as Parquet (``prompt_ids``, ``response_ids``,
   ``response_mask``) in the compare folder — written once, reused by a resumed compare;
 * ``probe_entropy``: a checkpoint's mean next-token entropy (nats) over the probe's tokens, teacher-forced
-  (``models.trainer.response_logprobs_entropy``).
+  (``models.forward.response_logprobs_entropy``).
 
 The compare scores each run's final checkpoint (``final_checkpoint``) and reports it per arm and paired by seed.
 """
@@ -19,7 +19,8 @@ from pathlib import Path
 
 import polars as pl
 
-from models.trainer import Sample, response_logprobs_entropy
+from models.forward import response_logprobs_entropy
+from models.trainer import Sample
 from tasks.data.loader import load_prompts
 from tasks.rollout.machine import Rollout
 from tasks.training.live import get_chat, get_engine, get_sandbox

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import polars as pl
 
+from models.checkpoint import copy_checkpoint
 from models.config import ChatConfig
 from models.splice import trains
-from models.trainer import Sample, copy_checkpoint, update
+from models.trainer import Sample, update
 from tasks.data.loader import load_prompts, refill_batch
 from tasks.r3l.grouping import SINGLETON_KINDS
 from tasks.r3l.records import empty_frame

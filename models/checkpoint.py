@@ -1,0 +1,58 @@
+"""Checkpoint folders written atomically: the policy after an update (``save_checkpoint``) or unchanged after a step
+that trained nothing (``copy_checkpoint``).
+
+A folder is written under a temporary name and swapped in; the folder it replaces is moved aside first and deleted
+only after the new one is in place, so a crash at any point leaves a complete checkpoint at ``out_dir`` or at
+``.<name>.old``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from models.critic import save_critic
+from models.lora import copy_tokenizer
+
+
+def save_checkpoint(model, src_dir: Path, out_dir: Path, opt=None, extra: dict | None = None, critic=None) -> Path:
+    """Write ``out_dir`` atomically: weights (only the adapter's for a peft model: the base is shared),
+    tokenizer files of ``src_dir``, optimizer state.
+
+    A folder being replaced is moved aside first and deleted only after the new one is in place,
+    so a crash at any point leaves a complete checkpoint at ``out_dir`` or at ``.<name>.old``.
+    """
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    copy_tokenizer(src_dir, tmp)
+    if opt is not None:
+        torch.save(opt.state_dict(), tmp / "optimizer.pt")
+    if critic is not None:
+        save_critic(critic[0], critic[1], tmp)
+    (tmp / "trainer_state.json").write_text(json.dumps({"source": str(src_dir), **(extra or {})}, indent=1))
+    return _swap_in(tmp, out_dir)
+
+
+def copy_checkpoint(src_dir: Path, out_dir: Path, extra: dict | None = None) -> Path:
+    """``out_dir`` = the checkpoint ``src_dir`` unchanged (a step that trained nothing), with a new trainer state."""
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src_dir, tmp)
+    (tmp / "trainer_state.json").write_text(json.dumps({"source": str(src_dir), **(extra or {})}, indent=1))
+    return _swap_in(tmp, out_dir)
+
+
+def _swap_in(tmp: Path, out_dir: Path) -> Path:
+    old = out_dir.with_name(f".{out_dir.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if out_dir.exists():
+        out_dir.rename(old)
+    tmp.rename(out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+    return out_dir
