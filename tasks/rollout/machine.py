@@ -169,17 +169,7 @@ class Rollout:
             for t in trajs:
                 route(t)
             while stream.busy or calls:
-                decoding = stream.busy
-                if decoding:
-                    outs = stream.step()
-                    calls.stepped()
-                    for key, ids, lps, reason in outs:
-                        t = by_id[key]
-                        self.deliver(t, GenOutput(ids, lps, reason))
-                        route(t)
-                for t, res in calls.due(decoding):
-                    self.on_executed(t, res)
-                    route(t)
+                calls.advance(stream, by_id, self.deliver, self.on_executed, route)
         self.tool_wait_s += calls.waited_s
 
     def request(self, t: Trajectory) -> GenRequest:

@@ -131,18 +131,9 @@ class PartialRollout:
             self._advance()
 
     def _advance(self) -> None:
-        """One decoding step of the stream (or a wait for a tool call); every finished turn or call is routed on."""
-        decoding = self.stream.busy
-        if decoding:
-            outs = self.stream.step()
-            self.calls.stepped()
-            for key, ids, lps, reason in outs:
-                t = self.by_id[key]
-                self.runner.deliver(t, GenOutput(ids, lps, reason))
-                self._route(t)
-        for t, res in self.calls.due(decoding):
-            self.runner.on_executed(t, res)
-            self._route(t)
+        """One decoding step of the stream (or a wait for a tool call): the continuous driver's step
+        (``ToolCalls.advance``), every finished turn or call routed on to its group."""
+        self.calls.advance(self.stream, self.by_id, self.runner.deliver, self.runner.on_executed, self._route)
 
     def _submit(self, fresh: Fresh) -> int:
         """Submit up to ``over`` groups: carried ones first (FIFO), then fresh prompts; returns how many."""

@@ -33,6 +33,8 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Generic, TypeVar
 
+from models.engine import GenOutput
+
 T = TypeVar("T")
 
 
@@ -78,3 +80,19 @@ class ToolCalls(Generic[T]):
 
     def _collect(self, done: list[Future]) -> list[tuple[T, object]]:
         return [(self.running.pop(f)[0], f.result()) for f in done]
+
+    def advance(self, stream, owners: dict, deliver: Callable, executed: Callable, route: Callable) -> None:
+        """One step of a continuous driver (``Rollout._run_continuous``, ``PartialRollout``): a decode step of
+        ``stream`` if it is busy — each finished turn ``deliver``-ed to its owner (``owners[stream key]``) and
+        ``route``-d on — then every call handed back now, its result ``executed`` and its owner routed on."""
+        decoding = stream.busy
+        if decoding:
+            outs = stream.step()
+            self.stepped()
+            for key, ids, lps, reason in outs:
+                owner = owners[key]
+                deliver(owner, GenOutput(ids, lps, reason))
+                route(owner)
+        for owner, res in self.due(decoding):
+            executed(owner, res)
+            route(owner)
