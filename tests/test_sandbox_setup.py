@@ -14,7 +14,7 @@ from sandbox.docker_backend import DockerSandbox, docker_client, image_present
 from sandbox.local import LocalSandbox
 from sandbox.result import SandboxInfraError
 
-CFG = dict(workers=2, timeout_s=2.0, wall_timeout_s=4.0, memory_mb=256, preimport=["math"], max_output_bytes=4096)
+CFG = dict(workers=2, timeout_s=1.0, wall_timeout_s=5.0, memory_mb=256, preimport=["math"], max_output_bytes=4096)
 
 
 @pytest.fixture(scope="module", params=["local", pytest.param("docker", marks=pytest.mark.docker)])
