@@ -17,8 +17,10 @@ class SandboxConfig(BaseModel):
     timeout_s: float = Field(5.0, gt=0)
     """CPU time a snippet may use, in seconds (user + system, of its processes and threads,
     ``sandbox/executor/cputime.py``); past it the snippet is killed and ends as ``timeout``.
-    CPU time, not wall-clock, so that the verdict does not depend on how loaded the machine is
-    (within ~20 ms of the limit it may fall either side: the clock counts in 10 ms ticks)."""
+    CPU time, not wall-clock, so that the verdict does not depend on how loaded the machine is; a
+    snippet near the limit may still fall either side: the clock counts in 10 ms ticks and the same
+    work's CPU time varies with cache and frequency contention (0.5 s of work: 425-589 ms measured
+    on a shared 2-core machine, i.e. about +-12 %)."""
 
     wall_timeout_s: float | None = Field(None, gt=0)
     """Wall-clock backstop per snippet, in seconds, for a snippet that blocks without using CPU

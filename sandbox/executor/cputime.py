@@ -14,8 +14,9 @@ reached its limit: at first after ``limit / cpus`` seconds of wall time (``cpus`
 process may run on), then after the remaining budget over ``cpus`` (at least ``MIN_POLL_S``, at
 most ``MAX_POLL_S``).  A snippet that ends is read once more if it could have passed the limit
 meanwhile (``over_at_end``), so the verdict is a function of the CPU time used, not of when the
-clock was read: ``utime``/``stime`` come in clock ticks (10 ms), so a snippet within ~20 ms of
-its limit may fall either side.  Stdlib only (this package runs inside containers).
+clock was read.  That function is not exact: ``utime``/``stime`` come in clock ticks (10 ms), and
+the same work's CPU time varies with cache and frequency contention (about +-12 % measured on a
+shared 2-core machine), so a snippet that needs about its limit may fall either side.  Stdlib only (this package runs inside containers).
 """
 
 from __future__ import annotations
