@@ -72,7 +72,8 @@ def test_the_limit_is_the_snippets_cpu_time_to_within_a_few_ticks():
     with _box("local", timeout_s=LIMIT_S) as box, cpu_hog():
         r = box.run(tick)
     assert r.error_kind == "timeout", r
-    assert LIMIT_S - 0.1 <= float(r.stdout.split()[-1]) <= LIMIT_S + 0.03, r.stdout[-200:]
+    # the executor reads the clock every >= 20 ms of wall time, and /proc reports it in 10 ms ticks (rounded down)
+    assert LIMIT_S - 0.1 <= float(r.stdout.split()[-1]) <= LIMIT_S + 0.06, r.stdout[-200:]
 
 
 def test_children_count_and_a_snippet_that_ignores_sigxcpu_still_ends_as_a_timeout():
