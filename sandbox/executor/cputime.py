@@ -1,7 +1,7 @@
 """The CPU time a snippet has used, and when to look again: the executor's time limit.
 
 A snippet's limit is CPU seconds (user + system), so its verdict does not depend on how loaded
-the machine is.  ``CpuClock.used`` sums ``utime + stime + cutime + cstime`` (``/proc/<pid>/stat``:
+the machine is.  ``used`` sums ``utime + stime + cutime + cstime`` (``/proc/<pid>/stat``:
 every thread, and the children it reaped) of the snippet and of every process below the executor
 but the forker: the executor is a child subreaper (or PID 1), so children the snippet left or
 orphaned (``setsid``, double fork) are counted as long as they live.  Not counted: a child forked
@@ -16,7 +16,8 @@ most ``MAX_POLL_S``).  A snippet that ends is read once more if it could have pa
 meanwhile (``over_at_end``), so the verdict is a function of the CPU time used, not of when the
 clock was read.  That function is not exact: ``utime``/``stime`` come in clock ticks (10 ms), and
 the same work's CPU time varies with cache and frequency contention (about +-12 % measured on a
-shared 2-core machine), so a snippet that needs about its limit may fall either side.  Stdlib only (this package runs inside containers).
+shared 2-core machine), so a snippet that needs about its limit may fall either side.
+Stdlib only (this package runs inside containers).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class CpuClock:
 
     def __init__(self, keep: int | None, limit_s: float, start: float):
         self.keep, self.limit_s = keep, limit_s
-        self.reach_at = start + limit_s / _CPUS - MIN_POLL_S  # the slack: its CPU time before the request
+        self.reach_at = start + limit_s / _CPUS - MIN_POLL_S  # slack for its CPU time before the request
         self.next_at = self.reach_at + MIN_POLL_S
 
     def over(self, now: float) -> bool:
