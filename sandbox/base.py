@@ -18,9 +18,10 @@ globals just before the snippet, within the same limits and time budget.  Its fi
 the snippet never ran: the result is ``ok=False, error_kind="setup_error"`` with the traceback
 in ``stderr``.  That is the caller's bug (callers raise on it), never the model's failure.
 
-``timeout_s`` (``run`` / ``run_many``): a shorter wall-clock limit for these snippets than the
+``timeout_s`` (``run`` / ``run_many``): a shorter CPU-time limit for these snippets than the
 config's ``timeout_s`` (never a longer one), enforced by the executor from outside the snippet's
-process like the default (graders pass their per-test limit here).
+process like the default (graders pass their per-test limit here); the wall-clock backstop is the
+config's ``wall_timeout_s``, or by default max(5 x this limit, this limit + 10 s).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class SandboxConfig(BaseModel):
@@ -15,7 +15,20 @@ class SandboxConfig(BaseModel):
     ``auto`` (docker when an engine and the image are present, else local with a warning)."""
 
     timeout_s: float = Field(5.0, gt=0)
-    """Wall-clock limit per snippet, in seconds; past it the child is killed (``timeout``)."""
+    """CPU time a snippet may use, in seconds (user + system, of its processes and threads,
+    ``sandbox/executor/cputime.py``); past it the snippet is killed and ends as ``timeout``.
+    CPU time, not wall-clock, so that the verdict does not depend on how loaded the machine is; a
+    snippet near the limit may still fall either side: the clock counts in 10 ms ticks and the same
+    work's CPU time varies with cache and frequency contention (0.5 s of work: 425-589 ms measured
+    on a shared 2-core machine, i.e. about +-12 %)."""
+
+    wall_timeout_s: float | None = Field(None, gt=0)
+    """Wall-clock backstop per snippet, in seconds, for a snippet that blocks without using CPU
+    (sleeps, waits on a read); past it the snippet is killed and ends as ``wall_timeout``
+    (``timed_out`` is set for both limits).  None: max(5 x the snippet's CPU limit, CPU limit +
+    10 s), so a snippet that computes reaches it only while it gets less than a fifth of a CPU.
+    Whether it is reached depends on the machine's load: keep it far from what snippets need.
+    At least ``timeout_s``."""
 
     memory_mb: int = Field(512, ge=32)
     """Address-space limit per snippet, in MiB; exceeding it gives ``memory``."""
@@ -64,3 +77,10 @@ class SandboxConfig(BaseModel):
     Snippets cannot touch their executor and every writable dir is emptied between them, so this
     is defence in depth; a container start costs ~0.3 s of CPU in the Docker daemons (measured
     260 ms), which at 500 runs took ~13 % of two cores from a pool serving ~450 snippets/s."""
+
+    @model_validator(mode="after")
+    def _wall_covers_cpu(self) -> SandboxConfig:
+        if self.wall_timeout_s is not None and self.wall_timeout_s < self.timeout_s:
+            raise ValueError(f"sandbox.wall_timeout_s ({self.wall_timeout_s}) must be at least sandbox.timeout_s "
+                             f"({self.timeout_s}): a single-threaded snippet's CPU time cannot outrun its wall time")
+        return self

@@ -29,13 +29,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from sandbox.config import SandboxConfig
+from sandbox.executor.protocol import default_wall_s
 from sandbox.result import ExecutionResult, SandboxInfraError
 from sandbox.worker import DeadWorker, Worker, WorkerError, result_from_dict
 
 log = logging.getLogger(__name__)
 
 REQUEST_GRACE_S = 5.0
-"""Extra seconds a worker gets beyond the snippet's timeout before it counts as hung."""
+"""Extra seconds a worker gets beyond the snippet's wall-clock backstop before it counts as hung."""
 SLOTS = 100
 """Live workers (with spares) a pool may have at once; slots number them for per-worker uids."""
 
@@ -180,7 +181,8 @@ class WorkerPool:
     def _request(self, code: str, setup: str | None = None, timeout_s: float | None = None) -> dict:
         cfg = self.cfg
         limit = cfg.timeout_s if timeout_s is None else min(float(timeout_s), cfg.timeout_s)
-        req = {"op": "run", "code": code, "timeout_s": limit, "memory_mb": cfg.memory_mb,
+        wall = default_wall_s(limit) if cfg.wall_timeout_s is None else cfg.wall_timeout_s
+        req = {"op": "run", "code": code, "timeout_s": limit, "wall_timeout_s": wall, "memory_mb": cfg.memory_mb,
                "max_output_bytes": cfg.max_output_bytes, "max_processes": cfg.max_processes,
                "file_mb": cfg.file_mb}
         if setup is not None:
@@ -246,7 +248,7 @@ class WorkerPool:
         return worker
 
     def _ask(self, worker: Worker, req: dict) -> ExecutionResult:
-        return result_from_dict(worker.request(req, self.cfg.timeout_s + REQUEST_GRACE_S))
+        return result_from_dict(worker.request(req, req["wall_timeout_s"] + REQUEST_GRACE_S))
 
     def _canary_ok(self) -> bool:
         """Whether a trivial snippet runs on the pool (then the infrastructure is healthy)."""

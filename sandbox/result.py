@@ -20,9 +20,11 @@ class SandboxInfraError(RuntimeError):
 class ExecutionResult:
     """Outcome of running one snippet.
 
-    ``ok`` is true only when the snippet ran to exit status 0 within its time limit.
+    ``ok`` is true only when the snippet ran to exit status 0 within its time limits.
     ``error_kind`` names the failure: the exception type parsed from the traceback
-    (``NameError``, ``SyntaxError``, ...), ``timeout``, ``memory`` , ``output_limit``,
+    (``NameError``, ``SyntaxError``, ...), ``timeout`` (its CPU time, ``sandbox.timeout_s``),
+    ``wall_timeout`` (the wall-clock backstop ``sandbox.wall_timeout_s``: it blocked; ``timed_out``
+    is set for both), ``memory`` , ``output_limit``,
     ``signal:<NAME>`` for a child killed by a signal, ``exit:<code>`` for a bare non-zero exit,
     ``setup_error`` when the caller's setup code failed and the snippet never ran (a caller bug),
     ``worker_killed`` when the snippet brought down the worker it ran on (the detail in stderr).
@@ -55,6 +57,8 @@ class ExecutionResult:
     def error_line(self) -> str:
         """One line naming the failure, as the last traceback line or a limit message."""
         if self.timed_out:
+            if self.error_kind == "wall_timeout":
+                return "TimeoutError: execution timed out (wall-clock limit: blocked or waiting)"
             return "TimeoutError: execution timed out"
         if self.memory_exceeded:
             return "MemoryError: memory limit exceeded"

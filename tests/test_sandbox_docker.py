@@ -103,7 +103,7 @@ def test_killed_container_is_retried_on_another(client):
 
 def test_hung_container_is_replaced(client, monkeypatch):
     monkeypatch.setattr("sandbox.pool.REQUEST_GRACE_S", 1.0)
-    with DockerSandbox(_cfg(workers=1, timeout_s=1.0, infra_retries=1, spare_workers=0), client=client) as box:
+    with DockerSandbox(_cfg(workers=1, timeout_s=1.0, wall_timeout_s=1.0, infra_retries=1, spare_workers=0), client=client) as box:
         (victim,) = box.containers()
         victim.pause()
         r = box.run("print('fresh')")

@@ -388,7 +388,7 @@ def test_a_worker_killing_snippet_fails_alone_and_every_other_answer_is_graded(b
     _sabotage(LocalWorker if backend == "local" else ContainerWorker, monkeypatch)
     codes = [f"print({i} * 2)" for i in range(20)]
     codes.insert(7, culprit)
-    with make_pool(backend, workers=2, timeout_s=3.0) as pool:  # the take-down comes 0.2 s in
+    with make_pool(backend, workers=2, timeout_s=3.0, wall_timeout_s=3.0) as pool:  # the take-down comes 0.2 s in
         results = pool.run_many(codes)
         stats = pool.stats()
     assert results[7].error_kind == "worker_killed" and not results[7].ok

@@ -18,12 +18,15 @@ from sandbox.local import LocalSandbox
 from sandbox.pool import FairQueue
 from sandbox.result import SandboxInfraError
 
-TIMEOUT_S = 1.5
+TIMEOUT_S = 1.0  # CPU seconds
+WALL_S = 5.0  # the wall-clock backstop: a spinner reaches it only below 1/5 of a CPU
+SPIN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {}:\n    pass\nprint('spun')"
+"""A snippet that uses {} CPU seconds."""
 
 
 @pytest.fixture(scope="module")
 def sb():
-    cfg = SandboxConfig(backend="local", workers=2, timeout_s=TIMEOUT_S, memory_mb=256,
+    cfg = SandboxConfig(backend="local", workers=2, timeout_s=TIMEOUT_S, wall_timeout_s=WALL_S, memory_mb=256,
                         max_output_bytes=4096, preimport=["math"])
     with make_sandbox(cfg) as box:
         yield box
@@ -91,22 +94,28 @@ def test_sys_exit_zero_is_ok(sb):
     assert sb.run("import sys; print('a'); sys.exit(0)").ok
 
 
-def test_timeout_kills_within_bound(sb):
+def test_a_sleeper_ends_at_the_wall_clock_backstop(sb):
     start = time.monotonic()
     r = sb.run("import time\nprint('started', flush=True)\ntime.sleep(30)")
     elapsed = time.monotonic() - start
-    assert r.timed_out and r.error_kind == "timeout" and not r.ok
+    assert r.timed_out and r.error_kind == "wall_timeout" and not r.ok
+    assert r.model_text() == "started\nTimeoutError: execution timed out (wall-clock limit: blocked or waiting)"
     assert r.stdout == "started\n"
-    assert elapsed < TIMEOUT_S + 3
+    assert WALL_S <= elapsed < WALL_S + 3
+
+
+def test_a_spinner_ends_at_its_cpu_limit(sb):
+    r = sb.run("print('started', flush=True)\nwhile True:\n    pass")
+    assert r.timed_out and r.error_kind == "timeout" and not r.ok
+    assert r.model_text() == "started\nTimeoutError: execution timed out"
 
 
 def test_a_shorter_per_call_limit_is_enforced_and_a_longer_one_capped(sb):
-    """``timeout_s`` of ``run`` / ``run_many``: the executor kills at that limit, never past the config's."""
-    sleeper = "import signal, time\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\ntime.sleep({})\nprint('woke')"
-    short, quick = sb.run_many([sleeper.format(1.0), sleeper.format(0.05)], timeout_s=0.3)
-    assert short.timed_out and short.stdout == "" and quick.ok and quick.stdout == "woke\n"
-    capped = sb.run(sleeper.format(TIMEOUT_S + 1.0), timeout_s=60)
-    assert capped.timed_out
+    """``timeout_s`` of ``run`` / ``run_many``: the executor kills at that CPU limit, never past the config's."""
+    short, quick = sb.run_many([SPIN.format(0.6), SPIN.format(0.02)], timeout_s=0.3)
+    assert short.error_kind == "timeout" and short.stdout == "" and quick.ok and quick.stdout == "spun\n"
+    capped = sb.run(SPIN.format(TIMEOUT_S + 0.5), timeout_s=60)
+    assert capped.error_kind == "timeout"
     with pytest.raises(ValueError, match="timeout_s"):
         sb.run("pass", timeout_s=0)
 
@@ -219,7 +228,7 @@ def test_rlimits_only_mode_warns_loudly(monkeypatch, caplog):
 
 def test_hung_executor_is_replaced(monkeypatch):
     monkeypatch.setattr("sandbox.pool.REQUEST_GRACE_S", 0.5)
-    cfg = SandboxConfig(workers=1, timeout_s=0.5, preimport=[], infra_retries=1)
+    cfg = SandboxConfig(workers=1, timeout_s=0.5, wall_timeout_s=1.0, preimport=[], infra_retries=1)
     with LocalSandbox(cfg) as box:
         (pid,) = box.worker_pids()
         os.killpg(pid, signal.SIGSTOP)

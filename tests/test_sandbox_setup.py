@@ -14,7 +14,7 @@ from sandbox.docker_backend import DockerSandbox, docker_client, image_present
 from sandbox.local import LocalSandbox
 from sandbox.result import SandboxInfraError
 
-CFG = dict(workers=2, timeout_s=2.0, memory_mb=256, preimport=["math"], max_output_bytes=4096)
+CFG = dict(workers=2, timeout_s=1.0, wall_timeout_s=5.0, memory_mb=256, preimport=["math"], max_output_bytes=4096)
 
 
 @pytest.fixture(scope="module", params=["local", pytest.param("docker", marks=pytest.mark.docker)])
@@ -61,6 +61,12 @@ def test_failing_setup_is_setup_error_and_the_snippet_never_runs(sb, setup, last
 
 def test_setup_that_does_not_finish_is_setup_error(sb):
     r = sb.run("print('snippet ran')", setup="import time\ntime.sleep(30)")
+    assert r.error_kind == "setup_error" and r.timed_out
+    assert r.stderr.endswith("setup did not finish: wall_timeout")
+
+
+def test_setup_that_spins_is_setup_error_at_the_cpu_limit(sb):
+    r = sb.run("print('snippet ran')", setup="while True:\n    pass")
     assert r.error_kind == "setup_error" and r.timed_out
     assert r.stderr.endswith("setup did not finish: timeout")
 

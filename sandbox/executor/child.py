@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import math
 import os
 import resource
 import sys
@@ -134,7 +135,7 @@ def _isolate(uid: int | None, guard) -> None:
 def _read_request() -> tuple[tuple, str, str | None]:
     """The request the executor forwarded: ``RUN_HEADER`` + code + setup (no JSON in the child:
     every object it builds costs a copy-on-write page fault)."""
-    timeout_s, memory_mb, _, processes, file_mb, n_code, n_setup = RUN_HEADER.unpack(_read_exact(RUN_HEADER.size))
+    timeout_s, _, memory_mb, _, processes, file_mb, n_code, n_setup = RUN_HEADER.unpack(_read_exact(RUN_HEADER.size))
     source = _read_exact(n_code).decode("utf-8", "surrogatepass")
     setup = _read_exact(n_setup - 1).decode("utf-8", "surrogatepass") if n_setup else None
     return (timeout_s, memory_mb, processes, file_mb), source, setup
@@ -151,19 +152,24 @@ def _read_exact(n: int) -> bytes:
 
 
 def _limits(req: tuple, base_vm: int) -> None:
-    """Rlimits of the request (no POSIX message queues at all: they would outlive the snippet)."""
+    """Rlimits of the request (no POSIX message queues at all: they would outlive the snippet).
+
+    ``RLIMIT_CPU`` is each process's backstop behind the executor's CPU-time check
+    (``cputime``): SIGXCPU at the limit rounded up to whole seconds + 1 s of the process's own
+    CPU time, SIGKILL one second later, so a process that catches SIGXCPU still ends."""
     timeout_s, memory_mb, processes, file_mb = req
+    cpu = math.ceil(timeout_s) + 1
     limits = (
-        (resource.RLIMIT_AS, base_vm + memory_mb * 1024 * 1024),
-        (resource.RLIMIT_NPROC, processes),
-        (resource.RLIMIT_FSIZE, file_mb * 1024 * 1024),
-        (resource.RLIMIT_CORE, 0),
-        (resource.RLIMIT_CPU, int(timeout_s) + 2),
-        (resource.RLIMIT_MSGQUEUE, 0),
+        (resource.RLIMIT_AS, base_vm + memory_mb * 1024 * 1024, None),
+        (resource.RLIMIT_NPROC, processes, None),
+        (resource.RLIMIT_FSIZE, file_mb * 1024 * 1024, None),
+        (resource.RLIMIT_CORE, 0, None),
+        (resource.RLIMIT_CPU, cpu, cpu + 1),
+        (resource.RLIMIT_MSGQUEUE, 0, None),
     )
-    for lim, val in limits:
+    for lim, soft, hard in limits:
         try:
-            resource.setrlimit(lim, (val, val))
+            resource.setrlimit(lim, (soft, soft if hard is None else hard))
         except (ValueError, OSError):
             pass
 

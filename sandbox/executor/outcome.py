@@ -121,16 +121,20 @@ def error_kind_of(stderr: str) -> str | None:
     return None
 
 
-def answer(status, timed_out: bool, flooded: bool, out: Capture, err: Capture, duration: float,
+def answer(status, limit: str | None, flooded: bool, out: Capture, err: Capture, duration: float,
            oom_before: int, setup_ok: bool) -> bytes:
     """The binary result frame for a child that ended with wait ``status`` (``protocol``);
+    ``limit``: the time limit that ended it (``timeout``: CPU, ``wall_timeout``) or None;
     ``oom_before``: the cgroup's OOM kills before the snippet (re-read only for a SIGKILL)."""
     stderr = err.raw()
     exit_code = os.waitstatus_to_exitcode(status)
+    if limit is None and exit_code == -signal.SIGXCPU:  # its RLIMIT_CPU, past the measured limit
+        limit = "timeout"
+    timed_out = limit is not None
     kind = None
     memory = False
     if timed_out:
-        kind = "timeout"
+        kind = limit
     elif flooded:
         kind = "output_limit"
     elif exit_code < 0:

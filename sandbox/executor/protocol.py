@@ -4,8 +4,9 @@ A payload is UTF-8 JSON (``{...}``) or, for the hot path, binary (first byte ``R
 
 * the executor first sends ``{"ready": true, ...}``; ``{"op": "ping"}`` gets ``{"pong": true}``;
   a refused request gets ``{"error": ...}``;
-* a run request is ``RUN`` + ``RUN_HEADER`` (timeout_s, memory_mb, max_output_bytes,
-  max_processes, file_mb, code bytes, setup bytes + 1 or 0 for none) + code + setup (UTF-8).
+* a run request is ``RUN`` + ``RUN_HEADER`` (timeout_s: CPU seconds, wall_timeout_s: the
+  wall-clock backstop, memory_mb, max_output_bytes, max_processes, file_mb, code bytes, setup
+  bytes + 1 or 0 for none) + code + setup (UTF-8).
   The executor validates the header and hands the bytes after ``RUN`` to the child unchanged;
 * its answer is ``RUN`` + ``RESULT_HEADER`` + error kind + stdout + stderr (raw bytes, decoded
   by the host), which ``decode_result`` turns into the ``ExecutionResult`` fields.
@@ -24,10 +25,17 @@ import struct
 MAX_FRAME = 64 * 1024 * 1024
 HEADER = struct.Struct(">I")
 RUN = b"R"
-RUN_HEADER = struct.Struct(">dIIIIII")
+RUN_HEADER = struct.Struct(">ddIIIIII")
 RESULT_HEADER = struct.Struct(">??????idIII")
 """ok, timed_out, memory_exceeded, stdout_truncated, stderr_truncated, has exit code, exit
 code, duration_s, bytes of error kind, stdout, stderr."""
+
+
+def default_wall_s(cpu_s: float) -> float:
+    """The wall-clock backstop of a snippet allowed ``cpu_s`` CPU seconds, when none is given:
+    far enough that only a snippet that blocks (sleeps, waits on a read) reaches it, not one
+    that computes on a loaded machine (it would need to get less than a fifth of a CPU)."""
+    return max(5.0 * cpu_s, cpu_s + 10.0)
 
 
 class ProtocolError(Exception):
@@ -50,11 +58,14 @@ def decode_payload(data: bytes) -> dict:
 
 
 def encode_run(req: dict) -> bytes:
-    """The binary run frame for a request dict (``code``, optional ``setup``, the limits)."""
+    """The binary run frame for a request dict (``code``, optional ``setup``, the limits;
+    ``wall_timeout_s`` missing or None: ``default_wall_s`` of ``timeout_s``)."""
     code = req["code"].encode("utf-8", "surrogatepass")
     setup = req.get("setup")
     extra = b"" if setup is None else setup.encode("utf-8", "surrogatepass")
-    head = RUN_HEADER.pack(float(req["timeout_s"]), int(req["memory_mb"]), int(req["max_output_bytes"]),
+    wall = req.get("wall_timeout_s")
+    wall = default_wall_s(float(req["timeout_s"])) if wall is None else float(wall)
+    head = RUN_HEADER.pack(float(req["timeout_s"]), wall, int(req["memory_mb"]), int(req["max_output_bytes"]),
                            int(req["max_processes"]), int(req.get("file_mb", 64)), len(code),
                            0 if setup is None else len(extra) + 1)
     payload = RUN + head + code + extra
@@ -66,8 +77,10 @@ def run_fields(payload: bytes) -> tuple:
     if len(payload) < 1 + RUN_HEADER.size:
         raise ProtocolError("run frame shorter than its header")
     fields = RUN_HEADER.unpack_from(payload, 1)
-    if 1 + RUN_HEADER.size + fields[5] + max(0, fields[6] - 1) != len(payload) or fields[0] <= 0:
+    if 1 + RUN_HEADER.size + fields[6] + max(0, fields[7] - 1) != len(payload):
         raise ProtocolError("run frame lengths do not add up")
+    if not 0 < fields[0] <= fields[1]:
+        raise ProtocolError("run frame limits: need 0 < timeout_s (CPU) <= wall_timeout_s")
     return fields
 
 

@@ -97,7 +97,7 @@ class Executor:
     def run(self, payload: bytes) -> bytes:
         """A binary run payload (``protocol``) in, the result frame out."""
         try:
-            timeout_s, _, cap, _, _, _, n_setup = run_fields(payload)
+            cpu_s, wall_s, _, cap, _, _, _, n_setup = run_fields(payload)
         except ProtocolError as exc:
             return encode_frame({"error": f"bad request: {exc}"})
         if self.spawn and n_setup:
@@ -119,12 +119,12 @@ class Executor:
             except OSError:
                 pass  # the child is gone; supervise sees its exit status
             os.close(req_w)
-            status, timed_out, flooded, report, out, err = supervise(
-                pid, timeout_s, cap, n_setup > 0, (out_r, err_r, st_r), start, self._forker.pid)
+            status, limit, flooded, report, out, err = supervise(
+                pid, (cpu_s, wall_s), cap, n_setup > 0, (out_r, err_r, st_r), start, self._forker.pid)
         finally:
             for fd in (out_r, err_r, st_r):
                 os.close(fd)
-        return answer(status, timed_out, flooded, out, err, time.monotonic() - start, oom_before,
+        return answer(status, limit, flooded, out, err, time.monotonic() - start, oom_before,
                       report.setup is True)
 
     def _prefork(self) -> tuple[int, int, int, int, int]:

@@ -1,9 +1,11 @@
 """The parent side of one snippet: read its output, enforce its limits, reap what it left.
 
 ``supervise`` reads stdout/stderr concurrently (capped, never blocking on huge output), kills
-the snippet's process group at the deadline or past 16x the output cap, and returns as soon
-as the child has reported its exit code and closed its streams (without waiting for the exit
-teardown).  ``sweep`` kills and reaps every remaining descendant: the executor is a child
+the snippet's process group when it has used its CPU time (``cputime``: ``timeout``), at the
+wall-clock backstop (``wall_timeout``: a snippet that blocks, e.g. sleeps) or past 16x the
+output cap, and returns as soon as the child has reported its exit code and closed its streams
+(without waiting for the exit teardown); a snippet that ended past its CPU limit is a
+``timeout`` too, however it ended.  ``sweep`` kills and reaps every remaining descendant: the executor is a child
 subreaper (or PID 1), so escaped ``setsid``/double-fork processes are re-parented to it.
 Stdlib only (this package runs inside containers).
 """
@@ -15,35 +17,39 @@ import select
 import signal
 import time
 
+from .cputime import CpuClock
 from .outcome import Capture, StatusPipe
 
 DRAIN_S = 0.5
 
 
-def supervise(pid: int, timeout_s: float, cap: int, setup: bool, fds: tuple[int, int, int], start: float,
-              keep: int | None = None):
-    """Watch child ``pid`` until it ends, times out or floods (past 16x the output ``cap``);
-    returns ``(wait status, timed_out, flooded, StatusPipe, stdout Capture, stderr Capture)``.
-    ``setup``: the request has setup code.  ``fds`` (stdout, stderr, status read ends) are
-    non-blocking.  ``keep``: a child of ours that is not the snippet's (the forker)."""
+def supervise(pid: int, limits: tuple[float, float], cap: int, setup: bool, fds: tuple[int, int, int],
+              start: float, keep: int | None = None):
+    """Watch child ``pid`` until it ends, runs out of time or floods (past 16x the output
+    ``cap``); returns ``(wait status, limit, flooded, StatusPipe, stdout Capture, stderr
+    Capture)``, ``limit`` the one that ended it (``"timeout"``: CPU, ``"wall_timeout"``) or None.
+    ``limits``: CPU seconds and the wall-clock backstop.  ``setup``: the request has setup code.
+    ``fds`` (stdout, stderr, status read ends) are non-blocking.  ``keep``: a child of ours
+    that is not the snippet's (the forker)."""
     out_r, err_r, st_r = fds
     hard_cap = max(16 * cap, 1 << 20)
     caps = {out_r: Capture(cap, keep_tail=False), err_r: Capture(cap, keep_tail=True)}
-    deadline = start + timeout_s
+    clock = CpuClock(keep, limits[0], start)
+    deadline = start + limits[1]
     watch = _Watch(fds)
     pidfd = _pidfd(pid)
     if pidfd is not None:
         watch.poller.register(pidfd, select.POLLIN)
     report = StatusPipe(st_r, expect_setup=setup)
-    status, timed_out, flooded = None, False, False
+    status, limit, flooded = None, None, False
     try:
         while status is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
+            now = time.monotonic()
+            limit = _limit_reached(clock, deadline, now)
+            if limit:
                 break
-            wait = remaining if pidfd is not None else min(remaining, 0.01)
-            for fd, _ in watch.poller.poll(wait * 1000):
+            wait = min(deadline, clock.next_at) - now
+            for fd, _ in watch.poller.poll((wait if pidfd is not None else min(wait, 0.01)) * 1000):
                 if fd in caps:
                     _read_into(fd, caps[fd], watch)
                 elif fd == st_r:
@@ -52,8 +58,11 @@ def supervise(pid: int, timeout_s: float, cap: int, setup: bool, fds: tuple[int,
                 flooded = True
                 break
             if report.code is not None and out_r not in watch.open and err_r not in watch.open:
-                return report.code << 8, False, False, report, caps[out_r], caps[err_r]
+                limit = "timeout" if clock.over_at_end(time.monotonic()) else None
+                return report.code << 8, limit, False, report, caps[out_r], caps[err_r]
             status = _poll_exit(pid)
+        if status is not None and clock.over_at_end(time.monotonic()):
+            limit = "timeout"  # it ended (SIGXCPU, or on its own) past its CPU limit
         killpg(pid)
         if status is None:
             status = os.waitpid(pid, 0)[1]
@@ -62,7 +71,13 @@ def supervise(pid: int, timeout_s: float, cap: int, setup: bool, fds: tuple[int,
     finally:
         if pidfd is not None:
             os.close(pidfd)
-    return status, timed_out, flooded, report, caps[out_r], caps[err_r]
+    return status, limit, flooded, report, caps[out_r], caps[err_r]
+
+
+def _limit_reached(clock: CpuClock, deadline: float, now: float) -> str | None:
+    if now >= clock.next_at and clock.over(now):
+        return "timeout"
+    return "wall_timeout" if now >= deadline else None
 
 
 class _Watch:
