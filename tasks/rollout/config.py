@@ -91,10 +91,11 @@ class RolloutConfig(BaseModel):
     waiting for it there if need be, so the batch's make-up (and every float of a step) depends on the seed and the
     calls' results alone. Those do not depend on the machine's load: the sandbox's limit is CPU time
     (``sandbox/THREAT_MODEL.md``, "Time limits"), so a rerun reproduces the rollout bit for bit, beside a CPU hog too
-    (``tests/test_sandbox_cputime.py``), unless a call (a) needs about as much CPU time as ``sandbox.timeout_s`` (within the
-    clock's 10 ms ticks and the ~+-12 % by which the same work's CPU time varies with cache and frequency contention,
-    ``sandbox/THREAT_MODEL.md``): it may time out in one run only; (b) blocks until the wall-clock backstop ``sandbox.wall_timeout_s``, or computes while it gets less
-    than a fifth of a CPU: its verdict (``wall_timeout``) or its output so far can differ; or (c) prints what
+    (``tests/test_sandbox_cputime.py``), unless a call (a) needs about as much CPU time as ``sandbox.timeout_s``
+    (within the clock's 10 ms ticks and the ~+-12 % by which the same work's CPU time varies with cache and
+    frequency contention, ``sandbox/THREAT_MODEL.md``): it may time out in one run only; (b) blocks until the
+    wall-clock backstop ``sandbox.wall_timeout_s``, or computes while it gets less than a fifth of a CPU: its
+    verdict (``wall_timeout``) or its output so far can differ; or (c) prints what
     differs between runs by itself (the clock, ``random``: each snippet is seeded afresh). 0 = as soon as it is back
     (never waits; a near-tie token can differ between reruns when the sandbox's timing differs).
     ``tasks.rollout.toolcalls``."""

@@ -20,10 +20,10 @@ With nothing decoding, the next calls due are waited for (lockstep: the earliest
 schedule's price; waits with nothing decoding happen under either schedule and are not counted; 0 under lag 0).
 The rollout stage logs it as ``rollout/tool_wait_s``.
 
-What lockstep guarantees: the batch's make-up, hence every token and log-prob, given the calls' *results*. A call's
-result can itself depend on the machine: the sandbox's limit (``sandbox.timeout_s``) is wall-clock time, so a
-snippet that runs close to it can time out in one run and not in another on a loaded machine, and the rollouts
-part from there on.
+What lockstep guarantees: the batch's make-up, hence every token and log-prob, given the calls' *results*. The
+results do not depend on the machine's load either — the sandbox's limit (``sandbox.timeout_s``) is CPU time — but
+for the cases ``rollout.tool_lag_steps``'s docstring lists (a call needing about its limit, one that blocks until
+the wall-clock backstop, output that differs by itself).
 """
 
 from __future__ import annotations
