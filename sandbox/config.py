@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 
 class SandboxConfig(BaseModel):
@@ -77,6 +77,15 @@ class SandboxConfig(BaseModel):
     Snippets cannot touch their executor and every writable dir is emptied between them, so this
     is defence in depth; a container start costs ~0.3 s of CPU in the Docker daemons (measured
     260 ms), which at 500 runs took ~13 % of two cores from a pool serving ~450 snippets/s."""
+
+    @model_serializer(mode="wrap")
+    def _omit_default_backstop(self, handler):
+        """The default backstop is left out of the dump, hence out of every stage's cache key: runs made before
+        the field existed keep their keys (``tasks.training.setups``)."""
+        out = handler(self)
+        if out.get("wall_timeout_s", 0) is None:
+            del out["wall_timeout_s"]
+        return out
 
     @model_validator(mode="after")
     def _wall_covers_cpu(self) -> SandboxConfig:

@@ -123,4 +123,16 @@ def test_fields_added_off_are_not_hashed():
     """A config that does not use issue 41's fields dumps none of them: its stage keys are the ones it had before
     they existed (the setups hash the dump)."""
     dumped = load_config(TINY).setups().model_dump_json()
-    assert all(name not in dumped for name in ("failed_turns", "fresh_path", "fresh_prompts", "fresh_samples"))
+    assert all(name not in dumped for name in ("failed_turns", "fresh_path", "fresh_prompts", "fresh_samples",
+                                               "wall_timeout_s"))
+    assert "wall_timeout_s" in load_config(TINY, ["sandbox.wall_timeout_s=30"]).setups().model_dump_json()
+
+
+def test_the_committed_study_keeps_the_keys_its_runs_were_made_with():
+    """``configs/regimes/t4.yaml``'s stage hashes, recorded by hand at the commit its study's runs used the code of
+    (ffd00c3, before issues 38-41 added fields): a field added since must be left out of the dump while it is off
+    (``OffFieldsOmitted``, ``SandboxConfig``), or resuming the study's compare ids would redo all 28 runs."""
+    s = load_config(TINY.parent / "regimes" / "t4.yaml").setups()
+    assert {st: s.config_hash(st) for st in ("rollout", "score", "mix", "advantage", "update", "eval", "log")} == {
+        "rollout": "3dd8d8e97f6e", "score": "ab780f8db279", "mix": "2ac15f09f37e", "advantage": "37b23af45af3",
+        "update": "b15b0029deaa", "eval": "b4f31a44047c", "log": "eff35c9ee2dd"}
