@@ -18,7 +18,9 @@
     cleaner bench-step               the compare's RL step with the speed switches off/on (ratio, identical numbers)
     cleaner sandbox ... / data ...   sandbox benchmark, dataset tools
 
-Every command takes ``--config`` (YAML) and repeatable ``--set key.path=value`` overrides.
+Every command takes ``--config`` (YAML) and repeatable ``--set key.path=value`` overrides. ``PREFECT_HOME`` is the
+project's ``.prefect`` unless the shell sets one (``flows.prefect_home``): every command, ``make`` and the served
+stack share one Prefect history.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ import signal
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+
+from flows.prefect_home import use_project_home  # noqa: E402
+
+use_project_home()
 
 from pathlib import Path  # noqa: E402
 
@@ -414,7 +420,7 @@ def demo(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt) -> None
     console.print(f"{cfg.train.steps} RL steps with CLEANER, {cfg.data.prompts_per_step} prompts × "
                   f"{cfg.rollout.n_samples} samples each, held-out evaluations every {cfg.train.eval_every} steps: "
                   "about 5 minutes on 2 quiet CPU cores (tiny.yaml); a line per step follows", soft_wrap=True)
-    run_train(config, overrides)
+    result = run_train(config, overrides)
     console.rule("results")
     from tasks.stores.links import experiment_url
 
@@ -426,8 +432,23 @@ def demo(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt) -> None
         f"Policy:     [bold]mlflow.transformers.load_model(\"models:/{name}@best\")[/bold]  or  "
         f"[bold].venv/bin/cleaner eval --model models:/{name}@best[/bold]\n"
         f"DuckDB:     [bold]{cfg.tracking.duckdb_path}[/bold]  e.g. "
-        "[bold].venv/bin/cleaner query \"SELECT step, kind, count(*) FROM saar_events GROUP BY ALL ORDER BY ALL\"[/bold]",
+        "[bold].venv/bin/cleaner query \"SELECT step, kind, count(*) FROM saar_events GROUP BY ALL ORDER BY ALL\"[/bold]\n"
+        f"{prefect_line(Path(cfg.output_dir) / result['run_id'])}",
         soft_wrap=True)
+
+
+def prefect_line(run_dir: Path) -> str:
+    """Where the flow run of a run ended by a temporary Prefect server can be opened: the project's Prefect server
+    (``cleaner serve start`` over the same ``PREFECT_HOME``) serves it at the link the run's description carries."""
+    import json
+
+    from tasks.stores.links import flow_run_url
+
+    origin = run_dir / "prefect.json"
+    flow_run = json.loads(origin.read_text()).get("flow_run_id") if origin.exists() else None
+    where = f"its flow run {flow_run_url(flow_run)}" if flow_run else "its flow runs"
+    return (f"Prefect:    [bold].venv/bin/cleaner serve start[/bold] serves this project's Prefect history "
+            f"({os.environ['PREFECT_HOME']}) → {where}")
 
 
 def ui_argv(cfg, host: str, port: int) -> tuple[list[str], dict[str, str]]:

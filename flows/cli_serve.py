@@ -27,8 +27,12 @@ from pathlib import Path
 import httpx
 import typer
 
-from flows import serve_api
-from flows.serve_stack import (
+from flows.prefect_home import use_project_home
+
+use_project_home()
+
+from flows import serve_api  # noqa: E402
+from flows.serve_stack import (  # noqa: E402
     ORDER,
     ServeError,
     StackConfig,

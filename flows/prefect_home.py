@@ -1,4 +1,12 @@
-"""The Prefect database of a ``PREFECT_HOME``, made once before commands that start a temporary Prefect server.
+"""The project's Prefect home, and its database made once before commands that start a temporary Prefect server.
+
+**One history per project.** ``cleaner`` sets ``PREFECT_HOME`` to ``<project>/.prefect`` when the shell has none
+(``use_project_home``, called before Prefect is imported), the folder ``make`` exports too: ``make demo``,
+``.venv/bin/cleaner train``, ``cleaner serve start`` (its Prefect server, its worker and the flow runs the worker
+starts inherit it) and ``cleaner resume`` all read and write one Prefect database, so a flow run link printed by one
+opens on the stack started by another. The project is the folder the command runs in (where ``configs/``, ``runs/``
+and ``mlflow.db`` are). An exported ``PREFECT_HOME`` wins (``PREFECT_HOME=~/.prefect`` keeps Prefect's default,
+with its profiles).
 
 Without ``PREFECT_API_URL`` every ``cleaner train`` / ``eval`` / ``compare`` starts a temporary Prefect server over
 ``$PREFECT_HOME/prefect.db``, and the first start of a server migrates that SQLite file. Several commands started
@@ -13,7 +21,19 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import os
 from pathlib import Path
+
+PROJECT_HOME = ".prefect"
+"""The project's Prefect home, relative to the folder a command runs in (``make`` exports the same)."""
+
+
+def use_project_home(cwd: Path | None = None) -> Path:
+    """Set ``PREFECT_HOME`` to ``<cwd>/.prefect`` unless the environment has one; returns the home in effect.
+    Must run before ``prefect`` is imported (its settings are read once)."""
+    if not os.environ.get("PREFECT_HOME"):
+        os.environ["PREFECT_HOME"] = str((cwd or Path.cwd()).resolve() / PROJECT_HOME)
+    return Path(os.environ["PREFECT_HOME"]).expanduser()
 
 
 def migrated_marker(home: Path) -> Path:

@@ -56,6 +56,25 @@ def test_query_errors_are_reported(tmp_path):
     assert res.exit_code == 2 and "query failed" in _out(res)
 
 
+HOME_CODE = ("import flows.cli; from prefect.settings import get_current_settings; from flows.serve_stack import "
+             "StackConfig; from pathlib import Path; print(get_current_settings().home); "
+             "print(StackConfig(Path('.serve')).env('worker')['PREFECT_HOME'])")
+
+
+def test_cleaner_uses_the_projects_prefect_home_unless_the_shell_sets_one(tmp_path):
+    """`.venv/bin/cleaner` run in a project without PREFECT_HOME uses `<project>/.prefect` (what `make` exports), and
+    so do the servers and worker of its stack; an exported PREFECT_HOME wins."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
+    env["PYTHONPATH"] = str(ROOT)
+    out = subprocess.run([sys.executable, "-c", HOME_CODE], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.split() == [str(tmp_path / ".prefect")] * 2, out.stdout + out.stderr
+    own = tmp_path / "elsewhere"
+    out = subprocess.run([sys.executable, "-c", HOME_CODE], cwd=tmp_path, env={**env, "PREFECT_HOME": str(own)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == [str(own)] * 2, out.stdout + out.stderr
+
+
 @pytest.mark.slow
 def test_train_command_runs_and_exits_cleanly(warm_model_dir, tmp_path):
     """One step through the real CLI in a fresh process: exit 0 and no tracebacks at shutdown."""

@@ -80,10 +80,17 @@ def test_demo_skips_the_warm_up_of_an_existing_model(tmp_path, monkeypatch, warm
     warm, train = Recorder(tmp_path), Recorder(tmp_path)
     monkeypatch.setattr(flows.warmup, "warmup_flow", warm)
     monkeypatch.setattr(flows.train, "train", train)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "project" / ".prefect"))
+    (tmp_path / "runs" / "r1").mkdir(parents=True)
+    (tmp_path / "runs" / "r1" / "prefect.json").write_text('{"flow_run_id": "0a1b-fr", "deployment_id": null}')
     res = runner.invoke(cli.app, ["demo", *_stores(tmp_path), "--set", f"model.path={warm_model_dir}"])
     assert res.exit_code == 0, res.output
     assert warm.calls == [] and len(train.calls) == 1
     _plain(train.calls[0])
+    out = " ".join(res.output.split())
+    assert (f"Prefect: .venv/bin/cleaner serve start serves this project's Prefect history "
+            f"({tmp_path / 'project' / '.prefect'}) → its flow run http://127.0.0.1:4200/flow-runs/flow-run/0a1b-fr"
+            ) in out, out
 
 
 def test_train_profile_reruns_the_same_run_and_prints_the_table(tmp_path, monkeypatch, warm_model_dir):

@@ -10,7 +10,8 @@
 
 URLs: the MLflow UI is ``tracking.ui_url``, else the tracking server, else ``http://127.0.0.1:5000``
 (what ``mlflow ui`` serves); the Prefect UI is ``PREFECT_UI_URL``, else ``http://127.0.0.1:4200``
-(``prefect server start`` over the same ``PREFECT_HOME`` shows the runs of ephemeral mode too).
+(``cleaner serve start`` serves the project's Prefect history, ``.prefect``, which every ``cleaner`` command uses
+unless ``PREFECT_HOME`` is set, so the runs of ephemeral mode open there too).
 """
 
 from __future__ import annotations
