@@ -64,7 +64,7 @@ def test_demo_warms_up_a_missing_model_then_trains_with_plain_values(tmp_path, m
     assert res.exit_code == 0, res.output
     overrides = [s for s in sets if s != "--set"]
     assert warm.calls == [("configs/tiny.yaml", overrides)]
-    assert train.calls == [("configs/tiny.yaml", overrides, None, None)]
+    assert train.calls == [("configs/tiny.yaml", ["tracking.register_models=true", *overrides], None, None)]
     _plain(train.calls[0])
     out = " ".join(res.output.split())
     assert "warm-up of" in out and "about 25 minutes" in out
