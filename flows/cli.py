@@ -17,6 +17,8 @@
     cleaner bench-partial            rollout with APRIL partial rollouts off/on (ratios in one run)
     cleaner bench-step               the compare's RL step with the speed switches off/on (ratio, identical numbers)
     cleaner sandbox ... / data ...   sandbox benchmark, dataset tools
+    cleaner runs show RUN            how a flow run ended and why: state message, the failing stage's last log lines
+    cleaner serve ...                the project's Prefect server + worker + MLflow server (docs/schedule.md)
 
 Every command takes ``--config`` (YAML) and repeatable ``--set key.path=value`` overrides. ``PREFECT_HOME`` is the
 project's ``.prefect`` unless the shell sets one (``flows.prefect_home``): every command, ``make`` and the served
@@ -493,6 +495,7 @@ def _experiment_id(cfg) -> str | None:
 _mount_optional("sandbox", "flows.cli_sandbox", "Sandbox tools (benchmark).")
 _mount_optional("data", "flows.cli_data", "Dataset tools (inspect, grading benchmark).")
 _mount_optional("serve", "flows.cli_serve", "Local Prefect server + worker + MLflow server.")
+_mount_optional("runs", "flows.cli_runs", "Flow runs: how one ended and why (state message, failing stage's logs).")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,10 @@ concurrently, and one of them fails in Alembic ("Online migration expected to ma
 command migrates the database under a file lock while the others wait for it; a marker per Prefect version makes
 later commands skip all of this (a few milliseconds). Nothing is done when a Prefect API is configured, or when the
 database is not a SQLite file.
+
+**Which Prefect a command talks to** (``project_api``: ``cleaner runs show``, ``cleaner resume``): the exported
+``PREFECT_API_URL``, else the API of the project's running stack recorded in ``.serve/pids.json`` (with its auth
+string), else the project's history itself through a temporary server.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 PROJECT_HOME = ".prefect"
@@ -67,3 +72,41 @@ def ensure_database() -> Path | None:
             asyncio.run(provide_database_interface().create_db())
             marker.touch()
     return marker
+
+
+STACK_DIR = Path(".serve")
+"""Where ``cleaner serve start`` records the project's stack (``pids.json``: its API, process groups, credentials)."""
+
+
+def stack_api(folder: Path = STACK_DIR) -> tuple[str, str | None] | None:
+    """The Prefect API (and its auth string) of the stack recorded in ``folder`` while its Prefect server runs."""
+    from flows.serve_auth import prefect_auth_string
+    from flows.serve_stack import group_alive, read_state
+
+    try:
+        state = read_state(folder)
+    except (FileNotFoundError, ValueError):
+        return None
+    pgid = state.get("pids", {}).get("prefect")
+    if not pgid or not group_alive(pgid):
+        return None
+    return state["prefect_api"], prefect_auth_string(state)
+
+
+@contextmanager
+def project_api(folder: Path = STACK_DIR):
+    """Prefect settings for a command that talks to the project's Prefect, and a line saying where that is: the
+    exported ``PREFECT_API_URL``; else the API of the project's running stack (``folder``); else the project's
+    history itself (``PREFECT_HOME``, through a temporary server)."""
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, get_current_settings, temporary_settings
+
+    if PREFECT_API_URL.value():
+        yield f"the Prefect API {PREFECT_API_URL.value()} (PREFECT_API_URL)"
+        return
+    found = stack_api(folder)
+    if found is None:
+        yield f"the project's Prefect history {get_current_settings().home} (no stack running in {folder})"
+        return
+    api, token = found
+    with temporary_settings({PREFECT_API_URL: api, **({PREFECT_API_AUTH_STRING: token} if token else {})}):
+        yield f"the stack's Prefect API {api} ({folder / 'pids.json'})"

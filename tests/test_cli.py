@@ -169,3 +169,53 @@ def test_commands_started_together_on_a_fresh_prefect_home_migrate_its_database_
     again = subprocess.run([sys.executable, "-c", code + "; import sys; print('prefect.server.database' in sys.modules)"],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert again.stdout.split()[-1] == "False", again.stdout + again.stderr
+
+
+def test_runs_show_prints_why_a_flow_run_failed(prefect_harness, tmp_path):
+    """`cleaner runs show` of a failed flow run — by id, by the name `--watch` prints, by the training run's id —
+    prints its state message, the task run that failed and that task's last log lines; exit 1. An unknown run is
+    exit 2 naming where it looked."""
+    import json
+
+    from prefect import flow, get_run_logger, task
+    from prefect.client.orchestration import get_client
+    from prefect.logging.handlers import APILogWorker
+
+    @task(name="update")
+    def update(step: int) -> None:
+        for i in range(6):
+            get_run_logger().info(f"micro-batch {i}: loss 0.{i}")
+        raise ValueError("loss is nan")
+
+    @flow(name="doomed")
+    def doomed() -> None:
+        try:
+            update(3)
+        except ValueError as err:
+            raise RuntimeError(f"stage 'update' of step 3 failed: ValueError: {err}") from err
+
+    flow_run_id = str(doomed(return_state=True).state_details.flow_run_id)
+    APILogWorker.drain_all(timeout=30)
+    with get_client(sync_client=True) as client:
+        name = client.read_flow_run(flow_run_id).name
+        [task_run] = client.read_task_runs()
+    (tmp_path / "runs" / "tiny-x").mkdir(parents=True)
+    (tmp_path / "runs" / "tiny-x" / "prefect.json").write_text(json.dumps({"flow_run_id": flow_run_id}))
+    for ref in (flow_run_id, name, "tiny-x"):
+        res = runner.invoke(app, ["runs", "show", ref, "--lines", "3", "--output-dir", str(tmp_path / "runs")])
+        lines = res.output.splitlines()
+        assert res.exit_code == 1, res.output
+        assert lines[0] == f"flow run   {name}  ({flow_run_id})   deployment -"
+        assert lines[1] == ("state      Failed: Flow run encountered an exception: RuntimeError: stage 'update' of "
+                            "step 3 failed: ValueError: loss is nan")
+        assert lines[2] == f"failed     task run {task_run.name!r} (Failed)"
+        assert lines[3] == f"last 3 log lines of task run {task_run.name!r}:"
+        assert lines[5].strip() == "ValueError: loss is nan"
+        assert lines[6].endswith(" ERROR    Finished in state Failed('Task run encountered an exception ValueError: "
+                                 "loss is nan')")
+        assert len(lines) == 7
+    res = runner.invoke(app, ["runs", "show", name, "--lines", "60"])
+    logged = [line.split(" ", 3)[-1] for line in res.output.splitlines() if "micro-batch" in line]
+    assert logged == [f"INFO     micro-batch {i}: loss 0.{i}" for i in range(6)], res.output
+    res = runner.invoke(app, ["runs", "show", "no-such-run"])
+    assert res.exit_code == 2 and res.output.startswith("no flow run 'no-such-run' in the Prefect API http://")
