@@ -88,24 +88,26 @@ def _check_policy(cfg) -> None:
 
 
 FLOW_COMMANDS = ("warmup", "warmup-gate", "train", "resume", "eval", "compare", "demo", "bench-engines",
-                 "bench-partial", "bench-step")
-"""Commands that run Prefect flows (a temporary Prefect server without ``PREFECT_API_URL``)."""
+                 "bench-partial", "bench-step", "runs")
+"""Commands that run Prefect flows or read flow runs (a temporary Prefect server without ``PREFECT_API_URL``)."""
 
 
 @app.callback()
 def _before_any_command(ctx: typer.Context) -> None:
     """SIGTERM (``kill``, a CI runner, a process manager) ends any command as Ctrl-C does: its flow run is marked,
     and the temporary Prefect server the process started is stopped on the way out (Prefect stops it at interpreter
-    exit, which a default SIGTERM skips) instead of outliving the command. A command that runs flows finds the
+    exit, which a default SIGTERM skips) instead of outliving the command; a SIGKILL skips even that, so the server
+    is started to die with the command (``guard_temporary_server``). A command that runs flows finds the
     Prefect database migrated, even when others start beside it on a fresh home (``flows.prefect_home``)."""
     def interrupt(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, interrupt)
     if ctx.invoked_subcommand in FLOW_COMMANDS:
-        from flows.prefect_home import ensure_database
+        from flows.prefect_home import ensure_database, guard_temporary_server
 
         ensure_database()
+        guard_temporary_server()
 
 
 def _mount_optional(name: str, module: str, help_text: str) -> None:
@@ -216,21 +218,26 @@ def train(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
 @app.command()
 def resume(run_id: str, output_dir: Path = typer.Option(Path("runs"), help="Folder holding the run folders."),
            local: bool = typer.Option(False, help="Resume here in a new flow run even when a deployment started the "
-                                                  "run (its deployment history then shows the crashed attempt).")) -> None:
+                                                  "run (its deployment history then shows the crashed attempt)."),
+           folder: Path = typer.Option(Path(".serve"), "--dir", help="The stack's folder: its Prefect API when "
+                                                                     "PREFECT_API_URL is not set.")) -> None:
     """Rerun a crashed or stopped run: finished stages are skipped, training continues where it stopped.
 
     A run started from a deployment is retried through Prefect (as the UI's Retry does): the same flow run goes back
-    to the deployment's work pool, so the deployment's history shows one run that finished."""
+    to the deployment's work pool, so the deployment's history shows one run that finished. The Prefect API is
+    ``PREFECT_API_URL``, else the project's running stack (``--dir``, recorded in ``.serve/pids.json``)."""
     config = output_dir / run_id / "config.json"
     if not config.exists():
         console.print(f"[red]no run {run_id!r}[/red]: {config} does not exist")
         raise typer.Exit(2)
+    from flows.prefect_home import project_api
     from flows.resume import deployment_flow_run, retry_flow_run
 
     origin = None if local else deployment_flow_run(output_dir / run_id)
     if origin:
         try:
-            state = retry_flow_run(origin)
+            with project_api(folder):
+                state = retry_flow_run(origin)
         except RuntimeError as err:
             console.print(f"[red]{err}[/red]", soft_wrap=True)
             raise typer.Exit(2) from None

@@ -16,6 +16,11 @@ command migrates the database under a file lock while the others wait for it; a 
 later commands skip all of this (a few milliseconds). Nothing is done when a Prefect API is configured, or when the
 database is not a SQLite file.
 
+**No temporary server outlives its command.** Prefect starts the temporary server as a child process and stops it
+at interpreter exit; a command killed with SIGKILL (a crash, the OOM killer, a test) skips that, and the server ran
+on with parent PID 1, ~200 MB and a port, for good. ``guard_temporary_server`` has the server started with
+``PR_SET_PDEATHSIG``: the kernel sends it SIGTERM when the command's main thread ends, however it ends.
+
 **Which Prefect a command talks to** (``project_api``: ``cleaner runs show``, ``cleaner resume``): the exported
 ``PREFECT_API_URL``, else the API of the project's running stack recorded in ``.serve/pids.json`` (with its auth
 string), else the project's history itself through a temporary server.
@@ -24,10 +29,17 @@ string), else the project's history itself through a temporary server.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import fcntl
 import os
+import signal
+import subprocess
+import sys
+import threading
 from contextlib import contextmanager
 from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
 
 PROJECT_HOME = ".prefect"
 """The project's Prefect home, relative to the folder a command runs in (``make`` exports the same)."""
@@ -39,6 +51,47 @@ def use_project_home(cwd: Path | None = None) -> Path:
     if not os.environ.get("PREFECT_HOME"):
         os.environ["PREFECT_HOME"] = str((cwd or Path.cwd()).resolve() / PROJECT_HOME)
     return Path(os.environ["PREFECT_HOME"]).expanduser()
+
+
+def _dies_with(parent: int):
+    """A ``preexec_fn``: the child gets SIGTERM when ``parent``'s thread that started it ends (and exits at once if
+    the parent is already gone)."""
+
+    def arm() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return arm
+
+
+def guard_temporary_server() -> bool:
+    """Have Prefect's temporary server, when this process starts one, die with the process (Linux; the server
+    must be started from the main thread, which lives as long as the process). Returns whether it is guarded.
+    Nothing is started here; nothing changes when a Prefect API is configured."""
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value() or not sys.platform.startswith("linux"):
+        return False
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()  # the instance Prefect's clients use when no API is configured
+    unguarded = type(server)._run_uvicorn_command
+
+    class Guarded(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            guard = threading.current_thread() is threading.main_thread()
+            super().__init__(*args, **kwargs, **({"preexec_fn": _dies_with(os.getpid())} if guard else {}))
+
+    def run_uvicorn() -> subprocess.Popen:
+        popen, subprocess.Popen = subprocess.Popen, Guarded
+        try:
+            return unguarded(server)
+        finally:
+            subprocess.Popen = popen
+
+    server._run_uvicorn_command = run_uvicorn
+    return True
 
 
 def migrated_marker(home: Path) -> Path:

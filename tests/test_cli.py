@@ -171,14 +171,9 @@ def test_commands_started_together_on_a_fresh_prefect_home_migrate_its_database_
     assert again.stdout.split()[-1] == "False", again.stdout + again.stderr
 
 
-def test_runs_show_prints_why_a_flow_run_failed(prefect_harness, tmp_path):
-    """`cleaner runs show` of a failed flow run — by id, by the name `--watch` prints, by the training run's id —
-    prints its state message, the task run that failed and that task's last log lines; exit 1. An unknown run is
-    exit 2 naming where it looked."""
-    import json
-
+def _failed_flow_run() -> str:
+    """A real flow run (on the Prefect API in effect) whose task ``update`` logs 6 lines and fails; its id."""
     from prefect import flow, get_run_logger, task
-    from prefect.client.orchestration import get_client
     from prefect.logging.handlers import APILogWorker
 
     @task(name="update")
@@ -196,9 +191,21 @@ def test_runs_show_prints_why_a_flow_run_failed(prefect_harness, tmp_path):
 
     flow_run_id = str(doomed(return_state=True).state_details.flow_run_id)
     APILogWorker.drain_all(timeout=30)
+    return flow_run_id
+
+
+def test_runs_show_prints_why_a_flow_run_failed(prefect_harness, tmp_path):
+    """`cleaner runs show` of a failed flow run — by id, by the name `--watch` prints, by the training run's id —
+    prints its state message, the task run that failed and that task's last log lines; exit 1. An unknown run is
+    exit 2 naming where it looked."""
+    import json
+
+    from prefect.client.orchestration import get_client
+
+    flow_run_id = _failed_flow_run()
     with get_client(sync_client=True) as client:
         name = client.read_flow_run(flow_run_id).name
-        [task_run] = client.read_task_runs()
+        [task_run] = [t for t in client.read_task_runs() if str(t.flow_run_id) == flow_run_id]
     (tmp_path / "runs" / "tiny-x").mkdir(parents=True)
     (tmp_path / "runs" / "tiny-x" / "prefect.json").write_text(json.dumps({"flow_run_id": flow_run_id}))
     for ref in (flow_run_id, name, "tiny-x"):
@@ -219,3 +226,34 @@ def test_runs_show_prints_why_a_flow_run_failed(prefect_harness, tmp_path):
     assert logged == [f"INFO     micro-batch {i}: loss 0.{i}" for i in range(6)], res.output
     res = runner.invoke(app, ["runs", "show", "no-such-run"])
     assert res.exit_code == 2 and res.output.startswith("no flow run 'no-such-run' in the Prefect API http://")
+
+
+def test_resume_finds_the_stacks_api_in_its_folder_when_none_is_set(prefect_harness, tmp_path):
+    """`cleaner resume` of a deployment's run with no PREFECT_API_URL: the API comes from the running stack's
+    `pids.json` (here: the test's Prefect server, its `prefect` process group a live one), and the flow run is put
+    back to Scheduled through it."""
+    import json
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    flow_run_id = _failed_flow_run()
+    api = PREFECT_API_URL.value()
+    run = tmp_path / "runs" / "nightly"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    (run / "prefect.json").write_text(json.dumps({"flow_run_id": flow_run_id, "deployment_id": "dep-9"}))
+    (tmp_path / "serve").mkdir()
+    group = subprocess.Popen(["sleep", "300"], start_new_session=True)  # stands in for the stack's Prefect server
+    try:
+        (tmp_path / "serve" / "pids.json").write_text(json.dumps({"pids": {"prefect": group.pid}, "prefect_api": api}))
+        with temporary_settings(restore_defaults={PREFECT_API_URL}):
+            res = runner.invoke(app, ["resume", "nightly", "--output-dir", str(tmp_path / "runs"), "--dir",
+                                      str(tmp_path / "serve")])
+    finally:
+        group.kill()
+        group.wait()
+    assert res.exit_code == 0, res.output
+    assert f"flow run {flow_run_id} of its deployment retried (FAILED)" in " ".join(res.output.split())
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(flow_run_id).state.type.value == "SCHEDULED"

@@ -186,7 +186,9 @@ def test_resume_of_a_deployment_run_without_a_prefect_api_names_the_flow_run(tmp
     train = Recorder(tmp_path)
     monkeypatch.setattr(flows.train, "train", train)
     with temporary_settings(restore_defaults={PREFECT_API_URL}):  # no API, whatever a test harness set before
-        res = runner.invoke(cli.app, ["resume", "nightly", "--output-dir", str(tmp_path / "runs")])
+        res = runner.invoke(cli.app, ["resume", "nightly", "--output-dir", str(tmp_path / "runs"), "--dir",
+                                      str(tmp_path / "serve")])
     out = " ".join(res.output.split())
-    assert res.exit_code == 2 and "flow run fr-123 was started by a deployment" in out and "--local" in out, out
+    assert res.exit_code == 2 and "flow run fr-123 was started by a deployment, but no stack is running here" in out \
+        and "--local" in out, out
     assert train.calls == []
