@@ -44,8 +44,24 @@ import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="CLEANER: RL for tool-using LLMs with SAAR.")
-console = Console()
+# help texts are plain: Rich markup would swallow literal brackets such as `compare.add_arms=[r3l]`
+app = typer.Typer(rich_markup_mode=None, add_completion=False, no_args_is_help=True,
+                  help="CLEANER: RL for tool-using LLMs with SAAR.")
+WIDE = 200
+"""Columns of tables when the output is not a terminal (a log, a pipe): text is not wrapped at all there."""
+
+
+def make_console() -> Console:
+    """A terminal wraps at its width; a log or a pipe gets lines as long as they are (paths, SQL, links stay whole;
+    Rich's default would hard-wrap them at 80 columns) and tables up to ``COLUMNS`` or ``WIDE`` columns."""
+    import sys
+
+    if sys.stdout.isatty():
+        return Console()
+    return Console(soft_wrap=True, width=int(os.environ.get("COLUMNS") or WIDE))
+
+
+console = make_console()
 
 ConfigOpt = typer.Option(Path("configs/tiny.yaml"), "--config", "-c", help="Run config YAML.")
 SetOpt = typer.Option(None, "--set", "-s", help="Override: key.path=value (repeatable).")

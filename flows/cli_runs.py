@@ -25,7 +25,8 @@ from uuid import UUID
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Flow runs: how one ended and why.")
+app = typer.Typer(rich_markup_mode=None, add_completion=False, no_args_is_help=True,
+                  help="Flow runs: how one ended and why.")
 
 BAD = ("FAILED", "CRASHED")
 

@@ -47,7 +47,8 @@ from flows.serve_stack import (  # noqa: E402
     wait_http,
 )
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Local Prefect server + worker + MLflow server.")
+app = typer.Typer(rich_markup_mode=None, add_completion=False, no_args_is_help=True,
+                  help="Local Prefect server + worker + MLflow server.")
 
 DirOpt = typer.Option(Path(".serve"), "--dir", help="Folder for logs/ and pids.json.")
 

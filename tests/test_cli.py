@@ -257,3 +257,20 @@ def test_resume_finds_the_stacks_api_in_its_folder_when_none_is_set(prefect_harn
     assert f"flow run {flow_run_id} of its deployment retried (FAILED)" in " ".join(res.output.split())
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(flow_run_id).state.type.value == "SCHEDULED"
+
+
+def test_help_keeps_literal_brackets():
+    res = runner.invoke(app, ["compare", "--help"])
+    assert "--set 'compare.add_arms=[r3l]'" in _out(res), res.output
+
+
+def test_output_to_a_pipe_is_not_wrapped(tmp_path):
+    """Printed to a pipe or a log, a long path stays on one line (Rich's default wraps at 80 columns)."""
+    store = tmp_path / ("a-folder-with-a-long-name-" * 5) / "cleaner.duckdb"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("COLUMNS", None)
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "query", "SELECT 1", "--set",
+                           f"tracking.duckdb_path={store}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    assert f"{store} does not exist yet: train first" in done.stdout.splitlines(), done.stdout
