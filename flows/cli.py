@@ -22,7 +22,8 @@
 
 Every command takes ``--config`` (YAML) and repeatable ``--set key.path=value`` overrides. ``PREFECT_HOME`` is the
 project's ``.prefect`` unless the shell sets one (``flows.prefect_home``): every command, ``make`` and the served
-stack share one Prefect history.
+stack share one Prefect history; while the project's stack runs (``cleaner serve start``), commands use its Prefect
+API unless ``PREFECT_API_URL`` is set.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
-from flows.prefect_home import use_project_home  # noqa: E402
+from flows.prefect_home import use_project_home, use_running_stack  # noqa: E402
 
 use_project_home()
+use_running_stack()
 
 from pathlib import Path  # noqa: E402
 
@@ -473,6 +475,8 @@ def prefect_line(run_dir: Path) -> str:
     origin = run_dir / "prefect.json"
     flow_run = json.loads(origin.read_text()).get("flow_run_id") if origin.exists() else None
     where = f"its flow run {flow_run_url(flow_run)}" if flow_run else "its flow runs"
+    if os.environ.get("PREFECT_API_URL"):
+        return f"Prefect:    {where}"
     return (f"Prefect:    [bold].venv/bin/cleaner serve start[/bold] serves this project's Prefect history "
             f"({os.environ['PREFECT_HOME']}) → {where}")
 

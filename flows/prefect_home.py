@@ -21,9 +21,9 @@ at interpreter exit; a command killed with SIGKILL (a crash, the OOM killer, a t
 on with parent PID 1, ~200 MB and a port, for good. ``guard_temporary_server`` has the server started with
 ``PR_SET_PDEATHSIG``: the kernel sends it SIGTERM when the command's main thread ends, however it ends.
 
-**Which Prefect a command talks to** (``project_api``: ``cleaner runs show``, ``cleaner resume``): the exported
-``PREFECT_API_URL``, else the API of the project's running stack recorded in ``.serve/pids.json`` (with its auth
-string), else the project's history itself through a temporary server.
+**Which Prefect a command talks to**: the exported ``PREFECT_API_URL``, else the API of the project's running stack
+recorded in ``.serve/pids.json`` (with its auth string; ``use_running_stack`` at every ``cleaner`` start,
+``project_api`` for another ``--dir``), else the project's history itself through a temporary server.
 """
 
 from __future__ import annotations
@@ -129,6 +129,34 @@ def ensure_database() -> Path | None:
 
 STACK_DIR = Path(".serve")
 """Where ``cleaner serve start`` records the project's stack (``pids.json``: its API, process groups, credentials)."""
+
+
+def use_running_stack(folder: Path = STACK_DIR) -> str | None:
+    """When the shell sets no ``PREFECT_API_URL`` and the project's stack runs (``folder/pids.json`` ready, its
+    Prefect process group alive, its port open), point this process at its API (and auth string): runs go to the
+    server the stack's UI shows, live, and the links they print open there. Returns the API, or None. Must run
+    before ``prefect`` is imported; reads no more than the stack's files and one TCP connect."""
+    import json
+    import socket
+    from urllib.parse import urlsplit
+
+    if os.environ.get("PREFECT_API_URL"):
+        return None
+    try:
+        state = json.loads((folder / "pids.json").read_text())
+        pgid, api = int(state["pids"]["prefect"]), str(state["prefect_api"])
+        os.killpg(pgid, 0)
+        where = urlsplit(api)
+        socket.create_connection((where.hostname, where.port), timeout=1.0).close()
+        token = json.loads(Path(state["auth_file"]).read_text())["prefect"] if state.get("auth_file") else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not state.get("ready"):
+        return None
+    os.environ["PREFECT_API_URL"] = api
+    if token:
+        os.environ.setdefault("PREFECT_API_AUTH_STRING", token)
+    return api
 
 
 def stack_api(folder: Path = STACK_DIR) -> tuple[str, str | None] | None:

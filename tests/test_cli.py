@@ -274,3 +274,37 @@ def test_output_to_a_pipe_is_not_wrapped(tmp_path):
                           timeout=120)
     assert done.returncode == 2
     assert f"{store} does not exist yet: train first" in done.stdout.splitlines(), done.stdout
+
+
+STACK_CODE = "import os, flows.cli; print(os.environ.get('PREFECT_API_URL'))"
+
+
+def test_commands_use_the_projects_running_stack_unless_an_api_is_set(tmp_path):
+    """A project whose stack runs (`.serve/pids.json` ready, its Prefect group alive, its port open): `cleaner`
+    talks to that API; a stale record (port closed) or an exported PREFECT_API_URL is left alone."""
+    import json
+    import socket
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
+    env["PYTHONPATH"] = str(ROOT)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    group = subprocess.Popen(["sleep", "300"], start_new_session=True)  # stands in for the Prefect server's group
+    (tmp_path / ".serve").mkdir()
+
+    def api_seen(record: dict, **extra: str) -> str:
+        (tmp_path / ".serve" / "pids.json").write_text(json.dumps(record))
+        return subprocess.run([sys.executable, "-c", STACK_CODE], cwd=tmp_path, env={**env, **extra},
+                              capture_output=True, text=True, timeout=120).stdout.strip()
+
+    try:
+        stack = {"ready": True, "pids": {"prefect": group.pid}, "prefect_api": f"http://127.0.0.1:{port}/api"}
+        assert api_seen(stack) == f"http://127.0.0.1:{port}/api"
+        assert api_seen(stack, PREFECT_API_URL="http://elsewhere:1/api") == "http://elsewhere:1/api"
+        assert api_seen({**stack, "ready": False}) == "None"
+        listener.close()
+        assert api_seen(stack) == "None"  # nothing listens: a stale record
+    finally:
+        listener.close()
+        group.kill()
+        group.wait()
