@@ -8,6 +8,7 @@ server, the ``train-tiny`` deployment from ``prefect.yaml``), on free ports in a
   slot released);
 * a flow process killed with SIGKILL, then ``cleaner resume``: the deployment's flow run is retried through Prefect
   and the same training run resumes;
+* a deployment run that fails on a typo'd override says why through ``cleaner runs show <flow-run-name>``;
 * ``serve stop`` refuses during a run; ``--force`` cancels it through Prefect: no run of the stack stays Running, the
   deployment's concurrency slot is free, and the flow process is gone; a foreign flow run in the same Prefect
   history (a flow started from a shell against the stack's API) is neither listed nor waited for nor cancelled: it
@@ -284,6 +285,26 @@ def test_resume_of_a_killed_deployment_run_retries_it_through_prefect(stack):
     rows = dict(db.query(store, "SELECT step, count(*) FROM trajectories WHERE run_id = ? GROUP BY step", [ours]).rows())
     dup = db.query(store, "SELECT count(*) - count(DISTINCT (step, key)) FROM metrics WHERE run_id = ?", [ours]).item()
     assert rows == {0: 4, 1: 4} and dup == 0
+
+
+def test_a_failed_deployment_run_says_why_with_cleaner_runs_show(stack):
+    """A deployment run with a typo'd override fails before any stage; `cleaner runs show <flow-run-name>` (what
+    docs/schedule.md tells a `--watch` user to run) prints the deployment, the ConfigError and the flow run's last
+    log lines, exit 1."""
+    dep = stack.deployment()
+    params = {**stack.params(steps=1), "overrides": [*stack.params(steps=1)["overrides"], "train.stepz=1"]}
+    run = stack.api("POST", f"/deployments/{dep['id']}/create_flow_run", json={"parameters": params}).json()
+    _wait_state(stack, run["id"], "FAILED", 300)
+    time.sleep(3)  # the flow process sends its last log lines in batches (every 2 s)
+    shown = cli([PY, "-m", "flows.cli", "runs", "show", run["name"], "--lines", "5"], stack.env, 120)
+    lines = shown.stdout.splitlines()
+    assert shown.returncode == 1, shown.stdout + shown.stderr
+    assert lines[0] == f"flow run   {run['name']}  ({run['id']})   deployment train-tiny"
+    assert lines[1].startswith("state      Failed: Flow run encountered an exception: ConfigError: ") and \
+        "train.stepz: unknown key" in lines[1], lines[1]
+    assert lines[2] == "last 5 log lines of the flow run:" and len(lines) == 8, shown.stdout
+    assert any(line.endswith("ConfigError: configs/tiny.yaml: train.stepz: unknown key") for line in lines[3:]), \
+        shown.stdout
 
 
 FOREIGN = ("import time\nfrom prefect import flow\n\n@flow(name='foreign')\ndef foreign():\n    time.sleep(1800)\n\n"
