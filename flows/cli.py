@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -38,7 +39,8 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 from flows.prefect_home import use_project_home, use_running_stack  # noqa: E402
 
 use_project_home()
-use_running_stack()
+if os.path.basename(sys.argv[0]) in ("cleaner", "cli.py"):  # the command line, not a test importing it
+    use_running_stack()
 
 from pathlib import Path  # noqa: E402
 
@@ -56,8 +58,6 @@ WIDE = 200
 def make_console() -> Console:
     """A terminal wraps at its width; a log or a pipe gets lines as long as they are (paths, SQL, links stay whole;
     Rich's default would hard-wrap them at 80 columns) and tables up to ``COLUMNS`` or ``WIDE`` columns."""
-    import sys
-
     if sys.stdout.isatty():
         return Console()
     return Console(soft_wrap=True, width=int(os.environ.get("COLUMNS") or WIDE))

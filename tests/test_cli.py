@@ -276,12 +276,13 @@ def test_output_to_a_pipe_is_not_wrapped(tmp_path):
     assert f"{store} does not exist yet: train first" in done.stdout.splitlines(), done.stdout
 
 
-STACK_CODE = "import os, flows.cli; print(os.environ.get('PREFECT_API_URL'))"
+STACK_CODE = "import os, sys; sys.argv[0] = 'cleaner'; import flows.cli; print(os.environ.get('PREFECT_API_URL'))"
 
 
 def test_commands_use_the_projects_running_stack_unless_an_api_is_set(tmp_path):
     """A project whose stack runs (`.serve/pids.json` ready, its Prefect group alive, its port open): `cleaner`
-    talks to that API; a stale record (port closed) or an exported PREFECT_API_URL is left alone."""
+    talks to that API; an exported PREFECT_API_URL, a stack not ready, a stale record (port closed) or a program
+    that only imports the CLI (a test) is left alone."""
     import json
     import socket
 
@@ -292,14 +293,16 @@ def test_commands_use_the_projects_running_stack_unless_an_api_is_set(tmp_path):
     group = subprocess.Popen(["sleep", "300"], start_new_session=True)  # stands in for the Prefect server's group
     (tmp_path / ".serve").mkdir()
 
-    def api_seen(record: dict, **extra: str) -> str:
+    def api_seen(record: dict, code: str = STACK_CODE, **extra: str) -> str:
         (tmp_path / ".serve" / "pids.json").write_text(json.dumps(record))
-        return subprocess.run([sys.executable, "-c", STACK_CODE], cwd=tmp_path, env={**env, **extra},
+        return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**env, **extra},
                               capture_output=True, text=True, timeout=120).stdout.strip()
 
     try:
         stack = {"ready": True, "pids": {"prefect": group.pid}, "prefect_api": f"http://127.0.0.1:{port}/api"}
         assert api_seen(stack) == f"http://127.0.0.1:{port}/api"
+        imported = STACK_CODE.replace("sys.argv[0] = 'cleaner'; ", "")  # a test importing the CLI: left alone
+        assert api_seen(stack, imported) == "None"
         assert api_seen(stack, PREFECT_API_URL="http://elsewhere:1/api") == "http://elsewhere:1/api"
         assert api_seen({**stack, "ready": False}) == "None"
         listener.close()
