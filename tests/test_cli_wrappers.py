@@ -83,7 +83,11 @@ def test_demo_skips_the_warm_up_of_an_existing_model(tmp_path, monkeypatch, warm
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "project" / ".prefect"))
     (tmp_path / "runs" / "r1").mkdir(parents=True)
     (tmp_path / "runs" / "r1" / "prefect.json").write_text('{"flow_run_id": "0a1b-fr", "deployment_id": null}')
-    res = runner.invoke(cli.app, ["demo", *_stores(tmp_path), "--set", f"model.path={warm_model_dir}"])
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
+
+    with temporary_settings(restore_defaults={PREFECT_API_URL, PREFECT_UI_URL}):  # whatever a harness set before
+        res = runner.invoke(cli.app, ["demo", *_stores(tmp_path), "--set", f"model.path={warm_model_dir}"])
     assert res.exit_code == 0, res.output
     assert warm.calls == [] and len(train.calls) == 1
     _plain(train.calls[0])
