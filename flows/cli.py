@@ -17,18 +17,30 @@
     cleaner bench-partial            rollout with APRIL partial rollouts off/on (ratios in one run)
     cleaner bench-step               the compare's RL step with the speed switches off/on (ratio, identical numbers)
     cleaner sandbox ... / data ...   sandbox benchmark, dataset tools
+    cleaner runs show RUN            how a flow run ended and why: state message, the failing stage's last log lines
+    cleaner serve ...                the project's Prefect server + worker + MLflow server (docs/schedule.md)
 
-Every command takes ``--config`` (YAML) and repeatable ``--set key.path=value`` overrides.
+Every command takes ``--config`` (YAML) and repeatable ``--set key.path=value`` overrides. ``PREFECT_HOME`` is the
+project's ``.prefect`` unless the shell sets one (``flows.prefect_home``): every command, ``make`` and the served
+stack share one Prefect history; while the project's stack runs (``cleaner serve start``), commands use its Prefect
+API unless ``PREFECT_API_URL`` is set.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+
+from flows.prefect_home import use_project_home, use_running_stack  # noqa: E402
+
+use_project_home()
+if os.path.basename(sys.argv[0]) in ("cleaner", "cli.py"):  # the command line, not a test importing it
+    use_running_stack()
 
 from pathlib import Path  # noqa: E402
 
@@ -36,8 +48,22 @@ import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="CLEANER: RL for tool-using LLMs with SAAR.")
-console = Console()
+# help texts are plain: Rich markup would swallow literal brackets such as `compare.add_arms=[r3l]`
+app = typer.Typer(rich_markup_mode=None, add_completion=False, no_args_is_help=True,
+                  help="CLEANER: RL for tool-using LLMs with SAAR.")
+WIDE = 200
+"""Columns of tables when the output is not a terminal (a log, a pipe): text is not wrapped at all there."""
+
+
+def make_console() -> Console:
+    """A terminal wraps at its width; a log or a pipe gets lines as long as they are (paths, SQL, links stay whole;
+    Rich's default would hard-wrap them at 80 columns) and tables up to ``COLUMNS`` or ``WIDE`` columns."""
+    if sys.stdout.isatty():
+        return Console()
+    return Console(soft_wrap=True, width=int(os.environ.get("COLUMNS") or WIDE))
+
+
+console = make_console()
 
 ConfigOpt = typer.Option(Path("configs/tiny.yaml"), "--config", "-c", help="Run config YAML.")
 SetOpt = typer.Option(None, "--set", "-s", help="Override: key.path=value (repeatable).")
@@ -80,24 +106,26 @@ def _check_policy(cfg) -> None:
 
 
 FLOW_COMMANDS = ("warmup", "warmup-gate", "train", "resume", "eval", "compare", "demo", "bench-engines",
-                 "bench-partial", "bench-step")
-"""Commands that run Prefect flows (a temporary Prefect server without ``PREFECT_API_URL``)."""
+                 "bench-partial", "bench-step", "runs")
+"""Commands that run Prefect flows or read flow runs (a temporary Prefect server without ``PREFECT_API_URL``)."""
 
 
 @app.callback()
 def _before_any_command(ctx: typer.Context) -> None:
     """SIGTERM (``kill``, a CI runner, a process manager) ends any command as Ctrl-C does: its flow run is marked,
     and the temporary Prefect server the process started is stopped on the way out (Prefect stops it at interpreter
-    exit, which a default SIGTERM skips) instead of outliving the command. A command that runs flows finds the
+    exit, which a default SIGTERM skips) instead of outliving the command; a SIGKILL skips even that, so the server
+    is started to die with the command (``guard_temporary_server``). A command that runs flows finds the
     Prefect database migrated, even when others start beside it on a fresh home (``flows.prefect_home``)."""
     def interrupt(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, interrupt)
     if ctx.invoked_subcommand in FLOW_COMMANDS:
-        from flows.prefect_home import ensure_database
+        from flows.prefect_home import ensure_database, guard_temporary_server
 
         ensure_database()
+        guard_temporary_server()
 
 
 def _mount_optional(name: str, module: str, help_text: str) -> None:
@@ -208,21 +236,26 @@ def train(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
 @app.command()
 def resume(run_id: str, output_dir: Path = typer.Option(Path("runs"), help="Folder holding the run folders."),
            local: bool = typer.Option(False, help="Resume here in a new flow run even when a deployment started the "
-                                                  "run (its deployment history then shows the crashed attempt).")) -> None:
+                                                  "run (its deployment history then shows the crashed attempt)."),
+           folder: Path = typer.Option(Path(".serve"), "--dir", help="The stack's folder: its Prefect API when "
+                                                                     "PREFECT_API_URL is not set.")) -> None:
     """Rerun a crashed or stopped run: finished stages are skipped, training continues where it stopped.
 
     A run started from a deployment is retried through Prefect (as the UI's Retry does): the same flow run goes back
-    to the deployment's work pool, so the deployment's history shows one run that finished."""
+    to the deployment's work pool, so the deployment's history shows one run that finished. The Prefect API is
+    ``PREFECT_API_URL``, else the project's running stack (``--dir``, recorded in ``.serve/pids.json``)."""
     config = output_dir / run_id / "config.json"
     if not config.exists():
         console.print(f"[red]no run {run_id!r}[/red]: {config} does not exist")
         raise typer.Exit(2)
+    from flows.prefect_home import project_api
     from flows.resume import deployment_flow_run, retry_flow_run
 
     origin = None if local else deployment_flow_run(output_dir / run_id)
     if origin:
         try:
-            state = retry_flow_run(origin)
+            with project_api(folder):
+                state = retry_flow_run(origin)
         except RuntimeError as err:
             console.print(f"[red]{err}[/red]", soft_wrap=True)
             raise typer.Exit(2) from None
@@ -411,10 +444,11 @@ def demo(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt) -> None
         console.rule("warm-up: building the tiny model")
         run_warmup(config, overrides)
     console.rule("training")
+    overrides = ["tracking.register_models=true", *(overrides or [])]  # the demo's policy is `models:/<name>@best`
     console.print(f"{cfg.train.steps} RL steps with CLEANER, {cfg.data.prompts_per_step} prompts × "
                   f"{cfg.rollout.n_samples} samples each, held-out evaluations every {cfg.train.eval_every} steps: "
                   "about 5 minutes on 2 quiet CPU cores (tiny.yaml); a line per step follows", soft_wrap=True)
-    run_train(config, overrides)
+    result = run_train(config, overrides)
     console.rule("results")
     from tasks.stores.links import experiment_url
 
@@ -426,8 +460,25 @@ def demo(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt) -> None
         f"Policy:     [bold]mlflow.transformers.load_model(\"models:/{name}@best\")[/bold]  or  "
         f"[bold].venv/bin/cleaner eval --model models:/{name}@best[/bold]\n"
         f"DuckDB:     [bold]{cfg.tracking.duckdb_path}[/bold]  e.g. "
-        "[bold].venv/bin/cleaner query \"SELECT step, kind, count(*) FROM saar_events GROUP BY ALL ORDER BY ALL\"[/bold]",
+        "[bold].venv/bin/cleaner query \"SELECT step, kind, count(*) FROM saar_events GROUP BY ALL ORDER BY ALL\"[/bold]\n"
+        f"{prefect_line(Path(cfg.output_dir) / result['run_id'])}",
         soft_wrap=True)
+
+
+def prefect_line(run_dir: Path) -> str:
+    """Where the flow run of a run ended by a temporary Prefect server can be opened: the project's Prefect server
+    (``cleaner serve start`` over the same ``PREFECT_HOME``) serves it at the link the run's description carries."""
+    import json
+
+    from tasks.stores.links import flow_run_url
+
+    origin = run_dir / "prefect.json"
+    flow_run = json.loads(origin.read_text()).get("flow_run_id") if origin.exists() else None
+    where = f"its flow run {flow_run_url(flow_run)}" if flow_run else "its flow runs"
+    if os.environ.get("PREFECT_API_URL"):
+        return f"Prefect:    {where}"
+    return (f"Prefect:    [bold].venv/bin/cleaner serve start[/bold] serves this project's Prefect history "
+            f"({os.environ['PREFECT_HOME']}) → {where}")
 
 
 def ui_argv(cfg, host: str, port: int) -> tuple[list[str], dict[str, str]]:
@@ -471,6 +522,7 @@ def _experiment_id(cfg) -> str | None:
 _mount_optional("sandbox", "flows.cli_sandbox", "Sandbox tools (benchmark).")
 _mount_optional("data", "flows.cli_data", "Dataset tools (inspect, grading benchmark).")
 _mount_optional("serve", "flows.cli_serve", "Local Prefect server + worker + MLflow server.")
+_mount_optional("runs", "flows.cli_runs", "Flow runs: how one ended and why (state message, failing stage's logs).")
 
 
 if __name__ == "__main__":

@@ -16,10 +16,10 @@ from collections import Counter
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-app = typer.Typer(help="Inspect task files and benchmark code grading.", no_args_is_help=True)
+app = typer.Typer(rich_markup_mode=None, help="Inspect task files and benchmark code grading.",
+                  no_args_is_help=True)
 
 
 def _short(value, width: int) -> str:
@@ -33,9 +33,10 @@ def inspect(
     rows: int = typer.Option(3, "--rows", "-n", min=0, help="Sample rows to show."),
 ) -> None:
     """Summarise a task file: format, rows, data sources, columns, a sample."""
+    from flows.cli import make_console
     from tasks.data.formats import DatasetError, detect_format, load_tasks, read_records
 
-    console = Console()
+    console = make_console()
     try:
         columns, records = read_records(file)
         fmt = detect_format(columns)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Sandbox tools.")
+app = typer.Typer(rich_markup_mode=None, add_completion=False, no_args_is_help=True, help="Sandbox tools.")
 
 
 @app.callback()

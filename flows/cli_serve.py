@@ -6,9 +6,13 @@ restarted with back-off, the others keep running), and stops them without leavin
 process behind.
 
     cleaner serve start [--detach]      # foreground (Ctrl-C stops everything) or a background supervisor
-    cleaner serve status                # servers, restarts, scheduler errors from the Prefect log
+    cleaner serve status                # servers, restarts, scheduler errors, the active flow runs it owns
     cleaner serve restart mlflow        # or prefect / worker
-    cleaner serve stop [--force]        # refuses while flow runs are active; --force cancels them and waits
+    cleaner serve stop [--force]        # refuses while its flow runs are active; --force cancels them and waits
+
+The stack owns the flow runs of its work pool (``--pool``): stop, ``--force``, Ctrl-C and SIGTERM wait for or cancel
+only those, and ``status`` lists them; a flow run of the same Prefect history started elsewhere (``cleaner train`` in
+a shell, another stack's) is never touched.
     cleaner serve schedule train/train-tiny --cron '0 2 * * *' --set train.steps=2   # a schedule with its parameters
 
 Layout (``--dir``, default ``.serve``): ``logs/{prefect,worker,mlflow,supervisor}.log`` and ``pids.json``. The MLflow
@@ -27,8 +31,12 @@ from pathlib import Path
 import httpx
 import typer
 
-from flows import serve_api
-from flows.serve_stack import (
+from flows.prefect_home import use_project_home
+
+use_project_home()
+
+from flows import serve_api  # noqa: E402
+from flows.serve_stack import (  # noqa: E402
     ORDER,
     ServeError,
     StackConfig,
@@ -39,7 +47,8 @@ from flows.serve_stack import (
     wait_http,
 )
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Local Prefect server + worker + MLflow server.")
+app = typer.Typer(rich_markup_mode=None, add_completion=False, no_args_is_help=True,
+                  help="Local Prefect server + worker + MLflow server.")
 
 DirOpt = typer.Option(Path(".serve"), "--dir", help="Folder for logs/ and pids.json.")
 
@@ -158,6 +167,18 @@ def _state_or_exit(folder: Path) -> dict:
         raise typer.Exit(1) from None
 
 
+def _owned_runs(state: dict) -> list[dict]:
+    """The active flow runs of the stack's work pool (none when its Prefect server does not answer)."""
+    try:
+        return serve_api.active_runs(state["prefect_api"], _token(state), pool=state.get("pool", "cleaner-process"))
+    except httpx.HTTPError:
+        return []
+
+
+def _names(runs: list[dict]) -> str:
+    return ", ".join(f"{r['name']} ({r['state'].lower()})" for r in runs)
+
+
 @app.command()
 def stop(folder: Path = DirOpt,
          force: bool = typer.Option(False, help="Cancel active flow runs (through Prefect) and wait for them."),
@@ -166,13 +187,9 @@ def stop(folder: Path = DirOpt,
     state = _state_or_exit(folder)
     alive = [n for n, pgid in state["pids"].items() if group_alive(pgid)]
     if not force and "prefect" in alive:
-        try:
-            runs = serve_api.active_runs(state["prefect_api"], _token(state))
-        except httpx.HTTPError:
-            runs = []
+        runs = _owned_runs(state)
         if runs:
-            names = ", ".join(f"{r['name']} ({r['state'].lower()})" for r in runs)
-            typer.echo(f"{len(runs)} flow run(s) active: {names}. `cleaner serve stop --force` cancels them "
+            typer.echo(f"{len(runs)} flow run(s) active: {_names(runs)}. `cleaner serve stop --force` cancels them "
                        "through Prefect, waits for them, then stops the stack.")
             raise typer.Exit(1)
     sup = state.get("supervisor")
@@ -243,7 +260,12 @@ def status(folder: Path = DirOpt) -> None:
                    f"{last.exception or last.message}\n           schedules are not producing runs; see {log}")
     else:
         typer.echo(f"scheduler  no errors in {log}")
-    typer.echo(f"PREFECT_API_URL={state['prefect_api']}  MLflow {state['mlflow_uri']}")
+    pool = state.get("pool", "cleaner-process")
+    if group_alive(state["pids"].get("prefect", 0)):
+        runs = _owned_runs(state)
+        typer.echo(f"flow runs  {len(runs)} active on pool {pool!r}{': ' + _names(runs) if runs else ''}")
+    typer.echo(f"PREFECT_API_URL={state['prefect_api']}  MLflow {state['mlflow_uri']}  "
+               f"PREFECT_HOME={state.get('prefect_home', '?')}")
     if not healthy:
         raise typer.Exit(1)
 

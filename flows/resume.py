@@ -7,8 +7,9 @@ is put back to Scheduled — what Prefect's UI Retry and ``prefect flow-run retr
 picks it up, the flow resumes the same run id (stage cache, same MLflow run) and the one flow run ends Completed.
 
 Only terminal flow runs are retried (a Running one is still training somewhere). The Prefect API is the one the
-shell is configured with (``PREFECT_API_URL``); without one there is nothing to retry through, which is an error
-naming the flow run (``--local`` resumes here instead).
+shell is configured with (``PREFECT_API_URL``), else that of the project's running stack (``.serve/pids.json``,
+``flows.prefect_home.project_api``); without either there is nothing to retry through, which is an error naming
+the flow run (``--local`` resumes here instead).
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ def retry_flow_run(flow_run_id: str) -> str:
     from prefect.states import Scheduled
 
     if not PREFECT_API_URL.value():
-        raise RuntimeError(f"flow run {flow_run_id} was started by a deployment, but no Prefect API is configured "
-                           "(PREFECT_API_URL) to retry it through; set it to the stack's API, or pass --local")
+        raise RuntimeError(f"flow run {flow_run_id} was started by a deployment, but no stack is running here "
+                           "(`cleaner serve start`; --dir) and no PREFECT_API_URL is set to retry it through; start "
+                           "the stack, or pass --local")
     with get_client(sync_client=True) as client:
         try:
             run = client.read_flow_run(flow_run_id)

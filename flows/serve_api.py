@@ -1,5 +1,8 @@
-"""What ``cleaner serve`` asks its servers: active flow runs (to cancel them at stop) and errors in the logs.
+"""What ``cleaner serve`` asks its servers: its active flow runs (to cancel them at stop) and errors in the logs.
 
+* A stack owns the flow runs of its work pool (``pool``): stop, ``--force``, Ctrl-C and SIGTERM wait for or cancel
+  only those; a flow run of the same Prefect history started elsewhere (a shell's ``cleaner train``, another
+  checkout's compare) is left alone.
 * ``active_runs`` / ``cancel_runs`` / ``wait_terminal`` / ``force_cancel`` talk to the Prefect REST API
   (``POST /flow_runs/filter``, ``POST /flow_runs/{id}/set_state``), with the API auth string when the stack has one,
   through ``client``: Prefect's own httpx client, which retries what a busy server on SQLite answers now and then
@@ -40,9 +43,14 @@ def client(api: str, auth_string: str | None = None, timeout_s: float = 10.0) ->
     return PrefectHttpxSyncClient(base_url=api, headers=headers(auth_string), timeout=timeout_s)
 
 
-def active_runs(api: str, auth_string: str | None = None, timeout_s: float = 10.0) -> list[dict]:
-    """Flow runs that hold a process or a slot: ``{id, name, state, deployment_id, pid}``."""
+def active_runs(api: str, auth_string: str | None = None, timeout_s: float = 10.0, pool: str | None = None
+                ) -> list[dict]:
+    """Flow runs that hold a process or a slot: ``{id, name, state, deployment_id, pid}``; with ``pool`` only those
+    of that work pool (a stack's own: what its worker started or will start), never a run started elsewhere (a
+    ``cleaner train`` in a shell, another stack's) that shares the Prefect history."""
     body = {"flow_runs": {"state": {"type": {"any_": list(ACTIVE)}}}, "limit": 200}
+    if pool is not None:
+        body["work_pools"] = {"name": {"any_": [pool]}}
     with client(api, auth_string, timeout_s) as http:
         resp = http.post("/flow_runs/filter", json=body)
     return [{"id": r["id"], "name": r["name"], "state": r["state_type"], "deployment_id": r.get("deployment_id"),
@@ -69,12 +77,13 @@ def cancel_runs(api: str, runs: list[dict], auth_string: str | None = None) -> N
             set_state(api, run["id"], "CANCELLING", "cleaner serve stop: the stack is stopping", False, auth_string)
 
 
-def wait_terminal(api: str, ids: set[str], timeout_s: float, auth_string: str | None = None) -> set[str]:
+def wait_terminal(api: str, ids: set[str], timeout_s: float, auth_string: str | None = None,
+                  pool: str | None = None) -> set[str]:
     """Wait until none of ``ids`` is active; returns those still active at the deadline."""
     deadline = time.monotonic() + timeout_s
     left = set(ids)
     while left:
-        left = {r["id"] for r in active_runs(api, auth_string)} & left
+        left = {r["id"] for r in active_runs(api, auth_string, pool=pool)} & left
         if not left or time.monotonic() > deadline:
             break
         time.sleep(1.0)

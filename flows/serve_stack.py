@@ -4,7 +4,8 @@ Each server runs in its own process group; the supervisor (the foreground ``clea
 detached copy) restarts one that exits, after a back-off (1, 2, 4 … 60 s; reset once it stayed up a minute),
 without touching the others; ``restart-<name>`` files in the stack folder ask it to restart one now. It is a
 Linux child subreaper, so a flow process whose worker died is re-parented to it, not to init: at stop it
-cancels active flow runs through the Prefect API (the worker kills their processes, hooks run, slots are
+cancels the active flow runs of its work pool (its own; runs of the same Prefect history started elsewhere are left
+alone) through the Prefect API (the worker kills their processes, hooks run, slots are
 released), waits, kills what is left below it, marks runs whose process is gone Cancelled, then stops the
 worker, MLflow and Prefect. State (process groups, ports, restarts, log offsets) is in ``pids.json``.
 
@@ -203,7 +204,8 @@ class Supervisor:
         self.subreaper = False
         self.state = {"supervisor": os.getpid(), "pids": {}, "prefect_api": cfg.prefect_api,
                       "mlflow_uri": cfg.mlflow_uri, "pool": cfg.pool, "host": cfg.host, "ready": False,
-                      "restarts": {}, "log_offsets": {}, "auth_file": cfg.auth.get("file")}
+                      "restarts": {}, "log_offsets": {}, "auth_file": cfg.auth.get("file"),
+                      "prefect_home": os.environ.get("PREFECT_HOME")}
 
     # -- processes -------------------------------------------------------------------------------
     def spawn(self, name: str) -> None:
@@ -293,7 +295,7 @@ class Supervisor:
             return
         token = self.cfg.auth.get("prefect")
         try:
-            for run in serve_api.active_runs(self.cfg.prefect_api, token):
+            for run in serve_api.active_runs(self.cfg.prefect_api, token, pool=self.cfg.pool):
                 pid = run["pid"]
                 if run["state"] == "RUNNING" and pid in self.seen and not pid_alive(pid):
                     serve_api.set_state(self.cfg.prefect_api, run["id"], "CRASHED",
@@ -370,12 +372,13 @@ class Supervisor:
         gone: set[str] = set()
         if self.alive("prefect"):
             try:
-                runs = serve_api.active_runs(self.cfg.prefect_api, token)
+                runs = serve_api.active_runs(self.cfg.prefect_api, token, pool=self.cfg.pool)
                 if runs:
-                    self.echo(f"cancelling {len(runs)} active flow run(s): {', '.join(r['name'] for r in runs)}")
+                    self.echo(f"cancelling {len(runs)} active flow run(s) of pool {self.cfg.pool!r}: "
+                              f"{', '.join(r['name'] for r in runs)}")
                     serve_api.cancel_runs(self.cfg.prefect_api, runs, token)
                     gone = serve_api.wait_terminal(self.cfg.prefect_api, {r["id"] for r in runs},
-                                                   self.cfg.cancel_timeout_s, token)
+                                                   self.cfg.cancel_timeout_s, token, self.cfg.pool)
             except httpx.HTTPError as err:
                 self.echo(f"could not cancel flow runs through {self.cfg.prefect_api}: {err}")
         stopped = stop_groups({"worker": self.procs["worker"].pid} if "worker" in self.procs else {})

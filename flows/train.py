@@ -325,15 +325,20 @@ def finish_task(cfg: RunConfig, info: RunInfo, final_ckpt: str, flow_run_id: str
         extra.append(plot_collapse(metrics, Path(info.run_dir) / "plots" / "collapse.png", info.run_id))
     for f in [png, *plot_panels(metrics, Path(info.run_dir) / "plots", info.run_id), *extra]:
         tracking.log_file(cfg.tracking, info.mlflow_run_id, f, "plots")
-    registered = None
+    registered, skipped = None, None
     if cfg.tracking.log_models:
         if not registry.run_models(cfg.tracking, info.mlflow_run_id, info.run_id):
             registry.log_checkpoint(cfg.tracking, info.mlflow_run_id, info.run_id, model_name(cfg), Path(final_ckpt),
                                     cfg.train.steps, {})
-        registered = registry.register_run(cfg.tracking, info.mlflow_run_id, info.run_id, model_name(cfg))
+        origin = json.loads((Path(info.run_dir) / ORIGIN).read_text())
+        if registry.wants_registration(cfg.tracking.register_models, origin.get("deployment_id"), parent):
+            registered = registry.register_run(cfg.tracking, info.mlflow_run_id, info.run_id, model_name(cfg))
+        else:
+            skipped = registry.NOT_REGISTERED
+            print(skipped.replace("`", ""))
     evals = db.eval_pass_at_1(cfg.tracking.duckdb_path, info.run_id)
     text = links.describe(info.run_id, cfg.name, arm_of(cfg), cfg.train.steps, flow_run_id,
-                          links.pass_by_version(evals.to_dicts()), registered, parent)
+                          links.pass_by_version(evals.to_dicts()), registered, parent, skipped)
     links.set_description(cfg.tracking, info.mlflow_run_id, text)
     tracking.finish_run(cfg.tracking, info.mlflow_run_id)
     db.set_status(cfg.tracking.duckdb_path, info.run_id, "finished")

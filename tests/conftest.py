@@ -52,4 +52,4 @@ def tracked_run(prefect_harness, warm_model_dir, tmp_path_factory):
     from tests.flowrun import EVAL_OVERRIDES, run_tiny_flow
 
     work = tmp_path_factory.mktemp("tracked")
-    return work, run_tiny_flow(work, warm_model_dir, "browsertest", EVAL_OVERRIDES)
+    return work, run_tiny_flow(work, warm_model_dir, "browsertest", [*EVAL_OVERRIDES, "tracking.register_models=true"])

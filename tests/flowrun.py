@@ -17,7 +17,8 @@ def tiny_overrides(work: Path, model_dir: Path, steps: int = 2) -> list[str]:
 
 
 EVAL_OVERRIDES = ["train.eval_every=2", "eval.n_prompts=8", "eval.samples=2", "tracking.system_metrics_interval_s=1"]
-"""Held-out evaluations at policies 0 and 2 of a 2-step run (so it has logged models and a registered one)."""
+"""Held-out evaluations at policies 0 and 2 of a 2-step run (so it has logged models; a registered one with
+``tracking.register_models=true``: a run started from the shell registers none by default)."""
 
 
 def run_tiny_flow(work: Path, model_dir: Path, run_id: str, extra: list[str] | None = None) -> dict:

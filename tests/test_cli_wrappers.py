@@ -64,7 +64,7 @@ def test_demo_warms_up_a_missing_model_then_trains_with_plain_values(tmp_path, m
     assert res.exit_code == 0, res.output
     overrides = [s for s in sets if s != "--set"]
     assert warm.calls == [("configs/tiny.yaml", overrides)]
-    assert train.calls == [("configs/tiny.yaml", overrides, None, None)]
+    assert train.calls == [("configs/tiny.yaml", ["tracking.register_models=true", *overrides], None, None)]
     _plain(train.calls[0])
     out = " ".join(res.output.split())
     assert "warm-up of" in out and "about 25 minutes" in out
@@ -80,10 +80,21 @@ def test_demo_skips_the_warm_up_of_an_existing_model(tmp_path, monkeypatch, warm
     warm, train = Recorder(tmp_path), Recorder(tmp_path)
     monkeypatch.setattr(flows.warmup, "warmup_flow", warm)
     monkeypatch.setattr(flows.train, "train", train)
-    res = runner.invoke(cli.app, ["demo", *_stores(tmp_path), "--set", f"model.path={warm_model_dir}"])
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "project" / ".prefect"))
+    (tmp_path / "runs" / "r1").mkdir(parents=True)
+    (tmp_path / "runs" / "r1" / "prefect.json").write_text('{"flow_run_id": "0a1b-fr", "deployment_id": null}')
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
+
+    with temporary_settings(restore_defaults={PREFECT_API_URL, PREFECT_UI_URL}):  # whatever a harness set before
+        res = runner.invoke(cli.app, ["demo", *_stores(tmp_path), "--set", f"model.path={warm_model_dir}"])
     assert res.exit_code == 0, res.output
     assert warm.calls == [] and len(train.calls) == 1
     _plain(train.calls[0])
+    out = " ".join(res.output.split())
+    assert (f"Prefect: .venv/bin/cleaner serve start serves this project's Prefect history "
+            f"({tmp_path / 'project' / '.prefect'}) → its flow run http://127.0.0.1:4200/flow-runs/flow-run/0a1b-fr"
+            ) in out, out
 
 
 def test_train_profile_reruns_the_same_run_and_prints_the_table(tmp_path, monkeypatch, warm_model_dir):
@@ -179,7 +190,9 @@ def test_resume_of_a_deployment_run_without_a_prefect_api_names_the_flow_run(tmp
     train = Recorder(tmp_path)
     monkeypatch.setattr(flows.train, "train", train)
     with temporary_settings(restore_defaults={PREFECT_API_URL}):  # no API, whatever a test harness set before
-        res = runner.invoke(cli.app, ["resume", "nightly", "--output-dir", str(tmp_path / "runs")])
+        res = runner.invoke(cli.app, ["resume", "nightly", "--output-dir", str(tmp_path / "runs"), "--dir",
+                                      str(tmp_path / "serve")])
     out = " ".join(res.output.split())
-    assert res.exit_code == 2 and "flow run fr-123 was started by a deployment" in out and "--local" in out, out
+    assert res.exit_code == 2 and "flow run fr-123 was started by a deployment, but no stack is running here" in out \
+        and "--local" in out, out
     assert train.calls == []

@@ -3,7 +3,10 @@
 * several processes write units and ingest at once while another queries — each its own run, and all of them one
   shared unit — every write returns, and the store holds exactly the row log's newest versions;
 * three ``cleaner train`` runs started together on one store all finish, one of them killed (SIGKILL) after its
-  first step and resumed: ``cleaner query`` sees every run's rows with no duplicates.
+  first step and resumed: ``cleaner query`` sees every run's rows with no duplicates, and no temporary Prefect server
+  of theirs is left running;
+* three ``cleaner train`` started together, each with its temporary Prefect server up, one killed with SIGKILL and
+  the others stopped with SIGTERM: no server process of theirs (found by PID and ``PREFECT_HOME``) outlives them.
 """
 
 from __future__ import annotations
@@ -68,6 +71,27 @@ def test_writers_never_wait_and_every_row_arrives_once(tmp_path):
     assert not rowlog.pending(store)
 
 
+def prefect_servers(home: Path) -> list[int]:
+    """PIDs of Prefect's temporary servers (uvicorn on ``create_app``) whose ``PREFECT_HOME`` is ``home``."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline, environ = (proc / "cmdline").read_bytes(), (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"prefect.server.api.server:create_app" in cmdline and \
+                f"PREFECT_HOME={home}".encode() in environ.split(b"\0"):
+            found.append(int(proc.name))
+    return found
+
+
+def _wait_no_servers(home: Path, timeout_s: float = 60) -> list[int]:
+    deadline = time.time() + timeout_s
+    while prefect_servers(home) and time.time() < deadline:
+        time.sleep(0.5)
+    return prefect_servers(home)
+
+
 def _train(tmp_path: Path, warm: Path, run_id: str, env: dict, *extra: str) -> subprocess.Popen:
     args = [a for o in [*tiny_overrides(tmp_path, warm, steps=2), "data.prompts_per_step=2", "rollout.n_samples=2"]
             for a in ("--set", o)]
@@ -109,3 +133,36 @@ def test_three_cli_runs_started_together_all_finish_with_every_row_once(warm_mod
     assert got == [(rid, step, 4) for rid in ids for step in (0, 1)]
     assert storecheck.differences(store, ids) == {}
     assert dict(db.query(store, "SELECT run_id, status FROM runs").rows()) == {rid: "finished" for rid in ids}
+    assert _wait_no_servers(tmp_path / "prefect") == []  # not even the one of the command killed with SIGKILL
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_no_temporary_prefect_server_outlives_commands_started_together(warm_model_dir, tmp_path):
+    """Three `cleaner train` at once, each with its temporary Prefect server up; one is killed with SIGKILL (no
+    atexit runs), the others get SIGTERM: afterwards no server process of theirs runs (before: the killed
+    command's server ran on with parent PID 1)."""
+    home = tmp_path / "prefect"
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_HOME": str(home),
+           "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("PREFECT_API_URL", None)
+    procs = [_train(tmp_path, warm_model_dir, f"s-{i}", env) for i in range(3)]
+    try:
+        deadline = time.time() + 600
+        while len(prefect_servers(home)) < 3:
+            assert time.time() < deadline, f"{len(prefect_servers(home))} of 3 temporary servers started"
+            assert all(p.poll() is None for p in procs), [(tmp_path / f"s-{i}.log").read_text()[-2000:]
+                                                         for i in range(3)]
+            time.sleep(0.5)
+        procs[0].send_signal(signal.SIGKILL)
+        for proc in procs[1:]:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(timeout=120)
+        assert _wait_no_servers(home) == []
+    finally:
+        for pid in prefect_servers(home):
+            os.kill(pid, signal.SIGKILL)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()

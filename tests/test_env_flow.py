@@ -25,6 +25,7 @@ def env_run(prefect_harness, tmp_path_factory):
         "env.groups=4", "rollout.n_samples=4", "env.mi_every=1", "env.mi_samples=16", "train.eval_every=2",
         "eval.n_prompts=4", "eval.samples=2", f"tracking.mlflow_uri=sqlite:///{work / 'mlflow.db'}",
         f"tracking.artifact_root={work / 'mlartifacts'}", f"tracking.duckdb_path={work / 'cleaner.duckdb'}",
+        "tracking.register_models=true",
     ]
     return work, train("configs/bandit.yaml", overrides, "envflow")
 

@@ -117,6 +117,23 @@ def test_the_registry_serves_best_and_latest_and_they_generate(store):
     assert reply["role"] == "assistant" and len(reply["content"]) > 0
 
 
+def test_a_smoke_run_from_the_shell_leaves_the_registry_alone(store, warm_model_dir):
+    """A second, 1-step run into the same store, evaluated, without `tracking.register_models`: no new version, `@latest`
+    and `@best` where they were, and its description says why."""
+    from flows.train import train
+
+    before = {a: store.client.get_model_version_by_alias("tiny", a).version for a in ("best", "latest")}
+    versions = len(store.client.search_model_versions("name = 'tiny'"))
+    result = train("configs/tiny.yaml", [*tiny_overrides(store.work, warm_model_dir, steps=1), *EVAL_OVERRIDES],
+                   "smoke")
+    assert {a: store.client.get_model_version_by_alias("tiny", a).version for a in ("best", "latest")} == before
+    assert len(store.client.search_model_versions("name = 'tiny'")) == versions
+    smoke = store.client.get_run(result["mlflow_run_id"])
+    assert len(smoke.outputs.model_outputs) == 2  # policies 0 and 1 were evaluated and logged
+    assert "No model version registered: a run started from the shell leaves the registry alone" in \
+        smoke.data.tags["mlflow.note.content"]
+
+
 def test_cleaner_eval_takes_a_registered_model_and_links_its_metrics(store, warm_model_dir):
     from flows.evaluate import evaluate_flow
 

@@ -84,3 +84,39 @@ def test_eval_of_a_model_the_registry_lacks_names_it(tmp_path):
     out = " ".join(res.output.split())
     assert res.exit_code == 2 and "--model models:/nope@best:" in out and "nope" in out.split(":", 2)[-1]
     assert not (tmp_path / "runs").exists()  # refused before any work
+
+
+def _sections(keys: list[str]) -> list[str]:
+    """Chart sections of MLflow 3.17's run page, in its order: the key minus its last `/` part, sorted by code
+    unit (``getBaseChartAndSectionConfigs`` / ``extractChartSectionName`` in its UI bundle)."""
+    return sorted({k.rsplit("/", 1)[0] for k in keys if "/" in k and not k.startswith("system/")})
+
+
+def test_the_charts_a_user_needs_first_head_the_run_and_zero_flags_stay_out(tmp_path):
+    """In a real store: held-out pass@1, reward and SAAR recovery are the first chart section ("Key metrics"),
+    with the values of their sources; an early-stop flag reaches MLflow only at the step it is set."""
+    from mlflow import MlflowClient
+
+    from tasks.stores import tracking
+    from tasks.stores.config import TrackingConfig
+
+    cfg = TrackingConfig(mlflow_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "art"))
+    mlrun = tracking.open_run(cfg, "charts", "r1", {}, {})
+    for step, (reward, stopped) in enumerate([(0.25, 0.0), (0.5, 0.0), (0.75, 1.0)]):
+        tracking.log_step(cfg, mlrun, step, {"rollout/reward_mean": reward, "saar/global_recovery_rate": reward / 2,
+                                             "rollout/accuracy": 0.5, "early_stopped/empty_filtered_steps": stopped},
+                          {})
+    tracking.log_eval(cfg, mlrun, 3, {"eval/saar_off/all/pass_at_1": 0.375, "eval/saar_on/all/pass_at_1": 0.5})
+    client = MlflowClient(cfg.mlflow_uri)
+    keys = list(client.get_run(mlrun).data.metrics)
+    assert _sections(keys)[0] == "Key metrics"
+    assert sorted(k for k in keys if k.startswith("Key metrics/")) == [
+        "Key metrics/heldout_pass_at_1", "Key metrics/reward_mean", "Key metrics/saar_recovery_rate"]
+
+    def history(key: str) -> list[tuple[int, float]]:
+        return sorted((m.step, m.value) for m in client.get_metric_history(mlrun, key))
+
+    assert history("Key metrics/reward_mean") == history("rollout/reward_mean") == [(0, 0.25), (1, 0.5), (2, 0.75)]
+    assert history("Key metrics/saar_recovery_rate") == [(0, 0.125), (1, 0.25), (2, 0.375)]
+    assert history("Key metrics/heldout_pass_at_1") == [(3, 0.375)]  # SAAR off: the policy on its own
+    assert history("early_stopped/empty_filtered_steps") == [(2, 1.0)]

@@ -49,7 +49,7 @@ def _run(cfg: TrackingConfig, run_id: str, ckpt, passes: dict[int, float]) -> di
     return registry.register_run(cfg, mlrun, run_id, "reg")
 
 
-def test_best_moves_only_to_a_better_checkpoint_and_latest_is_the_last_final(store, warm_model_dir, tmp_path):
+def test_best_moves_only_to_a_better_checkpoint_and_latest_is_the_last_final(store, warm_model_dir, tmp_path, capfd):
     from mlflow import MlflowClient
 
     client = MlflowClient(store.mlflow_uri, registry_uri=store.mlflow_uri)
@@ -72,6 +72,19 @@ def test_best_moves_only_to_a_better_checkpoint_and_latest_is_the_last_final(sto
     assert model_id == registry.model_id_of(client.get_model_version_by_alias("reg", "best"))
     assert folder == tmp_path / "cache" / model_id / "model" and (folder / "config.json").exists()
     assert client.get_logged_model(model_id).tags["cleaner.run_id"] == "d"
+    assert client.get_logged_model(model_id).tags["mlflow.modelVersions"] == '[{"name": "reg", "version": 5}]'
+    assert "already exists" not in capfd.readouterr().err  # a fresh store: no "Registered model 'reg' already exists"
+
+
+@pytest.mark.parametrize(("register", "deployment", "parent", "want"), [
+    (None, None, None, False),  # `cleaner train` from the shell, a smoke run: the registry is left alone
+    (None, "dep-1", None, True),  # a deployment's run (a schedule, the UI)
+    (None, None, "mlrun-parent", True),  # a comparison's run
+    (False, "dep-1", "mlrun-parent", False),
+    (True, None, None, True),  # asked for (the demo does)
+])
+def test_which_runs_register(register, deployment, parent, want):
+    assert registry.wants_registration(register, deployment, parent) is want
 
 
 def test_env_runs_rank_by_held_out_success_and_best_moves(store, warm_model_dir):

@@ -8,8 +8,11 @@ server, the ``train-tiny`` deployment from ``prefect.yaml``), on free ports in a
   slot released);
 * a flow process killed with SIGKILL, then ``cleaner resume``: the deployment's flow run is retried through Prefect
   and the same training run resumes;
-* ``serve stop`` refuses during a run; ``--force`` cancels it through Prefect: no run stays Running, the
-  deployment's concurrency slot is free, and the flow process is gone.
+* a deployment run that fails on a typo'd override says why through ``cleaner runs show <flow-run-name>``;
+* ``serve stop`` refuses during a run; ``--force`` cancels it through Prefect: no run of the stack stays Running, the
+  deployment's concurrency slot is free, and the flow process is gone; a foreign flow run in the same Prefect
+  history (a flow started from a shell against the stack's API) is neither listed nor waited for nor cancelled: it
+  is still Running, its process alive, after ``serve stop --force``.
 
 The tests share one stack (module scope) and run in file order; the last one stops it.
 """
@@ -66,7 +69,17 @@ class Stack:
         return self.api("POST", "/flow_runs/filter", json={"sort": "EXPECTED_START_TIME_ASC", "limit": 100}).json()
 
     def deployment(self) -> dict:
-        return self.api("GET", "/deployments/name/train/train-tiny").json()
+        """The `train-tiny` deployment, deployed first when a test runs without the one that deploys it."""
+        from prefect.exceptions import PrefectHTTPStatusError
+
+        try:
+            return self.api("GET", "/deployments/name/train/train-tiny").json()
+        except PrefectHTTPStatusError:
+            params = json.dumps(self.params(steps=3))
+            deployed = cli([PREFECT, "--no-prompt", "deploy", "--name", "train-tiny", "--params", params], self.env,
+                           240)
+            assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+            return self.api("GET", "/deployments/name/train/train-tiny").json()
 
     def params(self, steps: int, run_id: str | None = None) -> dict:
         overrides = [*tiny_overrides(self.tmp, self.warm, steps=steps), "data.prompts_per_step=2", "rollout.n_samples=2"]
@@ -274,7 +287,55 @@ def test_resume_of_a_killed_deployment_run_retries_it_through_prefect(stack):
     assert rows == {0: 4, 1: 4} and storecheck.differences(store, [ours]) == {}
 
 
+def test_a_failed_deployment_run_says_why_with_cleaner_runs_show(stack):
+    """A deployment run with a typo'd override fails before any stage; `cleaner runs show <flow-run-name>` (what
+    docs/schedule.md tells a `--watch` user to run) prints the deployment, the ConfigError and the flow run's last
+    log lines, exit 1."""
+    dep = stack.deployment()
+    params = {**stack.params(steps=1), "overrides": [*stack.params(steps=1)["overrides"], "train.stepz=1"]}
+    run = stack.api("POST", f"/deployments/{dep['id']}/create_flow_run", json={"parameters": params}).json()
+    _wait_state(stack, run["id"], "FAILED", 300)
+    time.sleep(3)  # the flow process sends its last log lines in batches (every 2 s)
+    shown = cli([PY, "-m", "flows.cli", "runs", "show", run["name"], "--lines", "5"], stack.env, 120)
+    lines = shown.stdout.splitlines()
+    assert shown.returncode == 1, shown.stdout + shown.stderr
+    assert lines[0] == f"flow run   {run['name']}  ({run['id']})   deployment train-tiny"
+    assert lines[1].startswith("state      Failed: Flow run encountered an exception: ConfigError: ") and \
+        "train.stepz: unknown key" in lines[1], lines[1]
+    assert lines[2] == "last 5 log lines of the flow run:" and len(lines) == 8, shown.stdout
+    assert any(line.endswith("ConfigError: configs/tiny.yaml: train.stepz: unknown key") for line in lines[3:]), \
+        shown.stdout
+
+
+FOREIGN = ("import time\nfrom prefect import flow\n\n@flow(name='foreign')\ndef foreign():\n    time.sleep(1800)\n\n"
+           "foreign()\n")
+"""A flow run that is not the stack's: started from a shell against its API, in the same Prefect history."""
+
+
+def _foreign_run(stack: Stack) -> tuple[subprocess.Popen, dict]:
+    with open(stack.tmp / "foreign.log", "w") as log:
+        proc = subprocess.Popen([PY, "-c", FOREIGN], cwd=stack.tmp, env=stack.env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        found = stack.api("POST", "/flow_runs/filter", json={"flows": {"name": {"any_": ["foreign"]}}}).json()
+        if found and found[0]["state_type"] == "RUNNING":
+            return proc, found[0]
+        assert proc.poll() is None, (stack.tmp / "foreign.log").read_text()[-2000:]
+        time.sleep(1)
+    pytest.fail("the foreign flow run never ran")
+
+
 def test_stop_refuses_during_a_run_and_force_cancels_it(stack):
+    foreign, other = _foreign_run(stack)
+    try:
+        _stop_only_the_stacks_runs(stack, foreign, other)
+    finally:
+        os.killpg(foreign.pid, signal.SIGKILL)
+        foreign.wait(timeout=60)
+
+
+def _stop_only_the_stacks_runs(stack: Stack, foreign: subprocess.Popen, other: dict) -> None:
     dep = stack.deployment()
     run = stack.api("POST", f"/deployments/{dep['id']}/create_flow_run",
                     json={"parameters": stack.params(steps=40, run_id="long")}).json()
@@ -291,9 +352,11 @@ def test_stop_refuses_during_a_run_and_force_cancels_it(stack):
     pid = _flow_pid(cur)
     assert Path(f"/proc/{pid}").exists()
 
+    status = serve("status", "--dir", str(stack.folder), env=stack.env)
+    assert f"flow runs  1 active on pool 'cleaner-process': {cur['name']} (running)\n" in status.stdout, status.stdout
     refused = serve("stop", "--dir", str(stack.folder), env=stack.env)
     assert refused.returncode == 1, refused.stdout
-    assert f"1 flow run(s) active: {cur['name']} (running)" in refused.stdout
+    assert f"1 flow run(s) active: {cur['name']} (running)." in refused.stdout  # not the foreign one
     assert "--force" in refused.stdout and _alive(stack.state["pids"]["prefect"])
 
     pids = stack.state["pids"]
@@ -310,6 +373,7 @@ def test_stop_refuses_during_a_run_and_force_cancels_it(stack):
     db = sqlite3.connect(f"file:{stack.tmp / 'prefect-home' / 'prefect.db'}?mode=ro", uri=True)
     states = dict(db.execute("SELECT id, state_type FROM flow_run").fetchall())
     assert states[run["id"]] == "CANCELLED", states
+    assert states.pop(other["id"]) == "RUNNING" and foreign.poll() is None and _pid_alive(foreign.pid)
     assert "RUNNING" not in states.values() and "PENDING" not in states.values()
     slots = db.execute("SELECT name, active_slots FROM concurrency_limit_v2").fetchall()
     assert slots and all(n == 0 for _, n in slots), slots

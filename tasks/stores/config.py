@@ -44,7 +44,13 @@ class TrackingConfig(BaseModel):
 
     log_models: bool = True
     """Log every evaluated checkpoint as an MLflow logged model (transformers flavour) and, at the end of a
-    training run, register its best and final checkpoints under ``registered_model``."""
+    training run that registers (``register_models``), register its best and final checkpoints under ``registered_model``."""
+
+    register_models: bool | None = None
+    """Register the run's best and final evaluated checkpoints (model versions, ``@latest``, maybe ``@best``) at its
+    end. None (default): only runs that a deployment (a schedule, the UI) or a comparison started, and the demo;
+    a run started from the shell (``cleaner train``, a smoke run) leaves the registry alone — its checkpoints stay
+    logged models of its MLflow run. True / False: always / never."""
 
     registered_model: str | None = None
     """Model registry name; defaults to the run config's ``name``."""

@@ -10,7 +10,8 @@
 
 URLs: the MLflow UI is ``tracking.ui_url``, else the tracking server, else ``http://127.0.0.1:5000``
 (what ``mlflow ui`` serves); the Prefect UI is ``PREFECT_UI_URL``, else ``http://127.0.0.1:4200``
-(``prefect server start`` over the same ``PREFECT_HOME`` shows the runs of ephemeral mode too).
+(``cleaner serve start`` serves the project's Prefect history, ``.prefect``, which every ``cleaner`` command uses
+unless ``PREFECT_HOME`` is set, so the runs of ephemeral mode open there too).
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ def artifact_key(name: str, what: str) -> str:
 
 def describe(run_id: str, config_name: str, arm: str, steps: int, flow_run: str | None,
              evals: dict[int, float] | None = None, registered: dict[str, str] | None = None,
-             parent: str | None = None) -> str:
-    """The Markdown description of a training run (``evals``: policy version → held-out pass@1)."""
+             parent: str | None = None, not_registered: str | None = None) -> str:
+    """The Markdown description of a training run (``evals``: policy version → held-out pass@1; ``not_registered``:
+    why a run that evaluated policies registered none)."""
     lines = [f"**CLEANER run `{run_id}`**: config `{config_name}`, arm **{arm}**, {steps} RL steps."]
     if evals:
         last = max(evals)
@@ -73,6 +75,8 @@ def describe(run_id: str, config_name: str, arm: str, steps: int, flow_run: str 
         lines.append(f"Registered as `{config_name}` version {registered['final']} (final, `@latest`)"
                      + (f" and {registered['run_best']} (this run's best)" if own_best else "")
                      + f"; `@best` is version {registered['best']}.")
+    elif not_registered:
+        lines.append(not_registered)
     elif registered is not None:
         lines.append("No model version registered: the run evaluated no policy (`train.eval_every`); its final "
                      "checkpoint is a logged model of the run.")

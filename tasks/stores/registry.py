@@ -12,6 +12,8 @@
   newest version) is the final checkpoint; the alias ``best`` moves to this run's best when it beats
   the version holding it (each version carries ``cleaner.score`` and ``cleaner.score_key`` as tags, and
   ``cleaner.pass_at_1`` when that is the score).
+* ``wants_registration``: which runs register (``tracking.register_models``; by default those a deployment or a comparison
+  started, not a run started from the shell), so smoke runs leave ``@latest`` where it was.
 * ``resolve``: ``models:/<name>@best``, ``models:/<name>/3``, ``models:/<name>/latest`` or
   ``models:/m-…`` → a local checkpoint folder (downloaded once), for ``cleaner eval --model``.
 
@@ -157,17 +159,35 @@ def _score(model) -> float:
     return float(value) if value is not None else float("-inf")
 
 
+def wants_registration(register: bool | None, deployment_id: str | None, parent: str | None) -> bool:
+    """``tracking.register_models`` when set; else (None) whether a deployment (``deployment_id``) or a comparison
+    (``parent``) started the run."""
+    return register if register is not None else bool(deployment_id or parent)
+
+
+NOT_REGISTERED = ("No model version registered: a run started from the shell leaves the registry alone "
+                  "(`--set tracking.register_models=true` registers it); its evaluated checkpoints are logged models of "
+                  "the run.")
+
+
 def _version_of(client, name: str, model) -> str:
-    """The registered version of ``model`` under ``name`` (created when missing, with ``mlflow.register_model``,
-    which also marks the logged model as registered)."""
-    import mlflow
+    """The registered version of ``model`` under ``name``, created when missing and recorded on the logged model
+    (``mlflow.modelVersions``, as ``mlflow.register_model`` does without its "already exists" message)."""
+    import json
+
+    from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
 
     for mv in client.search_model_versions(f"name = '{name}'"):
         if mv.tags.get("cleaner.model_id") == model.model_id:
             return str(mv.version)
     tags = {"cleaner.model_id": model.model_id, **{k: v for k, v in model.tags.items() if k.startswith("cleaner.")
                                                    and k != CHECKPOINT_TAG}}
-    return str(mlflow.register_model(f"models:/{model.model_id}", name, tags=tags).version)
+    mv = client.create_model_version(name, f"models:/{model.model_id}", run_id=model.source_run_id, tags=tags,
+                                     model_id=model.model_id)
+    known = json.loads(client.get_logged_model(model.model_id).tags.get(MLFLOW_MODEL_VERSIONS, "[]"))
+    client.set_logged_model_tags(model.model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(
+        [*known, {"name": mv.name, "version": mv.version}])})
+    return str(mv.version)
 
 
 @named_errors

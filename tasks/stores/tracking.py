@@ -3,6 +3,12 @@
 * ``open_run`` finds the MLflow run tagged ``cleaner.run_id`` = our run id (a rerun continues it)
   or creates it, logging the flattened config as params once and the resolved config as JSON.
 * ``log_step`` logs a step's metrics in one batch with ``step=`` and its artifacts.
+* The run page's "Model metrics" shows one chart section per key prefix (all but the last ``/`` part), sections
+  sorted by name (MLflow 3.17's ``getBaseChartAndSectionConfigs``: capitals before lower case). The charts a user
+  wants first — held-out pass@1, reward, SAAR recovery — are therefore logged a second time under
+  ``Key metrics/`` (``KEY_METRICS``), the first section; bookkeeping flags that are 0 in nearly every run
+  (``QUIET_WHEN_ZERO``, e.g. ``early_stopped/empty_filtered_steps``, the first section otherwise) reach MLflow only
+  when set. DuckDB keeps every metric as it was computed.
 * A tracking server that is down is a clear error before any work (``check_server``).
 
 The default store is ``sqlite:///mlflow.db`` with artifacts in ``./mlartifacts``; browse it
@@ -24,6 +30,12 @@ from tasks.stores.config import TrackingConfig
 RUN_TAG = "cleaner.run_id"
 STEP_SENTINEL = "run/step"
 EVAL_SENTINEL = "run/eval_version"
+KEY_METRICS = {"eval/saar_off/all/pass_at_1": "Key metrics/heldout_pass_at_1",
+               "rollout/reward_mean": "Key metrics/reward_mean",
+               "saar/global_recovery_rate": "Key metrics/saar_recovery_rate"}
+"""MLflow copies of the metrics a user looks at first, in the section the run page shows first."""
+QUIET_WHEN_ZERO = ("early_stopped/empty_filtered_steps",)
+"""Bookkeeping flags sent to MLflow only when nonzero (a chart of zeros would head the run's metrics)."""
 KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 """MLflow's experiment kind: the model-training view (not GenAI: no Evaluations breadcrumb or assistant panel)."""
 
@@ -140,6 +152,14 @@ def open_run(cfg: TrackingConfig, experiment: str, run_id: str, config: dict, ta
     return mlrun
 
 
+def for_mlflow(metrics: dict[str, float]) -> dict[str, float]:
+    """The metrics as MLflow gets them: ``KEY_METRICS`` copied under ``Key metrics/``, ``QUIET_WHEN_ZERO`` flags
+    left out while 0."""
+    out = {k: v for k, v in metrics.items() if not (k in QUIET_WHEN_ZERO and v == 0)}
+    out.update({KEY_METRICS[k]: v for k, v in metrics.items() if k in KEY_METRICS})
+    return out
+
+
 def _log_once(client, mlrun: str, step: int, metrics: dict[str, float], sentinel: str, model_id: str | None = None,
               dataset: tuple[str, str] | None = None) -> None:
     """Log ``metrics`` at ``step`` unless ``sentinel`` says this step is already in the run.
@@ -154,7 +174,7 @@ def _log_once(client, mlrun: str, step: int, metrics: dict[str, float], sentinel
     now = int(time.time() * 1000)
     name, digest = dataset or (None, None)
     batch = [Metric(k, float(v), now, step, model_id=model_id, dataset_name=name, dataset_digest=digest)
-             for k, v in sorted(metrics.items())]
+             for k, v in sorted(for_mlflow(metrics).items())]
     batch.append(Metric(sentinel, float(step), now, step))
     for lo in range(0, len(batch), 1000):
         client.log_batch(mlrun, metrics=batch[lo : lo + 1000])
