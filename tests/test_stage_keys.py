@@ -124,7 +124,7 @@ def test_fields_added_off_are_not_hashed():
     they existed (the setups hash the dump)."""
     dumped = load_config(TINY).setups().model_dump_json()
     assert all(name not in dumped for name in ("failed_turns", "fresh_path", "fresh_prompts", "fresh_samples",
-                                               "wall_timeout_s"))
+                                               "wall_timeout_s", "register_models"))
     assert "wall_timeout_s" in load_config(TINY, ["sandbox.wall_timeout_s=30"]).setups().model_dump_json()
 
 

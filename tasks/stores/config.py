@@ -5,7 +5,7 @@ Pydantic only, so flow modules and the CLI read it without loading MLflow or Duc
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 
 class TrackingConfig(BaseModel):
@@ -65,3 +65,12 @@ class TrackingConfig(BaseModel):
     arm: str | None = None
     """Arm label of the run (traces are tagged with it; ``cleaner compare`` sets it); default from the config:
     ``cleaner``, ``dapo`` (SAAR off), ``saar_all`` (raw share 0) or the rollout mode (``r3l``)."""
+
+    @model_serializer(mode="wrap")
+    def _omit_default_registration(self, handler):
+        """``register_models`` left at its default is out of the dump, hence out of every stage's cache key: runs
+        made before the field existed keep their keys (``tests/test_stage_keys.py``)."""
+        out = handler(self)
+        if out.get("register_models", False) is None:
+            del out["register_models"]
+        return out
