@@ -3,13 +3,16 @@
 ``judge_assert`` holds the test code (it holds the expected values), makes itself non-dumpable,
 starts a fresh interpreter with ``posix_spawn`` (no copy of the judge's memory, no verdict fd)
 that runs ``child_main``: load the solution, answer calls over two pipes. ``check`` runs in the
-judge with ``candidate`` a proxy whose return values are decoded into exact builtin types. Any
-end of the child before ``check`` returned is a failure of its kind; a fault the test code
-swallowed still fails the test; a test that never called the candidate does not pass.
+judge, once and whole as the reference harness runs it, with ``candidate`` a proxy whose return
+values are decoded into exact builtin types; the marks ``tasks.rewards.cases`` put after each test
+count how many it passed in order (``passed``, for partial credit). Any end of the child before
+``check`` returned is a failure of its kind; a fault the test code swallowed still fails the test;
+a run that never called the candidate does not pass.
 
 What a correct answer does the way Python would: arguments of type list, dict and set it mutates
 come back mutated (in place, in the judge's objects); a returned closure or iterator (a generator)
-stays in the solution's process and is called or advanced from the judge (``_Handle``). Names the
+stays in the solution's process and is called or advanced from the judge, and so does a returned
+object of a plain class (its attributes read and its methods called from the judge) (``_Handle``). Names the
 test uses but does not define come from the spec's ``helpers`` (the prompt's definitions), never
 from the solution; the entry point's own name means the candidate.
 
@@ -25,7 +28,6 @@ if __name__ != "cleaner_judge":  # shipped into the sandbox as one program, thes
         emit,
         end_of,
         memfd,
-        on_alarm,
         scan_marks,
         snapshot,
         tamper_hints,
@@ -33,6 +35,7 @@ if __name__ != "cleaner_judge":  # shipped into the sandbox as one program, thes
     )
     from tasks.rewards.judge.wire import (
         CHANNEL_EXIT,
+        PASSED_MARK,
         Unencodable,
         decode,
         encode,
@@ -104,20 +107,25 @@ def child_main():
 _MUTABLE = (list, dict, set)
 
 
+_BUILTIN_VALUES = (int, float, complex, str, bytes, list, tuple, dict, set, frozenset)
+
+
 def _child_call(ns, handles, req):
-    """One request: call a named function or a returned closure, or advance a returned iterator.
-    A value outside the codec that is callable or an iterator stays here as a handle; the
+    """One request: call a named function or a returned closure, advance a returned iterator, or read
+    an attribute of a returned object. A value outside the codec that is callable, an iterator or an
+    object of a plain class (no ``__eq__`` of its own, no builtin base) stays here as a handle; the
     arguments of mutable types (list, dict, set) go back as they are after the call."""
     args, kwargs = decode(req["args"]), decode(req["kwargs"])
     if "handle" in req:
         fn = handles[req["handle"]]
         if req.get("op") == "next":
             return _child_next(handles, req["handle"], args[0])
+        value = getattr(fn, args[0]) if req.get("op") == "attr" else fn(*args, **kwargs)
     else:
         fn = ns.get(req["name"])
         if not callable(fn):
             raise NameError(f"name {req['name']!r} is not defined")
-    value = fn(*args, **kwargs)
+        value = fn(*args, **kwargs)
     reply = {"ok": True}
     try:
         reply["value"] = encode(value)
@@ -126,6 +134,8 @@ def _child_call(ns, handles, req):
             kind = "iter"
         elif callable(value):
             kind = "call"
+        elif type(value).__eq__ is object.__eq__ and not isinstance(value, _BUILTIN_VALUES):
+            kind = "obj"
         else:
             raise
         handles.append(value)
@@ -283,7 +293,7 @@ class _Child:
             raise self.ended(reply)
         try:
             if "handle" in reply:
-                value = _Handle(self, int(reply["handle"]), reply.get("hkind") == "iter")
+                value = _Handle(self, int(reply["handle"]), str(reply.get("hkind")))
             else:
                 value = decode(reply["value"])
             for index, encoded in dict(reply.get("args") or {}).items():
@@ -325,29 +335,39 @@ class _Remote:
 
 
 class _Handle:
-    """A closure or an iterator the solution returned: it stays in the child, used from here."""
+    """A closure, an iterator or a plain object the solution returned (``kind`` ``call``, ``iter``,
+    ``obj``): it stays in the child, used from here. ``next(it)`` advances the iterator by one item, as
+    Python does; iterating it (``for``, ``list``, ``sum``) reads ahead in batches of 1, 2, 4 ... 512."""
 
-    def __init__(self, child, number, iterator):
-        self._child, self._number, self._iterator = child, number, iterator
-        self._items, self._done, self._batch = [], False, 1
+    def __init__(self, child, number, kind):
+        self._child, self._number, self._kind = child, number, kind
+        self._items, self._done, self._batch, self._bulk = [], False, 1, False
 
     def __call__(self, *args, **kwargs):
         return self._child.call(self._number, args, kwargs)
 
+    def __getattr__(self, name):
+        if self._kind != "obj" or name.startswith("__"):
+            raise AttributeError(name)
+        return self._child.call(self._number, (name,), {}, op="attr")
+
     def __iter__(self):
-        if not self._iterator:
+        if self._kind != "iter":
             raise TypeError("returned object is not iterable")
+        self._bulk = True
         return self
 
     def __next__(self):
-        if not self._iterator:
+        if self._kind != "iter":
             raise TypeError("returned object is not an iterator")
         if not self._items:
             if self._done:
                 raise StopIteration
-            items, self._done = self._child.call(self._number, (self._batch,), {}, op="next")
+            batch = self._batch if self._bulk else 1
+            items, self._done = self._child.call(self._number, (batch,), {}, op="next")
             self._items = list(reversed(items))
-            self._batch = min(2 * self._batch, 512)  # 1, 2, 4, ...: lazy at first, few round trips for many
+            if self._bulk:
+                self._batch = min(2 * self._batch, 512)  # lazy at first, few round trips for many
             if not self._items:
                 raise StopIteration
         return self._items.pop()
@@ -364,22 +384,52 @@ def _undumpable():
         return False
 
 
-def test_namespace(prefix, helpers):
-    """The test's globals: the import prefix and the prompt's definitions (trusted spec fields)."""
+def compile_test(test_src):
+    """The test code compiled with int literals of any length (an expected answer may have more than the
+    4300 digits Python reads by default); the limit stays on for what the test does when it runs."""
+    if not hasattr(sys, "set_int_max_str_digits"):
+        return compile(test_src, "<check>", "exec")
+    old = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        return compile(test_src, "<check>", "exec")
+    finally:
+        sys.set_int_max_str_digits(old)
+
+
+def test_namespace(prefix, helpers, reached):
+    """The test's globals: the import prefix, the prompt's definitions (trusted spec fields) and the
+    mark the marked ``check`` calls after each test, which keeps in ``reached[0]`` how many passed."""
     import builtins
+
+    def passed(count):
+        reached[0] = count
 
     tns = {"__name__": "__cleaner_check__", "__builtins__": builtins}
     exec(prefix, tns)
     exec(helpers, tns)
+    tns[PASSED_MARK] = passed
     return tns
 
 
+def _time_up(channel, started, reached):
+    """The time limit, hit while ``check`` ran: a ``timeout`` verdict keeping the tests passed so far."""
+    child = started[0] if started else None
+    calls = child.calls if child else 0
+    emit(channel, {"pass": False, "kind": (child.fault if child else None) or "timeout", "exc": None,
+                   "hints": sorted(child.hints) if child else [], "passed": reached[0] if calls else 0})
+    if child:
+        child.kill()
+    os._exit(0)
+
+
 def judge_assert(solution, prefix, helpers, test_src, entry, shadow, timeout, program):
-    """Run ``check(candidate)`` of ``test_src`` here against the solution in a fresh child and emit
-    ``{"pass", "kind", "exc", "hints"}``. ``helpers``: the prompt's definitions the test uses
-    (HumanEval's ``poly``), from the spec, never from the solution; ``shadow``: names the test
-    defines; ``program``: this file, marshalled, for the child. A test that never called the
-    candidate does not pass."""
+    """Run ``check(candidate)`` of ``test_src`` (marked by ``tasks.rewards.cases``) once, whole, here
+    against the solution in a fresh child and emit ``{"pass", "kind", "exc", "hints", "passed"}``:
+    ``pass`` when ``check`` returned, ``passed`` the tests passed in order before it stopped.
+    ``helpers``: the prompt's definitions the test uses (HumanEval's ``poly``), from the spec, never
+    from the solution; ``shadow``: names the test defines; ``program``: this file, marshalled, for the
+    child. A run that never called the candidate does not pass and passed no test."""
     channel = verdict_channel()
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 1)  # the test code's own prints stay off the verdict channel
@@ -387,16 +437,18 @@ def judge_assert(solution, prefix, helpers, test_src, entry, shadow, timeout, pr
     if not _undumpable():
         emit(channel, {"error": "the judge could not make itself non-dumpable (prctl PR_SET_DUMPABLE)"})
         return
-    signal.signal(signal.SIGALRM, on_alarm)
+    reached, started = [0], []
+    signal.signal(signal.SIGALRM, lambda signum, frame: _time_up(channel, started, reached))
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
         child = _Child(program)
     except OSError as err:
         emit(channel, {"error": f"could not start the solution's process: {err}"})
         return
+    started.append(child)
     kind, detail = "pass", None
     try:
-        tns = test_namespace(prefix, helpers)
+        tns = test_namespace(prefix, helpers, reached)
         load = child.rpc({"path": sys.path, "prefix": prefix, "source": solution, "shadow": shadow})
         if not load.get("ok"):
             raise child.ended(load)
@@ -404,7 +456,7 @@ def judge_assert(solution, prefix, helpers, test_src, entry, shadow, timeout, pr
             child.hints.add("redefined_helper")
         candidate = _Remote(child, entry)
         tns.setdefault(entry, candidate)  # a test naming the entry point means the candidate (HumanEval/33)
-        exec(test_src, tns)
+        exec(compile_test(test_src), tns)
         tns["check"](candidate)
         if not child.calls:
             kind, detail = "wrong_answer", "candidate never called"
@@ -417,4 +469,5 @@ def judge_assert(solution, prefix, helpers, test_src, entry, shadow, timeout, pr
     signal.setitimer(signal.ITIMER_REAL, 0)
     kind = child.fault or kind  # a fault the test code swallowed still fails the test
     child.kill()
-    emit(channel, {"pass": kind == "pass", "kind": kind, "exc": detail, "hints": sorted(child.hints)})
+    emit(channel, {"pass": kind == "pass", "kind": kind, "exc": detail, "hints": sorted(child.hints),
+                   "passed": reached[0] if child.calls else 0})
