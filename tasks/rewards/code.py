@@ -5,26 +5,41 @@ Ground truth (a dict or its JSON string) is one of three test formats:
 
 - **stdin/stdout** ``{"inputs": [str], "outputs": [str]}``: the program reads the input on
   stdin (``input()``, ``sys.stdin``, ``open(0)`` all work) and its stdout is compared with the
-  expected output line by line, ignoring surrounding whitespace, numbers within 1e-6;
+  expected output line by line, ignoring surrounding whitespace, finite numbers within 1e-6;
 - **functional** ``{"inputs": [...], "outputs": [...], "fn_name": str}`` (LiveCodeBench):
   each input is newline-separated JSON arguments; ``Solution().fn_name(*args)`` (or a plain
-  function ``fn_name``) must return the JSON-decoded expected output;
+  function ``fn_name``) must return the JSON-decoded expected output (ints of any length);
 - **assert** ``{"import_prefix": str, "test_code": str, "entry_point": str}`` (the
   reference's training data, HumanEval): ``test_code`` defines ``check(candidate)``; each of its
   top-level statements holding an ``assert`` that uses the candidate is one test (one per line in
   the reference's data); names the test uses but does not define come from the trusted ``helpers``
   field (the prompt's definitions), never from the answer (``tasks.rewards.cases``).
 
-Each test is one sandbox snippet (built by ``tasks.rewards.harness``), so a crash, an exit or a
-time-out fails only that test, and a test passes only when it ran to its end and its answer was
-right (``sandbox/THREAT_MODEL.md``, "Grading"); the sandbox enforces its time limit from outside.
-The reward is 1.0 when all tests pass, else partial credit from the tests no non-solution passes
-(``finish``); ``correct`` means all passed. No answer crashes grading: whatever it holds or prints
-it gets a reward ("Rewards no answer can dodge" in the threat model). Failures are counted by kind; ``suspected_hacks/<kind>`` counts the
-kinds that suggest an attempt on the grader (``tasks.rewards.harness.SUSPECTED``). As in the reference (``code_math.compute_score``)
-a response without a fenced Python block or whose block does not parse scores
-``cfg.code_format_error_reward`` (-1.0) without running. ``grade_code_batch`` grades many
-responses with one ``run_many`` (what the score stage should use for throughput).
+**The assert rule (exactness).** ``correct`` is true exactly when running the original
+``check(candidate)`` once, in one process, passes (the reference harness): the judge runs it once
+and whole, so a later assert sees what earlier ones did (a list mutated in place, a generator
+advanced, an object's or a closure's state). Partial credit never disagrees with it: the tests
+count as passed only in order, up to the first failure (the judge's marks, reported on the protected
+verdict channel), and a run that fails after its last test fails that test; the reward is 1.0 only
+when ``check`` returned. ``cfg.code_timeout_s`` bounds the whole ``check`` (a timeout keeps the tests
+passed before it). What crosses between the test and the answer's process is plain data and handles
+(``judge/check.py``), so an answer that holds on to an argument after its call returned and mutates
+it later, or returns a value outside the codec, is the one place the judge can differ from the
+reference: it then fails (``tests/test_humaneval_exactness.py``: 0 disagreements on HumanEval's 164
+canonical solutions and their mutants).
+
+Each stdin / functional test and each assert ``check`` is one sandbox snippet (built by
+``tasks.rewards.harness``), so a crash, an exit or a time-out fails only that snippet's tests, and a
+test passes only when it ran to its end and its answer was right (``sandbox/THREAT_MODEL.md``,
+"Grading"); the sandbox enforces its time limit from outside. The reward is 1.0 when all tests pass,
+else partial credit from the tests no non-solution passes (``finish``); ``correct`` means all passed.
+No answer crashes grading: whatever it holds or prints it gets a reward ("Rewards no answer can
+dodge" in the threat model). Failures are counted by kind; ``suspected_hacks/<kind>`` counts the
+kinds that suggest an attempt on the grader (``tasks.rewards.harness.SUSPECTED``). As in the
+reference (``code_math.compute_score``) a response without a fenced Python block, or whose block
+does not compile (``compile``, not only ``ast.parse``: ``return`` at module level is a format
+error), scores ``cfg.code_format_error_reward`` (-1.0) without running. ``grade_code_batch`` grades
+many responses with one ``run_many`` (what the score stage should use for throughput).
 A ``SandboxInfraError`` is retried ``cfg.infra_retries`` times, then propagates (the caller
 gets a ``GraderError`` with ``infra=True``) - it is never turned into a reward.
 """
