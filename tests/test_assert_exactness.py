@@ -84,6 +84,13 @@ MUTATION = [
          "def add(s, x):\n    s.add(x)\n", "def add(s, x):\n    if not s:\n        s.add(x)\n", 2 / 3, "n=3, k=2, F=0"),
     Case("alias-sees-mutation", "sort_it", _c("xs = [2, 1]", "ys = xs", "candidate(xs)", "assert xs is ys and ys == [1, 2]"),
          "def sort_it(xs):\n    xs.sort()\n", "def sort_it(xs):\n    xs = sorted(xs)\n", 0.0, "n=1, k=0"),
+    Case("mutate-then-raise", "pop_positive",
+         _c("xs = [1, -2]", "assert candidate(xs) == 1", "try:", "    candidate(xs)", "except ValueError:", "    pass",
+            "assert xs == [-2]"),
+         "def pop_positive(xs):\n    if xs[0] <= 0:\n        raise ValueError(xs[0])\n    return xs.pop(0)\n",
+         "def pop_positive(xs):\n    x = xs.pop(0)\n    if x <= 0:\n        raise ValueError(x)\n    return x\n", 0.0,
+         "n=2 (the try asserts nothing), k=1 (xs emptied before the error), F=1 (returning 1 passes the first). "
+         "Without the arguments written back after an error it scored 1.0"),
     Case("memo-dict", "fib",
          _c("memo = {}", "assert candidate(10, memo) == 55", "assert 10 in memo", "assert candidate(20, memo) == 6765"),
          "def fib(n, memo):\n    if n < 2:\n        return n\n    if n not in memo:\n"
@@ -229,7 +236,25 @@ HELPERS = [
          "n=2, k=1, F=0", GRID),
 ]
 
-CASES = MUTATION + GENERATORS + STATEFUL + SETUP + HELPERS
+CROSSING = [  # what crosses between the judge and the answer's process fails where Python would fail
+    Case("falsy-object", "is_odd", _c("assert candidate(3)", "assert not candidate(4)"),
+         "def is_odd(n):\n    return n % 2 == 1\n",
+         "class _No:\n    def __bool__(self):\n        return False\n\ndef is_odd(n):\n    return _No()\n", 0.0,
+         "n=2, k=0 (an object Python finds false: fake_value, never an always-true handle), F=1 (True)"),
+    Case("str-of-object", "point",
+         _c("p = candidate(1, 2)", "assert p.x == 1 and p.y == 2", "assert str(p) == '(1, 2)'"),
+         "class _P:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n    def __str__(self):\n"
+         "        return f'({self.x}, {self.y})'\n\ndef point(x, y):\n    return _P(x, y)\n",
+         "class _P:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n\ndef point(x, y):\n    return _P(x, y)\n",
+         0.5, "n=2, k=1, F=0"),
+    Case("iterable-object", "span",
+         _c("r = candidate(3)", "assert list(r) == [0, 1, 2]", "assert list(r) == [0, 1, 2]", "assert sum(r) == 3"),
+         "class _Span:\n    def __init__(self, n):\n        self.n = n\n    def __iter__(self):\n"
+         "        return iter(range(self.n))\n\ndef span(n):\n    return _Span(n)\n",
+         "def span(n):\n    return iter(range(n))\n", 1 / 3, "n=3, k=1 (a one-shot iterator), F=0"),
+]
+
+CASES = MUTATION + GENERATORS + STATEFUL + SETUP + HELPERS + CROSSING
 
 
 @pytest.fixture(scope="module", params=["local", pytest.param("docker", marks=pytest.mark.docker)])
@@ -271,8 +296,9 @@ def test_stateful_asserts_score_as_the_whole_check(sandbox):
         want[f"{c.name}/correct"] = (1.0, True)
         want[f"{c.name}/wrong"] = (round(c.wrong_reward, 4), False)
     assert got == want
-    flagged = {it[3]["id"]: r.metrics for it, r in zip(items, results) if r.metrics["suspected_hacks"]}
-    assert flagged == {}
+    flagged = {it[3]["id"]: r.metrics["suspected_hacks/fake_value"] for it, r in zip(items, results)
+               if r.metrics["suspected_hacks"]}
+    assert flagged == {"falsy-object/wrong": 2.0}  # an object with its own __bool__ is no plain value
 
 
 def test_a_run_that_times_out_keeps_the_tests_it_passed(sandbox):

@@ -24,9 +24,9 @@ verdict channel), and a run that fails after its last test fails that test; the 
 when ``check`` returned. ``cfg.code_timeout_s`` bounds the whole ``check`` (a timeout keeps the tests
 passed before it). What crosses between the test and the answer's process is plain data and handles
 (``judge/check.py``), so an answer that holds on to an argument after its call returned and mutates
-it later, or returns a value outside the codec, is the one place the judge can differ from the
-reference: it then fails (``tests/test_humaneval_exactness.py``: 0 disagreements on HumanEval's 164
-canonical solutions and their mutants).
+it later, or returns a value outside the codec, is where the judge can differ from the reference
+(listed in the threat model; ``tests/test_humaneval_exactness.py``: 0 disagreements on HumanEval's
+164 canonical solutions and their mutants).
 
 Each stdin / functional test and each assert ``check`` is one sandbox snippet (built by
 ``tasks.rewards.harness``), so a crash, an exit or a time-out fails only that snippet's tests, and a

@@ -110,12 +110,35 @@ _MUTABLE = (list, dict, set)
 _BUILTIN_VALUES = (int, float, complex, str, bytes, list, tuple, dict, set, frozenset)
 
 
+def _plain_object(value):
+    """An object the judge may hold as a handle: no builtin base, no ``__eq__``, ``__bool__`` or ``__len__`` of
+    its own (a handle compares by identity and is always true, as such an object is in Python)."""
+    cls = type(value)
+    return (cls.__eq__ is object.__eq__ and not isinstance(value, _BUILTIN_VALUES)
+            and not hasattr(cls, "__bool__") and not hasattr(cls, "__len__"))
+
+
 def _child_call(ns, handles, req):
     """One request: call a named function or a returned closure, advance a returned iterator, or read
-    an attribute of a returned object. A value outside the codec that is callable, an iterator or an
-    object of a plain class (no ``__eq__`` of its own, no builtin base) stays here as a handle; the
-    arguments of mutable types (list, dict, set) go back as they are after the call."""
+    an attribute of a returned object (``_child_value``). The arguments of mutable types (list, dict,
+    set) go back as they are after the call, also when it raised."""
     args, kwargs = decode(req["args"]), decode(req["kwargs"])
+    try:
+        reply = _child_value(ns, handles, req, args, kwargs)
+    except BaseException as exc:  # noqa: BLE001 - reported to the judge, with the arguments as left
+        reply = _child_end(exc)
+    back = {}
+    for i, arg in enumerate(args):
+        if type(arg) in _MUTABLE:
+            back[str(i)] = encode(arg)
+    if back:
+        reply["args"] = back
+    return reply
+
+
+def _child_value(ns, handles, req, args, kwargs):
+    """The reply to one request: the encoded value, or a handle for a value outside the codec that is
+    callable, an iterator or an object of a plain class (``_plain_object``)."""
     if "handle" in req:
         fn = handles[req["handle"]]
         if req.get("op") == "next":
@@ -134,18 +157,12 @@ def _child_call(ns, handles, req):
             kind = "iter"
         elif callable(value):
             kind = "call"
-        elif type(value).__eq__ is object.__eq__ and not isinstance(value, _BUILTIN_VALUES):
+        elif _plain_object(value):
             kind = "obj"
         else:
             raise
         handles.append(value)
         reply["handle"], reply["hkind"] = len(handles) - 1, kind
-    back = {}
-    for i, arg in enumerate(args):
-        if type(arg) in _MUTABLE:
-            back[str(i)] = encode(arg)
-    if back:
-        reply["args"] = back
     return reply
 
 
@@ -281,7 +298,7 @@ class _Child:
 
     def call(self, target, args, kwargs, op="call"):
         """Call ``target`` (a name, or a handle number) in the child, or advance a handle (``op``
-        ``next``); mutable arguments take back what the call did to them."""
+        ``next``); mutable arguments take back what the call did to them, also when it raised."""
         try:
             payload = {"args": encode(list(args)), "kwargs": encode(dict(kwargs)), "op": op}
         except Unencodable:
@@ -289,6 +306,11 @@ class _Child:
         payload["name" if type(target) is str else "handle"] = target
         self.calls += 1
         reply = self.rpc(payload)
+        try:
+            for index, encoded in dict(reply.get("args") or {}).items():
+                _write_back(args[int(index)], decode(encoded))
+        except (ValueError, TypeError, RecursionError, IndexError, KeyError):
+            raise self.fail("tampering") from None
         if "value" not in reply and "handle" not in reply:
             raise self.ended(reply)
         try:
@@ -296,8 +318,6 @@ class _Child:
                 value = _Handle(self, int(reply["handle"]), str(reply.get("hkind")))
             else:
                 value = decode(reply["value"])
-            for index, encoded in dict(reply.get("args") or {}).items():
-                _write_back(args[int(index)], decode(encoded))
         except (ValueError, TypeError, RecursionError, IndexError, KeyError):
             raise self.fail("tampering") from None
         if has_nan(value):
@@ -336,7 +356,7 @@ class _Remote:
 
 class _Handle:
     """A closure, an iterator or a plain object the solution returned (``kind`` ``call``, ``iter``,
-    ``obj``): it stays in the child, used from here. ``next(it)`` advances the iterator by one item, as
+    ``obj``: its attributes, methods, ``str``, ``repr`` and ``iter`` work): it stays in the child, used from here. ``next(it)`` advances the iterator by one item, as
     Python does; iterating it (``for``, ``list``, ``sum``) reads ahead in batches of 1, 2, 4 ... 512."""
 
     def __init__(self, child, number, kind):
@@ -351,7 +371,18 @@ class _Handle:
             raise AttributeError(name)
         return self._child.call(self._number, (name,), {}, op="attr")
 
+    def _dunder(self, name):
+        return self._child.call(self._number, (name,), {}, op="attr")()
+
+    def __str__(self):
+        return self._dunder("__str__") if self._kind == "obj" else object.__repr__(self)
+
+    def __repr__(self):
+        return self._dunder("__repr__") if self._kind == "obj" else object.__repr__(self)
+
     def __iter__(self):
+        if self._kind == "obj":
+            return iter(self._dunder("__iter__"))
         if self._kind != "iter":
             raise TypeError("returned object is not iterable")
         self._bulk = True
