@@ -1,8 +1,8 @@
-"""The assert format (``check(candidate)``): a judge that never runs the solution, and the solution's process.
+"""The assert format (``check(candidate)``): a judge that never runs the solution.
 
 ``judge_assert`` holds the test code (it holds the expected values), makes itself non-dumpable,
 starts a fresh interpreter with ``posix_spawn`` (no copy of the judge's memory, no verdict fd)
-that runs ``child_main``: load the solution, answer calls over two pipes. ``check`` runs in the
+that runs ``child.child_main``: load the solution, answer calls over two pipes. ``check`` runs in the
 judge, once and whole as the reference harness runs it, with ``candidate`` a proxy whose return
 values are decoded into exact builtin types; the marks ``tasks.rewards.cases`` put after each test
 count how many it passed in order (``passed``, for partial credit). Any end of the child before
@@ -12,8 +12,8 @@ a run that never called the candidate does not pass.
 What a correct answer does the way Python would: arguments of type list, dict and set it mutates
 come back mutated (in place, in the judge's objects); a returned closure or iterator (a generator)
 stays in the solution's process and is called or advanced from the judge, and so does a returned
-object of a plain class (its attributes read and its methods called from the judge) (``_Handle``). Names the
-test uses but does not define come from the spec's ``helpers`` (the prompt's definitions), never
+object of a plain class (its attributes read and its methods called from the judge) (``_Handle``).
+Names the test uses but does not define come from the spec's ``helpers`` (the prompt's definitions), never
 from the solution; the entry point's own name means the candidate.
 
 ``probe.probe_assert`` runs a test with trivial candidates only (no solution at all) and tells whether
@@ -24,15 +24,7 @@ import signal
 import sys
 
 if __name__ != "cleaner_judge":  # shipped into the sandbox as one program, these names are defined above
-    from tasks.rewards.judge.run import (
-        emit,
-        end_of,
-        memfd,
-        scan_marks,
-        snapshot,
-        tamper_hints,
-        verdict_channel,
-    )
+    from tasks.rewards.judge.run import emit, verdict_channel
     from tasks.rewards.judge.wire import (
         CHANNEL_EXIT,
         PASSED_MARK,
@@ -41,8 +33,6 @@ if __name__ != "cleaner_judge":  # shipped into the sandbox as one program, thes
         encode,
         has_nan,
         recv,
-        recv_trusted,
-        send,
         send_trusted,
     )
 
@@ -63,153 +53,6 @@ _CHILD_BOOT = (
     "g['child_main']()\n"
 )
 """What the fresh interpreter runs: read this program (marshalled) from fd 3, then serve."""
-
-
-def child_main():
-    """The solution's process: load it, then answer calls on fds 3 (requests) / 4 (replies)."""
-    import types
-
-    os.closerange(5, 1 << 16)
-    out = memfd(b"")
-    os.dup2(out, 1)
-    msg = recv_trusted(3)
-    if msg is None:
-        return
-    sys.path[:] = msg["path"]
-    import _sitebuiltins
-    import builtins
-
-    builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")  # as site defines them (-S skips it)
-    builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
-    main = types.ModuleType("__main__")
-    sys.modules["__main__"] = main
-    ns = main.__dict__
-    snap, reply = snapshot(), {"ok": True}
-    try:
-        exec(msg["prefix"], ns)
-        exec(compile(msg["source"], "<solution>", "exec"), ns)
-    except BaseException as exc:  # noqa: BLE001 - reported to the judge
-        reply = _child_end(exc)
-    reply["shadowed"] = [n for n in msg["shadow"] if n in ns]
-    seen = _child_reply(reply, snap, out, 0)
-    handles, loaded = [], reply.get("ok")
-    while loaded:  # a solution's exception ends one call, not the process: the test may expect it
-        req = recv_trusted(3)
-        if req is None:
-            return
-        try:
-            reply = _child_call(ns, handles, req)
-        except BaseException as exc:  # noqa: BLE001 - reported to the judge
-            reply = _child_end(exc)
-        seen = _child_reply(reply, snap, out, seen)
-
-
-_MUTABLE = (list, dict, set)
-
-
-_BUILTIN_VALUES = (int, float, complex, str, bytes, list, tuple, dict, set, frozenset)
-
-
-def _plain_object(value):
-    """An object the judge may hold as a handle: no builtin base, no ``__eq__``, ``__bool__`` or ``__len__`` of
-    its own (a handle compares by identity and is always true, as such an object is in Python)."""
-    cls = type(value)
-    return (cls.__eq__ is object.__eq__ and not isinstance(value, _BUILTIN_VALUES)
-            and not hasattr(cls, "__bool__") and not hasattr(cls, "__len__"))
-
-
-def _child_call(ns, handles, req):
-    """One request: call a named function or a returned closure, advance a returned iterator, or read
-    an attribute of a returned object (``_child_value``). The arguments of mutable types (list, dict,
-    set) go back as they are after the call, also when it raised."""
-    args, kwargs = decode(req["args"]), decode(req["kwargs"])
-    try:
-        reply = _child_value(ns, handles, req, args, kwargs)
-    except BaseException as exc:  # noqa: BLE001 - reported to the judge, with the arguments as left
-        reply = _child_end(exc)
-    back = {}
-    for i, arg in enumerate(args):
-        if type(arg) in _MUTABLE:
-            back[str(i)] = encode(arg)
-    if back:
-        reply["args"] = back
-    return reply
-
-
-def _child_value(ns, handles, req, args, kwargs):
-    """The reply to one request: the encoded value, or a handle for a value outside the codec that is
-    callable, an iterator or an object of a plain class (``_plain_object``)."""
-    if "handle" in req:
-        fn = handles[req["handle"]]
-        if req.get("op") == "next":
-            return _child_next(handles, req["handle"], args[0])
-        value = getattr(fn, args[0]) if req.get("op") == "attr" else fn(*args, **kwargs)
-    else:
-        fn = ns.get(req["name"])
-        if not callable(fn):
-            raise NameError(f"name {req['name']!r} is not defined")
-        value = fn(*args, **kwargs)
-    reply = {"ok": True}
-    try:
-        reply["value"] = encode(value)
-    except Unencodable:
-        if hasattr(type(value), "__next__"):
-            kind = "iter"
-        elif callable(value):
-            kind = "call"
-        elif _plain_object(value):
-            kind = "obj"
-        else:
-            raise
-        handles.append(value)
-        reply["handle"], reply["hkind"] = len(handles) - 1, kind
-    return reply
-
-
-def _child_next(handles, number, count):
-    """Up to ``count`` items of iterator ``number`` (``(items, exhausted)``); an exception after some
-    items is kept for the next request, so the judge sees the items first, as a lazy caller would."""
-    it = handles[number]
-    if isinstance(it, BaseException):
-        handles[number] = iter(())
-        raise it
-    items, done = [], False
-    try:
-        while len(items) < count:
-            items.append(encode(next(it)))
-    except StopIteration:
-        done = True
-    except BaseException as exc:  # noqa: BLE001 - raised at the next request, after these items
-        if not items:
-            raise
-        handles[number] = exc
-    return {"ok": True, "value": {"t": [items, done]}}
-
-
-def _child_reply(reply, snap, out, seen, _exit=os._exit):
-    """Send a reply with the tamper hints and whether a verdict mark was printed; exit
-    ``CHANNEL_EXIT`` when the reply pipe is gone. Returns how far stdout was scanned."""
-    try:
-        sys.stdout.flush()
-    except BaseException:  # noqa: BLE001 - a closed or replaced stream
-        pass
-    marked, seen = scan_marks(out, seen)
-    reply["tampered"] = tamper_hints(snap)
-    reply["marked"] = marked
-    try:
-        send(4, reply)
-    except OSError:
-        _exit(CHANNEL_EXIT)
-    return seen
-
-
-def _child_end(exc):
-    end = end_of(exc)
-    try:
-        end["msg"] = str(exc)[:200]
-    except BaseException:  # noqa: BLE001 - a hostile __str__
-        end["msg"] = ""
-    return end
 
 
 class _Fault(BaseException):
