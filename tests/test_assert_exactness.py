@@ -240,7 +240,26 @@ CROSSING = [  # what crosses between the judge and the answer's process fails wh
     Case("falsy-object", "is_odd", _c("assert candidate(3)", "assert not candidate(4)"),
          "def is_odd(n):\n    return n % 2 == 1\n",
          "class _No:\n    def __bool__(self):\n        return False\n\ndef is_odd(n):\n    return _No()\n", 0.0,
-         "n=2, k=0 (an object Python finds false: fake_value, never an always-true handle), F=1 (True)"),
+         "n=2, k=0 (the object is false, as Python finds it), F=1 (True)"),
+    Case("dataclass-object", "make_point",
+         _c("p = candidate(1, 2)", "p.move(2, 3)", "assert (p.x, p.y) == (3, 5)", "p.move(-3, 0)", "assert p.x == 0",
+            "assert p != (0, 5)"),
+         "from dataclasses import dataclass\n\n@dataclass\nclass Point:\n    x: int\n    y: int\n"
+         "    def move(self, dx, dy):\n        self.x += dx\n        self.y += dy\n\n"
+         "def make_point(x, y):\n    return Point(x, y)\n",
+         "from dataclasses import dataclass\n\n@dataclass\nclass Point:\n    x: int\n    y: int\n"
+         "    def move(self, dx, dy):\n        self.x += dx\n        self.y = dy\n\n"
+         "def make_point(x, y):\n    return Point(x, y)\n", 0.0, "n=3, k=0 (y set, not moved), F=0"),
+    Case("sized-container", "Bag",
+         _c("b = candidate()", "assert not b and len(b) == 0", "b.add('x')", "b.add('x')",
+            "assert b and len(b) == 2 and 'x' in b and b[0] == 'x'", "assert 'y' not in b"),
+         "class Bag:\n    def __init__(self):\n        self.items = []\n    def add(self, x):\n        self.items.append(x)\n"
+         "    def __len__(self):\n        return len(self.items)\n    def __getitem__(self, i):\n"
+         "        return self.items[i]\n    def __contains__(self, x):\n        return x in self.items\n",
+         "class Bag:\n    def __init__(self):\n        self.items = set()\n    def add(self, x):\n        self.items.add(x)\n"
+         "    def __len__(self):\n        return len(self.items)\n    def __getitem__(self, i):\n"
+         "        return sorted(self.items)[i]\n    def __contains__(self, x):\n        return x in self.items\n",
+         0.0, "n=3, k=1 (a set keeps one 'x'), F=1 (returning [] passes the first)"),
     Case("str-of-object", "point",
          _c("p = candidate(1, 2)", "assert p.x == 1 and p.y == 2", "assert str(p) == '(1, 2)'"),
          "class _P:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n    def __str__(self):\n"
@@ -296,9 +315,8 @@ def test_stateful_asserts_score_as_the_whole_check(sandbox):
         want[f"{c.name}/correct"] = (1.0, True)
         want[f"{c.name}/wrong"] = (round(c.wrong_reward, 4), False)
     assert got == want
-    flagged = {it[3]["id"]: r.metrics["suspected_hacks/fake_value"] for it, r in zip(items, results)
-               if r.metrics["suspected_hacks"]}
-    assert flagged == {"falsy-object/wrong": 2.0}  # an object with its own __bool__ is no plain value
+    flagged = {it[3]["id"]: r.metrics for it, r in zip(items, results) if r.metrics["suspected_hacks"]}
+    assert flagged == {}
 
 
 def test_a_run_that_times_out_keeps_the_tests_it_passed(sandbox):

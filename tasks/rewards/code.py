@@ -24,7 +24,8 @@ verdict channel), and a run that fails after its last test fails that test; the 
 when ``check`` returned. ``cfg.code_timeout_s`` bounds the whole ``check`` (a timeout keeps the tests
 passed before it). What crosses between the test and the answer's process is plain data and handles
 (``judge/check.py``), so an answer that holds on to an argument after its call returned and mutates
-it later, or returns a value outside the codec, is where the judge can differ from the reference
+it later, or returns a builtin type's subclass or an object the test does arithmetic on, is where
+the judge can differ from the reference
 (listed in the threat model; ``tests/test_humaneval_exactness.py``: 0 disagreements on HumanEval's
 164 canonical solutions and their mutants).
 

@@ -286,7 +286,7 @@ def _assert_outcome(verdict: dict) -> Outcome:
     return Outcome(kind, detail)
 
 
-_HINT_ORDER = (Kind.CHANNEL_CLOSED, Kind.FORGED_VERDICT, Kind.REDEFINED_HELPER, Kind.TAMPERING)
+_HINT_ORDER = (Kind.CHANNEL_CLOSED, Kind.FORGED_VERDICT, Kind.REDEFINED_HELPER, Kind.TAMPERING, Kind.FAKE_VALUE)
 """Which hint names a failure when several were seen (the first present)."""
 
 

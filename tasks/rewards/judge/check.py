@@ -11,8 +11,9 @@ a run that never called the candidate does not pass.
 
 What a correct answer does the way Python would: arguments of type list, dict and set it mutates
 come back mutated (in place, in the judge's objects); a returned closure or iterator (a generator)
-stays in the solution's process and is called or advanced from the judge, and so does a returned
-object of a plain class (its attributes read and its methods called from the judge) (``_Handle``).
+stays in the solution's process and is called or advanced from the judge, and so does any other
+returned object outside the codec but a builtin type's subclass (its attributes, methods, ``bool``,
+``len``, ``str``, ``iter`` ... used from the judge; it equals only itself) (``_Handle``).
 Names the test uses but does not define come from the spec's ``helpers`` (the prompt's definitions), never
 from the solution; the entry point's own name means the candidate.
 
@@ -158,7 +159,7 @@ class _Child:
             raise self.ended(reply)
         try:
             if "handle" in reply:
-                value = _Handle(self, int(reply["handle"]), str(reply.get("hkind")))
+                value = _Handle(self, int(reply["handle"]), str(reply.get("hkind")), reply.get("heq") is True)
             else:
                 value = decode(reply["value"])
         except (ValueError, TypeError, RecursionError, IndexError, KeyError):
@@ -198,12 +199,17 @@ class _Remote:
 
 
 class _Handle:
-    """A closure, an iterator or a plain object the solution returned (``kind`` ``call``, ``iter``,
-    ``obj``: its attributes, methods, ``str``, ``repr`` and ``iter`` work): it stays in the child, used from here. ``next(it)`` advances the iterator by one item, as
-    Python does; iterating it (``for``, ``list``, ``sum``) reads ahead in batches of 1, 2, 4 ... 512."""
+    """A closure, an iterator or an object the solution returned (``kind`` ``call``, ``iter``, ``obj``): it
+    stays in the child, used from here. An object's attributes, methods, ``bool``, ``len``, ``str``,
+    ``repr``, ``iter``, ``[key]`` and ``in`` run there; it equals only itself (``eq``: its class has an
+    ``__eq__`` of its own, which is not trusted: comparing it is hinted ``fake_value``). ``next(it)``
+    advances an iterator by one item, as Python does; iterating it (``for``, ``list``, ``sum``) reads
+    ahead in batches of 1, 2, 4 ... 512."""
 
-    def __init__(self, child, number, kind):
-        self._child, self._number, self._kind = child, number, kind
+    __hash__ = object.__hash__
+
+    def __init__(self, child, number, kind, eq=False):
+        self._child, self._number, self._kind, self._eq = child, number, kind, eq
         self._items, self._done, self._batch, self._bulk = [], False, 1, False
 
     def __call__(self, *args, **kwargs):
@@ -214,18 +220,39 @@ class _Handle:
             raise AttributeError(name)
         return self._child.call(self._number, (name,), {}, op="attr")
 
-    def _dunder(self, name):
-        return self._child.call(self._number, (name,), {}, op="attr")()
+    def _apply(self, name, *args):
+        if self._kind != "obj":
+            raise TypeError(f"returned {self._kind} object does not support {name}")
+        return self._child.call(self._number, (name, *args), {}, op="apply")
+
+    def __eq__(self, other):
+        if self._eq and other is not self:
+            self._child.hints.add("fake_value")
+        return NotImplemented
+
+    def __bool__(self):
+        return self._apply("bool") if self._kind == "obj" else True
+
+    def __len__(self):
+        return self._apply("len")
+
+    def __getitem__(self, key):
+        return self._apply("getitem", key)
+
+    def __contains__(self, item):
+        if self._kind == "iter":
+            return any(x is item or x == item for x in self)
+        return self._apply("contains", item)
 
     def __str__(self):
-        return self._dunder("__str__") if self._kind == "obj" else object.__repr__(self)
+        return self._apply("str") if self._kind == "obj" else object.__repr__(self)
 
     def __repr__(self):
-        return self._dunder("__repr__") if self._kind == "obj" else object.__repr__(self)
+        return self._apply("repr") if self._kind == "obj" else object.__repr__(self)
 
     def __iter__(self):
         if self._kind == "obj":
-            return iter(self._dunder("__iter__"))
+            return iter(self._apply("iter"))
         if self._kind != "iter":
             raise TypeError("returned object is not iterable")
         self._bulk = True

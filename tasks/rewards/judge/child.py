@@ -59,14 +59,9 @@ _MUTABLE = (list, dict, set)
 
 
 _BUILTIN_VALUES = (int, float, complex, str, bytes, list, tuple, dict, set, frozenset)
-
-
-def _plain_object(value):
-    """An object the judge may hold as a handle: no builtin base, no ``__eq__``, ``__bool__`` or ``__len__`` of
-    its own (a handle compares by identity and is always true, as such an object is in Python)."""
-    cls = type(value)
-    return (cls.__eq__ is object.__eq__ and not isinstance(value, _BUILTIN_VALUES)
-            and not hasattr(cls, "__bool__") and not hasattr(cls, "__len__"))
+_APPLY = {"bool": bool, "len": len, "str": str, "repr": repr, "iter": iter,
+          "getitem": lambda o, key: o[key], "contains": lambda o, item: item in o}
+"""What the judge may apply to a returned object (``op`` ``apply``)."""
 
 
 def _child_call(ns, handles, req):
@@ -89,12 +84,15 @@ def _child_call(ns, handles, req):
 
 def _child_value(ns, handles, req, args, kwargs):
     """The reply to one request: the encoded value, or a handle for a value outside the codec that is
-    callable, an iterator or an object of a plain class (``_plain_object``)."""
+    callable, an iterator or any other object but a builtin type's subclass (``heq``: its class has an
+    ``__eq__`` of its own)."""
     if "handle" in req:
         fn = handles[req["handle"]]
         if req.get("op") == "next":
             return _child_next(handles, req["handle"], args[0])
-        value = getattr(fn, args[0]) if req.get("op") == "attr" else fn(*args, **kwargs)
+        op = req.get("op")
+        value = (getattr(fn, args[0]) if op == "attr" else _APPLY[args[0]](fn, *args[1:]) if op == "apply"
+                 else fn(*args, **kwargs))
     else:
         fn = ns.get(req["name"])
         if not callable(fn):
@@ -108,12 +106,13 @@ def _child_value(ns, handles, req, args, kwargs):
             kind = "iter"
         elif callable(value):
             kind = "call"
-        elif _plain_object(value):
+        elif not isinstance(value, _BUILTIN_VALUES):
             kind = "obj"
         else:
             raise
         handles.append(value)
         reply["handle"], reply["hkind"] = len(handles) - 1, kind
+        reply["heq"] = type(value).__eq__ is not object.__eq__
     return reply
 
 
