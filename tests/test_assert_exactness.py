@@ -126,6 +126,11 @@ GENERATORS = [
          "def naturals():\n    n = 0\n    while True:\n        yield n\n        n += 1\n",
          "import itertools\n_shared = itertools.count()\n\ndef naturals():\n    while True:\n        yield next(_shared)\n",
          1 / 3, "n=3, k=1 (b shares a's counter), F=0"),
+    Case("generator-send", "running_total",
+         _c("g = candidate()", "next(g)", "assert g.send(5) == 5", "assert g.send(3) == 8"),
+         "def running_total():\n    total = 0\n    while True:\n        x = yield total\n        total += x\n",
+         "def running_total():\n    total = 0\n    while True:\n        x = yield total\n        total = x\n", 0.5,
+         "n=2, k=1, F=0"),
     Case("next-default", "upto", _c("g = candidate(2)", "assert next(g) == 0", "assert next(g) == 1",
                                    "assert next(g, 'done') == 'done'"),
          "def upto(n):\n    yield from range(n)\n", "def upto(n):\n    yield from range(n + 1)\n", 2 / 3, "n=3, k=2, F=0"),
@@ -174,6 +179,13 @@ STATEFUL = [
          "            raise KeyError(x)\n        self.s.add(x)\n    def count(self):\n        return len(self.s)\n",
          "class UniqueSet:\n    def __init__(self):\n        self.s = []\n    def add(self, x):\n        self.s.append(x)\n"
          "    def count(self):\n        return len(self.s)\n", 0.0, "n=2, k=0"),
+    Case("class-candidate", "Temp",
+         _c("t = candidate.from_f(212)", "assert t.c == 100", "t2 = candidate(0)", "assert t2.to_f() == 32"),
+         "class Temp:\n    def __init__(self, c):\n        self.c = c\n    @classmethod\n    def from_f(cls, f):\n"
+         "        return cls((f - 32) * 5 // 9)\n    def to_f(self):\n        return self.c * 9 // 5 + 32\n",
+         "class Temp:\n    def __init__(self, c):\n        self.c = c\n    @classmethod\n    def from_f(cls, f):\n"
+         "        return cls((f - 32) * 5 // 9)\n    def to_f(self):\n        return self.c * 9 // 5\n", 0.5,
+         "n=2, k=1, F=0"),
     Case("module-state-ids", "intern",
          _c("assert candidate('a') == 1", "assert candidate('b') == 2", "assert candidate('a') == 1"),
          "_ids = {}\n\ndef intern(w):\n    return _ids.setdefault(w, len(_ids) + 1)\n",

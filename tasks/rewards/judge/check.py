@@ -189,7 +189,8 @@ def _write_back(arg, new):
 
 
 class _Remote:
-    """``candidate`` in the judge: each call runs in the child."""
+    """``candidate`` in the judge: each call, and each attribute read (a class's ``candidate.parse``), runs
+    in the child."""
 
     def __init__(self, child, name):
         self._child, self.__name__ = child, name
@@ -197,10 +198,15 @@ class _Remote:
     def __call__(self, *args, **kwargs):
         return self._child.call(self.__name__, args, kwargs)
 
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._child.call(self.__name__, (name,), {}, op="attr")
+
 
 class _Handle:
     """A closure, an iterator or an object the solution returned (``kind`` ``call``, ``iter``, ``obj``): it
-    stays in the child, used from here. An object's attributes, methods, ``bool``, ``len``, ``str``,
+    stays in the child, used from here: attributes and methods of any (a generator's ``send``); an object's ``bool``, ``len``, ``str``,
     ``repr``, ``iter``, ``[key]`` and ``in`` run there; it equals only itself (``eq``: its class has an
     ``__eq__`` of its own, which is not trusted: comparing it is hinted ``fake_value``). ``next(it)``
     advances an iterator by one item, as Python does; iterating it (``for``, ``list``, ``sum``) reads
@@ -216,7 +222,7 @@ class _Handle:
         return self._child.call(self._number, args, kwargs)
 
     def __getattr__(self, name):
-        if self._kind != "obj" or name.startswith("__"):
+        if name.startswith("__"):
             raise AttributeError(name)
         return self._child.call(self._number, (name,), {}, op="attr")
 

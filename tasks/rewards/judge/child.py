@@ -3,7 +3,7 @@
 ``judge/check.py`` starts a fresh interpreter (``python -I -S``) that reads the judge program from fd 3
 and runs ``child_main``: it loads the solution (after the spec's import prefix) and answers requests on
 fds 3 (from the judge, marshal) / 4 (to the judge, JSON): call a named function or a returned closure,
-advance a returned iterator, read an attribute of a returned object. Values go back in the plain-data
+advance a returned iterator, read an attribute of the candidate or of a returned object. Values go back in the plain-data
 codec (``wire.encode``); a closure, an iterator or an object of a plain class stays here as a handle;
 arguments of type list, dict and set go back as the call left them. Every reply carries tamper hints and
 whether a verdict mark was printed. Shipped in the judge program after ``run``, before ``check``.
@@ -97,7 +97,7 @@ def _child_value(ns, handles, req, args, kwargs):
         fn = ns.get(req["name"])
         if not callable(fn):
             raise NameError(f"name {req['name']!r} is not defined")
-        value = fn(*args, **kwargs)
+        value = getattr(fn, args[0]) if req.get("op") == "attr" else fn(*args, **kwargs)
     reply = {"ok": True}
     try:
         reply["value"] = encode(value)
