@@ -340,3 +340,15 @@ def test_a_run_that_times_out_keeps_the_tests_it_passed(sandbox):
                               cfg=RewardConfig(code_timeout_s=1.0))
     assert res.reward == pytest.approx(2 / 3) and not res.correct
     assert (res.metrics["tests_passed"], res.metrics["timeouts"]) == (2.0, 1.0)
+
+
+def test_a_fault_the_test_swallowed_ends_the_credit_where_it_came(sandbox):
+    """An answer that exits on the first call, under a test that catches everything: the exit fails the run
+    (a failure of its kind) and no test after it earns credit, though the test went on and passed them."""
+    spec = {"test_code": "def check(candidate):\n    try:\n        assert candidate(2) == 4\n    except BaseException:\n"
+                         "        pass\n    assert candidate(3) == 9\n    assert candidate(-4) == 16\n",
+            "entry_point": "square", "import_prefix": ""}
+    exits = "import sys\n\ndef square(x):\n    if x == 2:\n        sys.exit(0)\n    return x * x\n"
+    (res,) = grade_code_batch([("code", _fenced(exits), spec, None)], sandbox=sandbox, cfg=CFG)
+    assert (res.reward, res.correct, res.metrics["tests_passed"]) == (0.0, False, 0.0)
+    assert res.metrics["suspected_hacks/system_exit"] == 3.0

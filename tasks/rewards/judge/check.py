@@ -81,13 +81,21 @@ class _Child:
         os.close(req_r)
         os.close(rep_w)
         self.fault, self.raised, self.hints, self.calls = None, None, set(), 0
+        self.reached, self.fault_at = [0], None  # the tests passed so far; and when the first fault came
         data = len(program).to_bytes(4, "big") + program
         while data:
             data = data[os.write(self.req_w, data):]
 
     def fail(self, kind):
-        self.fault = self.fault or kind
+        if self.fault is None:
+            self.fault, self.fault_at = kind, self.reached[0]
         return _Fault(kind)
+
+    def passed(self):
+        """Tests passed in order before the first failure (a fault the test swallowed is one)."""
+        if not self.calls:
+            return 0
+        return self.reached[0] if self.fault_at is None else min(self.reached[0], self.fault_at)
 
     def rpc(self, payload):
         try:
@@ -319,12 +327,11 @@ def test_namespace(prefix, helpers, reached):
     return tns
 
 
-def _time_up(channel, started, reached):
+def _time_up(channel, started):
     """The time limit, hit while ``check`` ran: a ``timeout`` verdict keeping the tests passed so far."""
     child = started[0] if started else None
-    calls = child.calls if child else 0
     emit(channel, {"pass": False, "kind": (child.fault if child else None) or "timeout", "exc": None,
-                   "hints": sorted(child.hints) if child else [], "passed": reached[0] if calls else 0})
+                   "hints": sorted(child.hints) if child else [], "passed": child.passed() if child else 0})
     if child:
         child.kill()
     os._exit(0)
@@ -344,8 +351,8 @@ def judge_assert(solution, prefix, helpers, test_src, entry, shadow, timeout, pr
     if not _undumpable():
         emit(channel, {"error": "the judge could not make itself non-dumpable (prctl PR_SET_DUMPABLE)"})
         return
-    reached, started = [0], []
-    signal.signal(signal.SIGALRM, lambda signum, frame: _time_up(channel, started, reached))
+    started = []
+    signal.signal(signal.SIGALRM, lambda signum, frame: _time_up(channel, started))
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
         child = _Child(program)
@@ -355,7 +362,7 @@ def judge_assert(solution, prefix, helpers, test_src, entry, shadow, timeout, pr
     started.append(child)
     kind, detail = "pass", None
     try:
-        tns = test_namespace(prefix, helpers, reached)
+        tns = test_namespace(prefix, helpers, child.reached)
         load = child.rpc({"path": sys.path, "prefix": prefix, "source": solution, "shadow": shadow})
         if not load.get("ok"):
             raise child.ended(load)
@@ -377,4 +384,4 @@ def judge_assert(solution, prefix, helpers, test_src, entry, shadow, timeout, pr
     kind = child.fault or kind  # a fault the test code swallowed still fails the test
     child.kill()
     emit(channel, {"pass": kind == "pass", "kind": kind, "exc": detail, "hints": sorted(child.hints),
-                   "passed": reached[0] if child.calls else 0})
+                   "passed": child.passed()})
