@@ -1,4 +1,4 @@
-"""The code harness's pure parts: the plain-data codec, assert-test splitting and reading verdicts.
+"""The code harness's pure parts: the plain-data codec, assert-test marking and reading verdicts.
 
 No sandbox: verdicts are judged from hand-built ``ExecutionResult``s, including the forged, truncated
 and late-exit ones a hostile solution could produce. The same rules run for real in
@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
 from sandbox.result import ExecutionResult
-from tasks.rewards.cases import assert_cases
+from tasks.rewards.cases import PASSED_MARK, assert_tests
+from tasks.rewards.code import finish
 from tasks.rewards.harness import (
     CHANNEL_EXIT,
     TIMEOUT_EXIT,
@@ -22,6 +24,7 @@ from tasks.rewards.harness import (
     HarnessError,
     Kind,
     judge_result,
+    judge_results,
 )
 from tasks.rewards.judge.wire import Unencodable, decode, digest, dump, encode, has_nan, json_plain, normal_lines
 
@@ -89,29 +92,31 @@ def test_json_plain_is_a_json_round_trip():
     assert normal_lines("  a   b \n\n c\n\n") == "a b\n\nc" and len(digest("x")) == 64
 
 
-def test_assert_cases_split_check_into_tests_with_their_setup():
+def test_assert_tests_keep_check_whole_and_mark_each_test():
     test_code = ("METADATA = {}\n\ndef helper(v):\n    return v\n\ndef check(candidate):\n    import math\n"
                  "    assert candidate(1) == 1\n    xs = [1, 2]\n    for x in xs:\n        assert candidate(x) == helper(x)\n"
-                 "    assert poly(candidate(2)) == 4\n\ncheck(f)\n")
-    cases, lookup, shadow = assert_cases(test_code)
-    assert len(cases) == 3 and all("METADATA = {}" in c and "def helper" in c for c in cases)
-    assert "import math" in cases[0] and "xs = [1, 2]" not in cases[0]
-    assert "xs = [1, 2]" in cases[1] and "assert candidate(1) == 1" not in cases[1]
-    assert "check(f)" not in cases[2]
-    assert lookup == ("poly",) and shadow == ("check", "helper")
+                 "    assert True\n    assert poly(candidate(2)) == 4\n\ncheck(f)\n")
+    tests = assert_tests(test_code)
+    body = tests.source.split("def check(candidate):\n", 1)[1].splitlines()
+    assert [line.strip() for line in body] == [
+        "import math", "assert candidate(1) == 1", f"{PASSED_MARK}(1)", "xs = [1, 2]", "for x in xs:",
+        "assert candidate(x) == helper(x)", f"{PASSED_MARK}(2)", "assert True", "assert poly(candidate(2)) == 4",
+        f"{PASSED_MARK}(3)"]
+    assert "METADATA = {}" in tests.source and "def helper" in tests.source and "check(f)" not in tests.source
+    assert tests.count == 3 and tests.lookup == ("poly",) and tests.shadow == ("check", "helper")
 
 
-def test_assert_cases_one_line_per_test_as_the_reference_writes_them():
-    cases, _, _ = assert_cases("def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(3) == 9\n")
-    assert [c.splitlines()[-1].strip() for c in cases] == ["assert candidate(2) == 4", "assert candidate(3) == 9"]
-    whole, _, _ = assert_cases("def check(candidate):\n    _eq(candidate(1), 1)\n")
-    assert len(whole) == 1
+def test_assert_tests_count_one_per_line_as_the_reference_writes_them():
+    tests = assert_tests("def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(3) == 9\n")
+    assert tests.count == 2 and tests.source.count(PASSED_MARK) == 2
+    whole = assert_tests("def check(candidate):\n    _eq(candidate(1), 1)\n")
+    assert whole.count == 1 and PASSED_MARK not in whole.source  # no assert: the whole run is the test
 
 
 @pytest.mark.parametrize("bad", ["def check(candidate:\n", "assert True\n"])
-def test_assert_cases_name_a_broken_test_code(bad):
+def test_assert_tests_name_a_broken_test_code(bad):
     with pytest.raises(ValueError, match="test_code"):
-        assert_cases(bad)
+        assert_tests(bad)
 
 
 def _result(stdout="", *, ok=True, exit_code=0, timed_out=False, memory=False, truncated=False, kind=None):
@@ -186,3 +191,36 @@ def test_a_judge_that_cannot_run_is_infrastructure():
     with pytest.raises(HarnessError, match="non-dumpable"):
         judge_result(ASSERT, _result(_line({"error": "the judge could not make itself non-dumpable"})))
     assert judge_result(STDIN, _result(_line({"error": "x", **OK_RUN, "out": "4\n"}))).kind is Kind.PASS
+
+
+WHOLE = CodeTest("", "assert", count=4)
+FAILED_AT = {"pass": False, "kind": "wrong_answer", "exc": "AssertionError", "hints": []}
+P, W = Kind.PASS, Kind.WRONG_ANSWER
+
+
+@pytest.mark.parametrize("result,kinds", [
+    (_result(_line({"pass": True, "kind": "pass", "exc": None, "hints": [], "passed": 4})), [P, P, P, P]),
+    (_result(_line({**FAILED_AT, "passed": 2})), [P, P, W, W]),
+    (_result(_line({**FAILED_AT, "passed": 0})), [W, W, W, W]),
+    (_result(_line({**FAILED_AT, "passed": 4})), [P, P, P, W]),  # failed after its last test: never all passed
+    (_result(_line({**FAILED_AT, "passed": 9})), [P, P, P, W]),
+    (_result(_line({**FAILED_AT, "passed": -1})), [W, W, W, W]),
+    (_result(_line({**FAILED_AT, "passed": "3"})), [W, W, W, W]),
+    (_result(_line({**FAILED_AT, "passed": 2}), ok=False, exit_code=-9), [Kind.TAMPERING] * 4),
+    (_result(_line({**FAILED_AT, "kind": "timeout", "passed": 1})), [P] + [Kind.TIMEOUT] * 3),
+    (_result(_line({**FAILED_AT, "passed": 2}) * 2), [Kind.FORGED_VERDICT] * 4),
+])
+def test_judge_results_count_the_tests_passed_in_order_before_the_first_failure(result, kinds):
+    assert [o.kind for o in judge_results(WHOLE, result)] == kinds
+
+
+@pytest.mark.parametrize("passed,free,reward", [(2, 1, 1 / 3), (2, 0, 2 / 4), (1, 1, 0.0), (0, 0, 0.0), (3, 2, 1 / 2),
+                                                (4, 4, 1.0)])
+def test_partial_credit_is_the_tests_passed_past_the_free_ones(passed, free, reward):
+    """(k - min(k, F)) / (n - min(k, F)) for a check of n = 4 tests failed after k, F of them free; 1.0 only whole."""
+    verdict = {"pass": passed == 4, "kind": "pass" if passed == 4 else "wrong_answer", "exc": None, "hints": [],
+               "passed": passed}
+    res = finish("x", [replace(WHOLE, free=free)], [_result(_line(verdict))], 0)
+    assert res.reward == pytest.approx(reward) and res.correct is (passed == 4)
+    assert res.metrics["tests_passed"] == passed and res.metrics["tests_total"] == 4.0
+    assert res.metrics["tests_free"] == free

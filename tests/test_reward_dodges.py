@@ -23,7 +23,7 @@ import pytest
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
 from tasks.data.formats import DatasetError, load_tasks
-from tasks.rewards.cases import assert_cases
+from tasks.rewards.cases import PASSED_MARK, assert_tests
 from tasks.rewards.code import grade_code_batch, parse_tests
 from tasks.rewards.config import RewardConfig
 from tasks.rewards.harness import PREFIX_MODULES, Kind
@@ -129,12 +129,13 @@ def test_asserts_that_never_use_the_candidate_are_no_tests():
     test_code = ("def check(candidate):\n    assert candidate(2) == 4\n    assert True, 'This prints if this fails 1'\n"
                  "    x = candidate(3)\n    assert x == 9\n    y = 5\n    assert y == 5\n    xs = [2, 1]\n"
                  "    candidate(xs)\n    assert xs == [1, 2]\n    assert True\n")
-    cases, _, _ = assert_cases(test_code)
-    assert len(cases) == 3  # candidate(2) == 4; x (from the candidate) == 9; xs (handed to it) == [1, 2]
-    assert [c.splitlines()[-1].strip() for c in cases] == ["assert candidate(2) == 4", "assert x == 9",
-                                                          "assert xs == [1, 2]"]
+    tests = assert_tests(test_code)
+    assert tests.count == 3  # candidate(2) == 4; x (from the candidate) == 9; xs (handed to it) == [1, 2]
+    lines = [line.strip() for line in tests.source.splitlines()]
+    assert [lines[i - 1] for i, line in enumerate(lines) if line.startswith(PASSED_MARK)] == [
+        "assert candidate(2) == 4", "assert x == 9", "assert xs == [1, 2]"]
     with pytest.raises(ValueError, match="uses the candidate"):
-        assert_cases("def check(candidate):\n    assert True\n")
+        assert_tests("def check(candidate):\n    assert True\n")
 
 
 NON_SOLUTIONS = {"sys-exit": "import sys\nsys.exit(0)", "return-none": "return None", "pass": "pass",
@@ -159,9 +160,11 @@ def test_non_solutions_score_zero_on_every_problem(sandbox):
               for p in STDIN_PROBLEMS for name, body in STDIN_NON_SOLUTIONS.items()]
     results = grade_code_batch(items, sandbox=sandbox, cfg=CFG)
     assert {it[3]["id"]: r.reward for it, r in zip(items, results) if r.reward != 0.0} == {}
-    # some of them do pass a test (first_repeat('abc') is None; sum_pair's "-5 5" prints 0): never credited
-    passed = {it[3]["id"] for it, r in zip(items, results) if r.metrics["tests_passed"]}
-    assert {"first_repeat/return-none", "sum_pair/print-zero", "safe_div/raise"} <= passed
+    # some of them do pass tests (running_max's first two; digit_sum(0) is 0; sum_pair's "-5 5" prints 0): never
+    # credited. A test after one they fail does not count (first_repeat('abc') is None, after 'abca')
+    passed = {it[3]["id"]: r.metrics["tests_passed"] for it, r in zip(items, results) if r.metrics["tests_passed"]}
+    assert {"running_max/return-first", "digit_sum/return-zero", "sum_pair/print-zero"} <= passed.keys()
+    assert passed["running_max/return-first"] == 2.0 and "first_repeat/return-none" not in passed
 
 
 # ------------------------------------------------------------------ 5. correct answers that Python allows pass
@@ -230,7 +233,7 @@ def test_humaneval_loader_fills_helpers_from_the_prompt():
         assert helper in truth["helpers"] and f"def {truth['entry_point']}(" not in truth["helpers"]
         parse_tests(truth)  # every name the test uses is defined by the trusted fields
     assert rows["HumanEval/32"].ground_truth["import_prefix"] == "import math\n"
-    cases = sum(len(assert_cases(r.ground_truth["test_code"], r.ground_truth["entry_point"])[0]) for r in rows.values())
+    cases = sum(assert_tests(r.ground_truth["test_code"], r.ground_truth["entry_point"]).count for r in rows.values())
     assert cases == 1181 - 48  # HumanEval's 48 ``assert True, '...'`` lines are no tests
 
 

@@ -276,8 +276,9 @@ def test_canonical_solutions_pass_and_mutants_fail(sandbox):
     assert all(r.metrics["suspected_hacks"] == 0.0 for r in canon)
     passed = {it[3]["id"]: r.metrics["tests_passed"] for it, r in zip(items[len(PROBLEMS):], mutants)
               if r.metrics["tests_passed"]}
-    # right on one test each (first_repeat('abc') is None, safe_div(1, 0) raises), a test a non-solution passes too
-    assert passed == {"first_repeat/returns-none": 1, "first_repeat/prints-instead": 1, "safe_div/raises": 1}
+    # right on a later test (first_repeat('abc') is None, safe_div(1, 0) raises), but check stops at the first:
+    # a test after a failed one never passes (the reference harness runs check once)
+    assert passed == {}
     assert [r.reward for r in mutants] == [0.0] * len(mutants)
     assert all(r.metrics["suspected_hacks"] == 0.0 for r in mutants)
 

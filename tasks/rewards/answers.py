@@ -4,10 +4,11 @@ The sandbox reports a solution's stdout or return value (``tasks.rewards.harness
 verdict); the expected answer never enters the sandbox, so the comparison happens here:
 
 - **stdin/stdout**: the same lines once each is stripped (trailing blank lines dropped), tokens
-  equal as text or as numbers within 1e-6 (``outputs_match``);
+  equal as text or as finite numbers within 1e-6 (``outputs_match``; a number beyond the float
+  range, such as a 5000-digit int, only as text);
 - **functional**: the return value after a JSON round trip equals the expected JSON, floats within
   1e-6, bools only equal bools, tuples count as lists, sets never match (``values_match``, as
-  LiveCodeBench compares them);
+  LiveCodeBench compares them; ints of any length, beyond Python's 4300-digit str limit);
 - long answers (over ``harness.INLINE_CHARS``) come back as the sha256 of a canonical form and are
   compared exactly (whitespace-normalised lines / canonical JSON), without the number tolerance.
 
@@ -16,20 +17,21 @@ Run: imported by ``tasks.rewards.harness``; ``tests/test_rewards_code.py`` pins 
 
 from __future__ import annotations
 
-import json
 import math
 
 from tasks.rewards.judge import wire as judge
 
 
 def tokens_equal(got: str, want: str) -> bool:
-    """Two whitespace-free tokens are equal as text, or as numbers within 1e-6."""
+    """Two whitespace-free tokens are equal as text, or as finite numbers within 1e-6 (a number past the
+    float range, such as a 400-digit int, is equal only as text)."""
     if got == want:
         return True
     try:
-        return math.isclose(float(got), float(want), rel_tol=1e-6, abs_tol=1e-6)
+        a, b = float(got), float(want)
     except (ValueError, OverflowError):
         return False
+    return math.isfinite(a) and math.isfinite(b) and math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6)
 
 
 def outputs_match(got: str, want: str) -> bool:
@@ -66,10 +68,10 @@ def same_value(got, want) -> bool:
 
 
 def expected_value(want_text: str):
-    """The expected answer as a JSON value (the text itself when it is not JSON)."""
+    """The expected answer as a JSON value, ints of any length (the text itself when it is not JSON)."""
     try:
-        return json.loads(want_text)
-    except ValueError:
+        return judge.loads(want_text)
+    except (ValueError, RecursionError):
         return want_text
 
 

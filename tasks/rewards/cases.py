@@ -1,17 +1,45 @@
-"""The tests of an assert-format code ground truth (``check(candidate)``), split and checked on the host.
+"""The tests of an assert-format code ground truth (``check(candidate)``), read and checked on the host.
 
-``assert_cases`` makes one test per top-level statement of ``check`` that holds an ``assert`` using a
-value derived from the candidate (an ``assert True, '...'`` tests nothing and is left out), each run
-after the setup statements before it; ``check_helpers`` makes sure every name the test uses but does
-not define comes from a trusted spec field (``helpers``: the prompt's definitions; ``import_prefix``),
-never from the answer. Used by ``tasks.rewards.harness`` and ``tasks.rewards.code``.
+The reference harness runs ``check(candidate)`` once, in one process: the test passes when it returns.
+``assert_tests`` keeps that run whole and only marks it for partial credit: each top-level statement of
+``check`` that holds an ``assert`` using a value derived from the candidate is one *test* (an ``assert
+True, '...'`` tests nothing and is not counted; it still runs, as in the reference), and after each such
+statement the marked source calls ``PASSED_MARK(i)`` (i tests passed so far, in order). The judge
+(``tasks.rewards.judge.check``) runs that source whole and reports the last mark reached before the
+first failure; nothing is split, so a later assert always sees what the earlier ones did (a list
+mutated in place, a generator advanced, an object's state). ``check_helpers`` makes sure every name the
+test uses but does not define comes from a trusted spec field (``helpers``: the prompt's definitions;
+``import_prefix``), never from the answer. Used by ``tasks.rewards.harness`` and ``tasks.rewards.code``.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
+import copy
 import functools
+import sys
+import threading
+from typing import NamedTuple
+
+from tasks.rewards.judge.wire import PASSED_MARK
+
+__all__ = ["PASSED_MARK", "AssertTests", "assert_tests", "check_helpers"]
+
+
+class AssertTests(NamedTuple):
+    """An assert-format test code, ready for the judge."""
+
+    source: str
+    """The test module with ``check`` marked: ``PASSED_MARK(i)`` after the i-th test (a top-level
+    ``check(...)`` call the file ends with is left out: the judge makes that call)."""
+    count: int
+    """How many tests ``check`` holds (1 when it holds no counted assert: the whole run is the test)."""
+    lookup: tuple[str, ...]
+    """Names the test uses but never defines (the spec's ``helpers`` or ``import_prefix`` must)."""
+    shadow: tuple[str, ...]
+    """Names the test code defines at top level (an answer defining them is flagged)."""
 
 
 def _names(tree: ast.AST) -> tuple[set[str], set[str]]:
@@ -29,44 +57,74 @@ def _names(tree: ast.AST) -> tuple[set[str], set[str]]:
     return loaded, bound
 
 
+_DIGITS = threading.Lock()
+
+
+@contextlib.contextmanager
+def _any_int_length():
+    """Python's limit on int/str conversion (4300 digits) lifted while the test code is parsed and written
+    back: an expected answer may be a longer int literal (the judge compiles it the same way)."""
+    if not hasattr(sys, "set_int_max_str_digits"):
+        yield
+        return
+    with _DIGITS:
+        old = sys.get_int_max_str_digits()
+        sys.set_int_max_str_digits(0)
+        try:
+            yield
+        finally:
+            sys.set_int_max_str_digits(old)
+
+
+def _mark(i: int) -> ast.stmt:
+    return ast.Expr(ast.Call(ast.Name(PASSED_MARK, ast.Load()), [ast.Constant(i)], []))
+
+
 @functools.lru_cache(maxsize=4096)
-def assert_cases(test_code: str, entry: str = "") -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    """The tests of an assert-format ``test_code``: one module source per test (the preamble and a
-    ``check`` holding one assert statement after the setup statements before it), the names the test
-    uses but never defines (the spec's ``helpers`` or ``import_prefix`` must; ``entry``, the entry
-    point's name, is the candidate too, as in HumanEval's own harness) and the names it defines at top
-    level. An assert that uses no value derived from the candidate (``assert True, '...'``) is no test
-    and is left out."""
+def assert_tests(test_code: str, entry: str = "") -> AssertTests:
+    """The marked test module of an assert-format ``test_code`` (see ``AssertTests``); ``entry``, the
+    entry point's name, is the candidate too, as in HumanEval's own harness. A statement that uses the
+    candidate taints the names it loads (a list handed to it, mutated in place) and, when it is no assert,
+    those it binds, so a later assert on those names counts as a test."""
     try:
-        tree = ast.parse(test_code)
-    except (SyntaxError, RecursionError, MemoryError) as err:
+        with _any_int_length():
+            tree = ast.parse(test_code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
         raise ValueError(f"code ground truth: test_code does not parse ({err})") from None
     checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
     if not checks or not checks[-1].args.args:
         raise ValueError("code ground truth: test_code defines no check(candidate)")
     check = checks[-1]
-    preamble = [n for n in tree.body if n is not check and not _calls_check(n)]
     tainted = {check.args.args[0].arg, entry} - {""}  # the candidate and every name bound from it
-    cases, setup, asserted = [], [], False
+    body, count, asserted = [], 0, False
     for stmt in check.body:
         loaded, bound = _names(stmt)
+        body.append(stmt)
         if any(isinstance(n, ast.Assert) for n in ast.walk(stmt)):
             asserted = True
             if loaded & tainted:
-                one = ast.FunctionDef(check.name, check.args, setup + [stmt], [], None, None)
-                cases.append(ast.unparse(ast.fix_missing_locations(ast.Module([*preamble, one], []))))
-            continue
-        setup.append(stmt)
-        if loaded & tainted:  # what it binds, and what it hands the candidate (mutated in place)
+                count += 1
+                body.append(_mark(count))
+                tainted |= {n for n in loaded if not hasattr(builtins, n)}  # what it handed the candidate
+        elif loaded & tainted:
             tainted |= bound | loaded
     if not asserted and _names(check)[0] & tainted:
-        cases = [ast.unparse(ast.Module([*preamble, check], []))]
-    if not cases:
+        count = 1  # no assert: the whole run is the one test, passed when check returns
+    if not count:
         raise ValueError("code ground truth: no assert of check(candidate) uses the candidate")
-    loaded, bound = _names(ast.Module([*preamble, check], []))
-    lookup = sorted(n for n in loaded - bound - {entry} if not hasattr(builtins, n))
-    shadow = sorted(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)))
-    return tuple(cases), tuple(lookup), tuple(shadow)
+    module = [n for n in tree.body if not _calls_check(n)]
+    loaded, bound = _names(ast.Module(module, []))
+    lookup = tuple(sorted(n for n in loaded - bound - {entry} if not hasattr(builtins, n)))
+    shadow = tuple(sorted(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))))
+    marked = copy.copy(check)
+    marked.body = body
+    module = [marked if n is check else n for n in module]
+    try:
+        with _any_int_length():
+            source = ast.unparse(ast.fix_missing_locations(ast.Module(module, [])))
+    except (ValueError, RecursionError) as err:
+        raise ValueError(f"code ground truth: test_code cannot be rewritten ({err})") from None
+    return AssertTests(source, count, lookup, shadow)
 
 
 def check_helpers(spec: dict, lookup: tuple[str, ...]) -> None:

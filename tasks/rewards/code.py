@@ -5,26 +5,42 @@ Ground truth (a dict or its JSON string) is one of three test formats:
 
 - **stdin/stdout** ``{"inputs": [str], "outputs": [str]}``: the program reads the input on
   stdin (``input()``, ``sys.stdin``, ``open(0)`` all work) and its stdout is compared with the
-  expected output line by line, ignoring surrounding whitespace, numbers within 1e-6;
+  expected output line by line, ignoring surrounding whitespace, finite numbers within 1e-6;
 - **functional** ``{"inputs": [...], "outputs": [...], "fn_name": str}`` (LiveCodeBench):
   each input is newline-separated JSON arguments; ``Solution().fn_name(*args)`` (or a plain
-  function ``fn_name``) must return the JSON-decoded expected output;
+  function ``fn_name``) must return the JSON-decoded expected output (ints of any length);
 - **assert** ``{"import_prefix": str, "test_code": str, "entry_point": str}`` (the
   reference's training data, HumanEval): ``test_code`` defines ``check(candidate)``; each of its
   top-level statements holding an ``assert`` that uses the candidate is one test (one per line in
   the reference's data); names the test uses but does not define come from the trusted ``helpers``
   field (the prompt's definitions), never from the answer (``tasks.rewards.cases``).
 
-Each test is one sandbox snippet (built by ``tasks.rewards.harness``), so a crash, an exit or a
-time-out fails only that test, and a test passes only when it ran to its end and its answer was
-right (``sandbox/THREAT_MODEL.md``, "Grading"); the sandbox enforces its time limit from outside.
-The reward is 1.0 when all tests pass, else partial credit from the tests no non-solution passes
-(``finish``); ``correct`` means all passed. No answer crashes grading: whatever it holds or prints
-it gets a reward ("Rewards no answer can dodge" in the threat model). Failures are counted by kind; ``suspected_hacks/<kind>`` counts the
-kinds that suggest an attempt on the grader (``tasks.rewards.harness.SUSPECTED``). As in the reference (``code_math.compute_score``)
-a response without a fenced Python block or whose block does not parse scores
-``cfg.code_format_error_reward`` (-1.0) without running. ``grade_code_batch`` grades many
-responses with one ``run_many`` (what the score stage should use for throughput).
+**The assert rule (exactness).** ``correct`` is true exactly when running the original
+``check(candidate)`` once, in one process, passes (the reference harness): the judge runs it once
+and whole, so a later assert sees what earlier ones did (a list mutated in place, a generator
+advanced, an object's or a closure's state). Partial credit never disagrees with it: the tests
+count as passed only in order, up to the first failure (the judge's marks, reported on the protected
+verdict channel), and a run that fails after its last test fails that test; the reward is 1.0 only
+when ``check`` returned. ``cfg.code_timeout_s`` bounds the whole ``check`` (a timeout keeps the tests
+passed before it). What crosses between the test and the answer's process is plain data and handles
+(``judge/check.py``), so an answer that holds on to an argument after its call returned and mutates
+it later, or returns a builtin type's subclass or an object the test does arithmetic on, is where
+the judge can differ from the reference
+(listed in the threat model; ``tests/test_humaneval_exactness.py``: 0 disagreements on HumanEval's
+164 canonical solutions and their mutants).
+
+Each stdin / functional test and each assert ``check`` is one sandbox snippet (built by
+``tasks.rewards.harness``), so a crash, an exit or a time-out fails only that snippet's tests, and a
+test passes only when it ran to its end and its answer was right (``sandbox/THREAT_MODEL.md``,
+"Grading"); the sandbox enforces its time limit from outside. The reward is 1.0 when all tests pass,
+else partial credit from the tests no non-solution passes (``finish``); ``correct`` means all passed.
+No answer crashes grading: whatever it holds or prints it gets a reward ("Rewards no answer can
+dodge" in the threat model). Failures are counted by kind; ``suspected_hacks/<kind>`` counts the
+kinds that suggest an attempt on the grader (``tasks.rewards.harness.SUSPECTED``). As in the
+reference (``code_math.compute_score``) a response without a fenced Python block, or whose block
+does not compile (``compile``, not only ``ast.parse``: ``return`` at module level is a format
+error), scores ``cfg.code_format_error_reward`` (-1.0) without running. ``grade_code_batch`` grades
+many responses with one ``run_many`` (what the score stage should use for throughput).
 A ``SandboxInfraError`` is retried ``cfg.infra_retries`` times, then propagates (the caller
 gets a ``GraderError`` with ``infra=True``) - it is never turned into a reward.
 """
@@ -38,9 +54,9 @@ import re
 from dataclasses import replace
 
 from sandbox.result import ExecutionResult, SandboxInfraError
-from tasks.rewards.cases import assert_cases, check_helpers
+from tasks.rewards.cases import assert_tests, check_helpers
 from tasks.rewards.config import RewardConfig
-from tasks.rewards.harness import SUSPECTED, CodeTest, Kind, Outcome, build_tests, judge_result, probe_free
+from tasks.rewards.harness import SUSPECTED, CodeTest, Kind, Outcome, build_tests, judge_results, probe_free
 from tasks.rewards.registry import GraderError, RewardResult, register_reward
 
 _FENCE = re.compile(r"```(?:python3?|py)[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
@@ -70,7 +86,7 @@ def parse_tests(ground_truth) -> dict:
     if "test_code" in spec:
         missing = {"test_code", "entry_point"} - spec.keys()
         if not missing:
-            check_helpers(spec, assert_cases(spec["test_code"], spec["entry_point"])[1])
+            check_helpers(spec, assert_tests(spec["test_code"], spec["entry_point"]).lookup)
     else:
         missing = {"inputs", "outputs"} - spec.keys()
         if not missing and len(spec["inputs"]) != len(spec["outputs"]):
@@ -116,7 +132,8 @@ def _format_error(cfg: RewardConfig, code: str | None, *, no_block: bool, n_test
 
 
 _UNPARSABLE = (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError)
-"""What ``ast.parse`` raises on a block it cannot parse (too deep, too big): a format error, never a crash."""
+"""What ``compile`` raises on a block Python would not run (a syntax error, ``return`` or ``nonlocal`` at
+module level, a name used before its ``global``, too deep, too big): a format error, never a crash."""
 
 MAX_CODE_CHARS = 4_000_000
 """A longer block is a format error: no model writes one, and the sandbox's 64 MiB request frame must hold it."""
@@ -130,13 +147,13 @@ def prepare(solution_str: str, ground_truth, cfg: RewardConfig) -> RewardResult 
     """Either the final result of a response that cannot run (format error) or (code, tests) to run."""
     spec = parse_tests(ground_truth)
     code = extract_code(solution_str)
-    declared = len(spec["inputs"]) if "inputs" in spec else len(assert_cases(spec["test_code"], spec["entry_point"])[0])
+    declared = len(spec["inputs"]) if "inputs" in spec else assert_tests(spec["test_code"], spec["entry_point"]).count
     if code is None:
         return _format_error(cfg, None, no_block=True, n_tests=declared)
     if len(code) > MAX_CODE_CHARS:
         return _format_error(cfg, code[:200], no_block=False, n_tests=declared)
     try:
-        ast.parse(code)
+        compile(code, "<solution>", "exec", dont_inherit=True)
     except _UNPARSABLE:
         return _format_error(cfg, code, no_block=False, n_tests=declared)
     tests = build_tests(code, spec, cfg.code_timeout_s)[: cfg.code_max_tests]
@@ -146,18 +163,20 @@ def prepare(solution_str: str, ground_truth, cfg: RewardConfig) -> RewardResult 
 
 
 def finish(code: str, tests: list[CodeTest], results: list[ExecutionResult], retries: int) -> RewardResult:
-    """The reward of one response from its tests' sandbox results (``HarnessError``, an infrastructure
-    failure, when the judge could not run a test): 1.0 when every test passed, else the tests passed that
-    no non-solution passes (not ``CodeTest.free``) over all tests but the free ones passed: a free test
-    never earns, failing it still costs, so a non-solution earns nothing."""
-    outcomes = [judge_result(t, r) for t, r in zip(tests, results, strict=True)]
-    n_pass = sum(o.passed for o in outcomes)
-    free_passed = sum(o.passed and t.free for t, o in zip(tests, outcomes))
-    reward = 1.0 if n_pass == len(tests) else (n_pass - free_passed) / (len(tests) - free_passed)
-    metrics = {"acc": float(n_pass == len(tests)), "pass_rate": n_pass / len(tests), **outcome_metrics(outcomes),
-               "tests_free": float(sum(t.free for t in tests)), "no_code_block": 0.0, "syntax_error": 0.0,
+    """The reward of one response from its snippets' sandbox results (``HarnessError``, an infrastructure
+    failure, when the judge could not run one): 1.0 when every test passed (in the assert format: the
+    whole ``check`` passed), else the tests passed that no non-solution passes (past ``CodeTest.free``)
+    over all tests but the free ones passed: a free test never earns, failing it still costs, so a
+    non-solution earns nothing."""
+    outcomes = [o for t, r in zip(tests, results, strict=True) for o in judge_results(t, r)]
+    free = [i < t.free for t in tests for i in range(t.count)]
+    n, n_pass = len(outcomes), sum(o.passed for o in outcomes)
+    free_passed = sum(o.passed and f for f, o in zip(free, outcomes))
+    reward = 1.0 if n_pass == n else (n_pass - free_passed) / (n - free_passed)
+    metrics = {"acc": float(n_pass == n), "pass_rate": n_pass / n, **outcome_metrics(outcomes),
+               "tests_free": float(sum(free)), "no_code_block": 0.0, "syntax_error": 0.0,
                "infra_retries": float(retries)}
-    return RewardResult(reward, n_pass == len(tests), metrics, code)
+    return RewardResult(reward, n_pass == n, metrics, code)
 
 
 @register_reward("livecodebench*", "lcb*", "*code*", "humaneval*")
@@ -215,7 +234,7 @@ def grade_code_batch(
     return out
 
 
-_FREE: dict[str, bool] = {}
+_FREE: dict[str, int] = {}
 """Probe verdicts by the sha256 of the probe snippet: a property of the test, asked once per process."""
 _FREE_MAX = 100_000
 
@@ -224,9 +243,10 @@ def _key(probe: str) -> str:
     return hashlib.sha256(probe.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _free_flags(probes: list[str], results: list[ExecutionResult]) -> dict[str, bool]:
-    """Whether a non-solution passes each assert test, from the new probes' results; the clean verdicts
-    are cached, a probe without one counts as free (no credit from that test) and is asked again next time."""
+def _free_flags(probes: list[str], results: list[ExecutionResult]) -> dict[str, int | None]:
+    """How many tests, from the first, a non-solution passes in each assert ``check``, from the new
+    probes' results; the clean verdicts are cached, a probe without one (None) counts as all free (no
+    partial credit) and is asked again next time."""
     if len(_FREE) > _FREE_MAX:
         _FREE.clear()
     flags = {}
@@ -234,14 +254,15 @@ def _free_flags(probes: list[str], results: list[ExecutionResult]) -> dict[str, 
         free = probe_free(result)
         if free is not None:
             _FREE[_key(probe)] = free
-        flags[probe] = True if free is None else free
+        flags[probe] = free
     return flags
 
 
-def _is_free(test: CodeTest, fresh: dict[str, bool]) -> bool:
+def _is_free(test: CodeTest, fresh: dict[str, int | None]) -> int:
     if test.probe is None:
         return test.free
-    return fresh[test.probe] if test.probe in fresh else _FREE.get(_key(test.probe), True)
+    free = fresh[test.probe] if test.probe in fresh else _FREE.get(_key(test.probe))
+    return test.count if free is None else min(free, test.count)
 
 
 def _grader_error(data_source: str, extra_info: dict | None, err: Exception) -> GraderError:

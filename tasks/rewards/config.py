@@ -36,16 +36,18 @@ class RewardConfig(BaseModel):
     """Multiple choice: when no ``\\boxed{}`` letter exists, accept a final "answer is (X)" / "Answer: X" phrase."""
 
     code_timeout_s: float = Field(4.0, gt=0)
-    """Wall-clock limit per code test, in seconds; a test past it fails (``timeout``). The sandbox
-    enforces it from outside the answer's process (plus 0.5 s for the snippet's start-up); keep it
-    below ``sandbox.timeout_s``, which caps every snippet."""
+    """Wall-clock limit per code test, in seconds (per stdin / functional test; per whole ``check`` in the
+    assert format, which runs once as the reference harness runs it); past it the test fails
+    (``timeout``). The sandbox enforces it from outside the answer's process (plus 0.5 s for the
+    snippet's start-up); keep it below ``sandbox.timeout_s``, which caps every snippet."""
 
     code_format_error_reward: float = -1.0
-    """Code reward when the response has no fenced Python block or the block does not parse
-    (-1.0 as in the reference's ``code_math.compute_score``)."""
+    """Code reward when the response has no fenced Python block or the block does not compile
+    (-1.0 as in the reference's ``code_math.compute_score``); such a block never runs."""
 
     code_max_tests: int | None = Field(None, ge=1)
-    """Grade at most this many tests per problem (the first N); ``None`` runs them all."""
+    """Grade at most this many stdin / functional tests per problem (the first N); ``None`` runs them all.
+    An assert-format ``check`` always runs whole (its tests are not separable)."""
 
     infra_retries: int = Field(2, ge=0)
     """Extra attempts of a code grading batch after a ``SandboxInfraError`` before giving up (never scored)."""

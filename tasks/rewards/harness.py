@@ -8,21 +8,24 @@ with its source as a fallback for another Python) and ends in one verdict line. 
   enters the sandbox.
   Long answers travel as the sha256 of a canonical form (``INLINE_CHARS``); they are then compared
   exactly (whitespace-normalised lines / canonical JSON) instead of with the 1e-6 number tolerance.
-- **assert** (``check(candidate)``): the test code must run in the sandbox; it runs in a judge
-  process that never runs the solution (see ``judge.py``), and its pass is trusted when it is
-  the one verdict line on an otherwise empty stdout of a snippet that exited 0.
+- **assert** (``check(candidate)``): the test code must run in the sandbox; it runs whole, once,
+  in a judge process that never runs the solution (see ``judge/check.py``): one snippet holds all
+  of a problem's tests. Its pass is trusted when it is the one verdict line on an otherwise empty
+  stdout of a snippet that exited 0; the verdict also says how many tests passed in order before
+  the run stopped (``passed``).
 
-Every test gets an ``Outcome``: ``pass`` or the kind of failure. Kinds in ``SUSPECTED`` are what a
+Every test gets an ``Outcome``: ``pass`` or the kind of failure (in the assert format, the tests after
+the first failure did not run and count under the kind of the failure that stopped the run). Kinds in ``SUSPECTED`` are what a
 policy trying to game the grader produces (exits, killed or hijacked channels, fake values,
 patched builtins, forged verdicts); the code reward counts them per response
 (``suspected_hacks/<kind>``) and the score stage per step. A kind read from the sandbox is a hint
 for counting, never a reason to pass.
 
 Test formats (``build_tests``): stdin/stdout, functional (LiveCodeBench ``fn_name``: newline
-separated JSON arguments, JSON result) and assert (``check(candidate)``, split by
+separated JSON arguments, JSON result) and assert (``check(candidate)``, marked by
 ``tasks.rewards.cases``). A test a non-solution passes too is ``free`` (it earns no partial credit):
 for stdin/functional when its expected answer is trivial (``TRIVIAL_OUTPUTS`` / ``TRIVIAL_VALUES``,
-or the input itself), for assert tests when a probe snippet (``judge.probe``) says so.
+or the input itself), for assert tests the first ones a probe snippet (``judge.probe``) passed in order.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from enum import Enum
 
 from sandbox.result import ExecutionResult, SandboxInfraError
 from tasks.rewards.answers import answer_matches, outputs_match, values_match
-from tasks.rewards.cases import assert_cases
+from tasks.rewards.cases import assert_tests
 from tasks.rewards.judge import PROGRAM_MODULES, program_source
 from tasks.rewards.judge import wire as judge
 from tasks.rewards.judge.wire import CHANNEL_EXIT, TIMEOUT_EXIT, VERDICT_MARK
@@ -59,8 +62,8 @@ INLINE_CHARS = 16384
 ``max_output_bytes`` above ~32 KiB); longer ones come back as a digest."""
 
 __all__ = ["CHANNEL_EXIT", "IMPORT_PREFIX", "INLINE_CHARS", "PREFIX_MODULES", "SUSPECTED", "TIMEOUT_EXIT", "VERDICT_MARK",
-           "CodeTest", "HarnessError", "Kind", "Outcome", "build_tests", "judge_result", "outputs_match",
-           "values_match"]
+           "CodeTest", "HarnessError", "Kind", "Outcome", "build_tests", "judge_result", "judge_results",
+           "outputs_match", "values_match"]
 
 
 class Kind(str, Enum):
@@ -117,16 +120,18 @@ class Outcome:
 
 @dataclass(frozen=True)
 class CodeTest:
-    """One test: the snippet to run, its format (``stdin`` | ``functional`` | ``assert``) and, for the
-    formats compared here, the expected answer (kept on this side). ``free``: a non-solution passes
-    it too (its expected answer is trivial); for the assert format that is learnt by running ``probe``
-    (a snippet of the test's trusted code with trivial candidates, no solution)."""
+    """One snippet and the ``count`` tests it holds (1, or all of an assert-format ``check``): its format
+    (``stdin`` | ``functional`` | ``assert``) and, for the formats compared here, the expected answer
+    (kept on this side). ``free``: how many of its tests, from the first, a non-solution passes too
+    (stdin / functional: 1 when the expected answer is trivial; assert: learnt by running ``probe``, a
+    snippet of the trusted test code with trivial candidates and no solution)."""
 
     snippet: str
     mode: str
     expected: str | None = None
-    free: bool = False
+    free: int = 0
     probe: str | None = None
+    count: int = 1
 
 
 # ------------------------------------------------------------------------------ snippets
@@ -175,19 +180,21 @@ TRIVIAL_OUTPUTS = ("", "0", "1", "-1", "YES", "NO", "Yes", "No", "True", "False"
 
 
 def build_tests(code: str, spec: dict, timeout_s: float) -> list[CodeTest]:
-    """One snippet per test of ``spec`` (see ``tasks.rewards.code.parse_tests``) for ``code``."""
+    """The snippets that run ``spec``'s tests (see ``tasks.rewards.code.parse_tests``) for ``code``: one
+    per stdin / functional test; one for a whole assert-format ``check`` (``timeout_s`` is then its limit)."""
     if "test_code" in spec:
-        cases, _, shadow = assert_cases(spec["test_code"], spec["entry_point"])
+        tests = assert_tests(spec["test_code"], spec["entry_point"])
         prefix, helpers, entry = spec.get("import_prefix", ""), spec.get("helpers", ""), spec["entry_point"]
         probe_s = min(PROBE_S, timeout_s)
-        return [CodeTest(_call("judge_assert", code, prefix, helpers, case, entry, list(shadow), timeout_s), "assert",
-                         probe=_call("probe_assert", prefix, helpers, case, entry, probe_s))
-                for case in cases]
+        return [CodeTest(_call("judge_assert", code, prefix, helpers, tests.source, entry, list(tests.shadow),
+                               timeout_s), "assert",
+                         probe=_call("probe_assert", prefix, helpers, tests.source, entry, tests.count, probe_s),
+                         count=tests.count)]
     fn_name = spec.get("fn_name")
     mode = "functional" if fn_name else "stdin"
     return [CodeTest(_call("run_program", code, IMPORT_PREFIX, "" if fn_name else str(inp), fn_name or None,
                            str(inp) if fn_name else "", timeout_s, INLINE_CHARS), mode, str(expected),
-                     free=trivially_passed(mode, str(inp), str(expected)))
+                     free=int(trivially_passed(mode, str(inp), str(expected))))
             for inp, expected in zip(spec["inputs"], spec["outputs"])]
 
 
@@ -198,19 +205,20 @@ def trivially_passed(mode: str, inp: str, expected: str) -> bool:
         return any(outputs_match(out, expected) for out in (*TRIVIAL_OUTPUTS, inp))
     first = next((line for line in inp.split("\n") if line.strip()), "null")
     try:
-        values = [*TRIVIAL_VALUES, json.loads(first)]
-    except ValueError:
+        values = [*TRIVIAL_VALUES, judge.loads(first)]
+    except (ValueError, RecursionError):
         values = list(TRIVIAL_VALUES)
     return any(values_match(v, expected) for v in values)
 
 
-def probe_free(result: ExecutionResult) -> bool | None:
-    """Whether a probe snippet's verdict says a non-solution passes its test; None when it gave no
-    clean verdict (the caller then counts the test as free: no partial credit from it)."""
+def probe_free(result: ExecutionResult) -> int | None:
+    """How many tests, from the first, a probe snippet's verdict says a non-solution passes; None when it
+    gave no clean verdict (the caller then counts every test as free: no partial credit)."""
     verdict, problem = _read_verdict(result)
-    if problem is not None or verdict is None or not result.ok or type(verdict.get("free")) is not bool:
+    free = None if verdict is None else verdict.get("free")
+    if problem is not None or not result.ok or type(free) is not int or free < 0:
         return None
-    return verdict["free"]
+    return free
 
 
 # ------------------------------------------------------------------------------ verdicts
@@ -278,7 +286,7 @@ def _assert_outcome(verdict: dict) -> Outcome:
     return Outcome(kind, detail)
 
 
-_HINT_ORDER = (Kind.CHANNEL_CLOSED, Kind.FORGED_VERDICT, Kind.REDEFINED_HELPER, Kind.TAMPERING)
+_HINT_ORDER = (Kind.CHANNEL_CLOSED, Kind.FORGED_VERDICT, Kind.REDEFINED_HELPER, Kind.TAMPERING, Kind.FAKE_VALUE)
 """Which hint names a failure when several were seen (the first present)."""
 
 
@@ -337,6 +345,19 @@ def judge_result(test: CodeTest, result: ExecutionResult) -> Outcome:
         raise
     except Exception as err:  # noqa: BLE001 - answer content must not crash the host (OverflowError, ...)
         return Outcome(Kind.WRONG_ANSWER, f"ungradable answer: {type(err).__name__}")
+
+
+def judge_results(test: CodeTest, result: ExecutionResult) -> list[Outcome]:
+    """The outcomes of the ``test.count`` tests a snippet holds (each as ``judge_result``): all passed
+    when the run passed; else the tests a clean assert verdict says passed in order (``passed``; never
+    all of them: the run failed) pass and the rest get the kind of the failure that stopped the run."""
+    outcome = judge_result(test, result)
+    if outcome.passed or test.count == 1:
+        return [outcome] * test.count
+    verdict, problem = _read_verdict(result)
+    passed = verdict.get("passed") if verdict is not None and problem is None and result.ok else 0
+    passed = min(passed, test.count - 1) if type(passed) is int and passed > 0 else 0
+    return [Outcome(Kind.PASS)] * passed + [outcome] * (test.count - passed)
 
 
 def _judge_result(test: CodeTest, result: ExecutionResult) -> Outcome:

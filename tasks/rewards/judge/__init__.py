@@ -1,7 +1,7 @@
 """The sandbox side of the code harness: the program every test snippet runs (stdlib only, shipped whole).
 
-``tasks.rewards.harness`` compiles ``wire``, ``run``, ``check`` and ``probe`` (in that order, as one program,
-``program_source``) once, ships the code object marshalled into each snippet (the source goes along
+``tasks.rewards.harness`` compiles ``wire``, ``run``, ``child``, ``check`` and ``probe`` (in that order, as one
+program, ``program_source``) once, ships the code object marshalled into each snippet (the source goes along
 for a sandbox whose Python differs) and calls one entry point; every run ends with one verdict line
 ``VERDICT_MARK {json}`` written on a copy of fd 1 taken before any solution code ran.
 
@@ -16,7 +16,7 @@ for a sandbox whose Python differs) and calls one entry point; every run ends wi
   values, so it runs here, in a judge that never runs the solution. The judge makes itself
   non-dumpable (the same uid can then neither ptrace it nor open its ``/proc/<pid>/mem`` or ``fd/``),
   starts a fresh interpreter (``posix_spawn``: no copy of the judge's memory, no verdict fd) that
-  loads the solution and answers calls over two pipes (``check.child_main``), and runs ``check``
+  loads the solution and answers calls over two pipes (``child.child_main``), and runs ``check``
   with ``candidate`` a proxy. Values cross the pipe as plain data decoded into exact builtin types,
   so what ``check`` compares cannot pretend to be equal.
 - ``probe.probe_assert``: runs a test with trivial candidates only (no solution): does a non-solution
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PROGRAM_MODULES = ("wire", "run", "check", "probe")
+PROGRAM_MODULES = ("wire", "run", "child", "check", "probe")
 """The modules of the shipped program, in the order they are concatenated."""
 
 

@@ -1,16 +1,20 @@
-"""The assert format (``check(candidate)``): a judge that never runs the solution, and the solution's process.
+"""The assert format (``check(candidate)``): a judge that never runs the solution.
 
 ``judge_assert`` holds the test code (it holds the expected values), makes itself non-dumpable,
 starts a fresh interpreter with ``posix_spawn`` (no copy of the judge's memory, no verdict fd)
-that runs ``child_main``: load the solution, answer calls over two pipes. ``check`` runs in the
-judge with ``candidate`` a proxy whose return values are decoded into exact builtin types. Any
-end of the child before ``check`` returned is a failure of its kind; a fault the test code
-swallowed still fails the test; a test that never called the candidate does not pass.
+that runs ``child.child_main``: load the solution, answer calls over two pipes. ``check`` runs in the
+judge, once and whole as the reference harness runs it, with ``candidate`` a proxy whose return
+values are decoded into exact builtin types; the marks ``tasks.rewards.cases`` put after each test
+count how many it passed in order (``passed``, for partial credit). Any end of the child before
+``check`` returned is a failure of its kind; a fault the test code swallowed still fails the test;
+a run that never called the candidate does not pass.
 
 What a correct answer does the way Python would: arguments of type list, dict and set it mutates
 come back mutated (in place, in the judge's objects); a returned closure or iterator (a generator)
-stays in the solution's process and is called or advanced from the judge (``_Handle``). Names the
-test uses but does not define come from the spec's ``helpers`` (the prompt's definitions), never
+stays in the solution's process and is called or advanced from the judge, and so does any other
+returned object outside the codec but a builtin type's subclass (its attributes, methods, ``bool``,
+``len``, ``str``, ``iter`` ... used from the judge; it equals only itself) (``_Handle``).
+Names the test uses but does not define come from the spec's ``helpers`` (the prompt's definitions), never
 from the solution; the entry point's own name means the candidate.
 
 ``probe.probe_assert`` runs a test with trivial candidates only (no solution at all) and tells whether
@@ -21,25 +25,15 @@ import signal
 import sys
 
 if __name__ != "cleaner_judge":  # shipped into the sandbox as one program, these names are defined above
-    from tasks.rewards.judge.run import (
-        emit,
-        end_of,
-        memfd,
-        on_alarm,
-        scan_marks,
-        snapshot,
-        tamper_hints,
-        verdict_channel,
-    )
+    from tasks.rewards.judge.run import emit, verdict_channel
     from tasks.rewards.judge.wire import (
         CHANNEL_EXIT,
+        PASSED_MARK,
         Unencodable,
         decode,
         encode,
         has_nan,
         recv,
-        recv_trusted,
-        send,
         send_trusted,
     )
 
@@ -60,129 +54,6 @@ _CHILD_BOOT = (
     "g['child_main']()\n"
 )
 """What the fresh interpreter runs: read this program (marshalled) from fd 3, then serve."""
-
-
-def child_main():
-    """The solution's process: load it, then answer calls on fds 3 (requests) / 4 (replies)."""
-    import types
-
-    os.closerange(5, 1 << 16)
-    out = memfd(b"")
-    os.dup2(out, 1)
-    msg = recv_trusted(3)
-    if msg is None:
-        return
-    sys.path[:] = msg["path"]
-    import _sitebuiltins
-    import builtins
-
-    builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")  # as site defines them (-S skips it)
-    builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
-    main = types.ModuleType("__main__")
-    sys.modules["__main__"] = main
-    ns = main.__dict__
-    snap, reply = snapshot(), {"ok": True}
-    try:
-        exec(msg["prefix"], ns)
-        exec(compile(msg["source"], "<solution>", "exec"), ns)
-    except BaseException as exc:  # noqa: BLE001 - reported to the judge
-        reply = _child_end(exc)
-    reply["shadowed"] = [n for n in msg["shadow"] if n in ns]
-    seen = _child_reply(reply, snap, out, 0)
-    handles, loaded = [], reply.get("ok")
-    while loaded:  # a solution's exception ends one call, not the process: the test may expect it
-        req = recv_trusted(3)
-        if req is None:
-            return
-        try:
-            reply = _child_call(ns, handles, req)
-        except BaseException as exc:  # noqa: BLE001 - reported to the judge
-            reply = _child_end(exc)
-        seen = _child_reply(reply, snap, out, seen)
-
-
-_MUTABLE = (list, dict, set)
-
-
-def _child_call(ns, handles, req):
-    """One request: call a named function or a returned closure, or advance a returned iterator.
-    A value outside the codec that is callable or an iterator stays here as a handle; the
-    arguments of mutable types (list, dict, set) go back as they are after the call."""
-    args, kwargs = decode(req["args"]), decode(req["kwargs"])
-    if "handle" in req:
-        fn = handles[req["handle"]]
-        if req.get("op") == "next":
-            return _child_next(handles, req["handle"], args[0])
-    else:
-        fn = ns.get(req["name"])
-        if not callable(fn):
-            raise NameError(f"name {req['name']!r} is not defined")
-    value = fn(*args, **kwargs)
-    reply = {"ok": True}
-    try:
-        reply["value"] = encode(value)
-    except Unencodable:
-        if hasattr(type(value), "__next__"):
-            kind = "iter"
-        elif callable(value):
-            kind = "call"
-        else:
-            raise
-        handles.append(value)
-        reply["handle"], reply["hkind"] = len(handles) - 1, kind
-    back = {}
-    for i, arg in enumerate(args):
-        if type(arg) in _MUTABLE:
-            back[str(i)] = encode(arg)
-    if back:
-        reply["args"] = back
-    return reply
-
-
-def _child_next(handles, number, count):
-    """Up to ``count`` items of iterator ``number`` (``(items, exhausted)``); an exception after some
-    items is kept for the next request, so the judge sees the items first, as a lazy caller would."""
-    it = handles[number]
-    if isinstance(it, BaseException):
-        handles[number] = iter(())
-        raise it
-    items, done = [], False
-    try:
-        while len(items) < count:
-            items.append(encode(next(it)))
-    except StopIteration:
-        done = True
-    except BaseException as exc:  # noqa: BLE001 - raised at the next request, after these items
-        if not items:
-            raise
-        handles[number] = exc
-    return {"ok": True, "value": {"t": [items, done]}}
-
-
-def _child_reply(reply, snap, out, seen, _exit=os._exit):
-    """Send a reply with the tamper hints and whether a verdict mark was printed; exit
-    ``CHANNEL_EXIT`` when the reply pipe is gone. Returns how far stdout was scanned."""
-    try:
-        sys.stdout.flush()
-    except BaseException:  # noqa: BLE001 - a closed or replaced stream
-        pass
-    marked, seen = scan_marks(out, seen)
-    reply["tampered"] = tamper_hints(snap)
-    reply["marked"] = marked
-    try:
-        send(4, reply)
-    except OSError:
-        _exit(CHANNEL_EXIT)
-    return seen
-
-
-def _child_end(exc):
-    end = end_of(exc)
-    try:
-        end["msg"] = str(exc)[:200]
-    except BaseException:  # noqa: BLE001 - a hostile __str__
-        end["msg"] = ""
-    return end
 
 
 class _Fault(BaseException):
@@ -210,13 +81,21 @@ class _Child:
         os.close(req_r)
         os.close(rep_w)
         self.fault, self.raised, self.hints, self.calls = None, None, set(), 0
+        self.reached, self.fault_at = [0], None  # the tests passed so far; and when the first fault came
         data = len(program).to_bytes(4, "big") + program
         while data:
             data = data[os.write(self.req_w, data):]
 
     def fail(self, kind):
-        self.fault = self.fault or kind
+        if self.fault is None:
+            self.fault, self.fault_at = kind, self.reached[0]
         return _Fault(kind)
+
+    def passed(self):
+        """Tests passed in order before the first failure (a fault the test swallowed is one)."""
+        if not self.calls:
+            return 0
+        return self.reached[0] if self.fault_at is None else min(self.reached[0], self.fault_at)
 
     def rpc(self, payload):
         try:
@@ -271,7 +150,7 @@ class _Child:
 
     def call(self, target, args, kwargs, op="call"):
         """Call ``target`` (a name, or a handle number) in the child, or advance a handle (``op``
-        ``next``); mutable arguments take back what the call did to them."""
+        ``next``); mutable arguments take back what the call did to them, also when it raised."""
         try:
             payload = {"args": encode(list(args)), "kwargs": encode(dict(kwargs)), "op": op}
         except Unencodable:
@@ -279,15 +158,18 @@ class _Child:
         payload["name" if type(target) is str else "handle"] = target
         self.calls += 1
         reply = self.rpc(payload)
+        try:
+            for index, encoded in dict(reply.get("args") or {}).items():
+                _write_back(args[int(index)], decode(encoded))
+        except (ValueError, TypeError, RecursionError, IndexError, KeyError):
+            raise self.fail("tampering") from None
         if "value" not in reply and "handle" not in reply:
             raise self.ended(reply)
         try:
             if "handle" in reply:
-                value = _Handle(self, int(reply["handle"]), reply.get("hkind") == "iter")
+                value = _Handle(self, int(reply["handle"]), str(reply.get("hkind")), reply.get("heq") is True)
             else:
                 value = decode(reply["value"])
-            for index, encoded in dict(reply.get("args") or {}).items():
-                _write_back(args[int(index)], decode(encoded))
         except (ValueError, TypeError, RecursionError, IndexError, KeyError):
             raise self.fail("tampering") from None
         if has_nan(value):
@@ -315,7 +197,8 @@ def _write_back(arg, new):
 
 
 class _Remote:
-    """``candidate`` in the judge: each call runs in the child."""
+    """``candidate`` in the judge: each call, and each attribute read (a class's ``candidate.parse``), runs
+    in the child."""
 
     def __init__(self, child, name):
         self._child, self.__name__ = child, name
@@ -323,31 +206,83 @@ class _Remote:
     def __call__(self, *args, **kwargs):
         return self._child.call(self.__name__, args, kwargs)
 
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._child.call(self.__name__, (name,), {}, op="attr")
+
 
 class _Handle:
-    """A closure or an iterator the solution returned: it stays in the child, used from here."""
+    """A closure, an iterator or an object the solution returned (``kind`` ``call``, ``iter``, ``obj``): it
+    stays in the child, used from here: attributes and methods of any (a generator's ``send``); an object's ``bool``, ``len``, ``str``,
+    ``repr``, ``iter``, ``[key]`` and ``in`` run there; it equals only itself (``eq``: its class has an
+    ``__eq__`` of its own, which is not trusted: comparing it is hinted ``fake_value``). ``next(it)``
+    advances an iterator by one item, as Python does; iterating it (``for``, ``list``, ``sum``) reads
+    ahead in batches of 1, 2, 4 ... 512."""
 
-    def __init__(self, child, number, iterator):
-        self._child, self._number, self._iterator = child, number, iterator
-        self._items, self._done, self._batch = [], False, 1
+    __hash__ = object.__hash__
+
+    def __init__(self, child, number, kind, eq=False):
+        self._child, self._number, self._kind, self._eq = child, number, kind, eq
+        self._items, self._done, self._batch, self._bulk = [], False, 1, False
 
     def __call__(self, *args, **kwargs):
         return self._child.call(self._number, args, kwargs)
 
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._child.call(self._number, (name,), {}, op="attr")
+
+    def _apply(self, name, *args):
+        if self._kind != "obj":
+            raise TypeError(f"returned {self._kind} object does not support {name}")
+        return self._child.call(self._number, (name, *args), {}, op="apply")
+
+    def __eq__(self, other):
+        if self._eq and other is not self:
+            self._child.hints.add("fake_value")
+        return NotImplemented
+
+    def __bool__(self):
+        return self._apply("bool") if self._kind == "obj" else True
+
+    def __len__(self):
+        return self._apply("len")
+
+    def __getitem__(self, key):
+        return self._apply("getitem", key)
+
+    def __contains__(self, item):
+        if self._kind == "iter":
+            return any(x is item or x == item for x in self)
+        return self._apply("contains", item)
+
+    def __str__(self):
+        return self._apply("str") if self._kind == "obj" else object.__repr__(self)
+
+    def __repr__(self):
+        return self._apply("repr") if self._kind == "obj" else object.__repr__(self)
+
     def __iter__(self):
-        if not self._iterator:
+        if self._kind == "obj":
+            return iter(self._apply("iter"))
+        if self._kind != "iter":
             raise TypeError("returned object is not iterable")
+        self._bulk = True
         return self
 
     def __next__(self):
-        if not self._iterator:
+        if self._kind != "iter":
             raise TypeError("returned object is not an iterator")
         if not self._items:
             if self._done:
                 raise StopIteration
-            items, self._done = self._child.call(self._number, (self._batch,), {}, op="next")
+            batch = self._batch if self._bulk else 1
+            items, self._done = self._child.call(self._number, (batch,), {}, op="next")
             self._items = list(reversed(items))
-            self._batch = min(2 * self._batch, 512)  # 1, 2, 4, ...: lazy at first, few round trips for many
+            if self._bulk:
+                self._batch = min(2 * self._batch, 512)  # lazy at first, few round trips for many
             if not self._items:
                 raise StopIteration
         return self._items.pop()
@@ -364,22 +299,51 @@ def _undumpable():
         return False
 
 
-def test_namespace(prefix, helpers):
-    """The test's globals: the import prefix and the prompt's definitions (trusted spec fields)."""
+def compile_test(test_src):
+    """The test code compiled with int literals of any length (an expected answer may have more than the
+    4300 digits Python reads by default); the limit stays on for what the test does when it runs."""
+    if not hasattr(sys, "set_int_max_str_digits"):
+        return compile(test_src, "<check>", "exec")
+    old = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        return compile(test_src, "<check>", "exec")
+    finally:
+        sys.set_int_max_str_digits(old)
+
+
+def test_namespace(prefix, helpers, reached):
+    """The test's globals: the import prefix, the prompt's definitions (trusted spec fields) and the
+    mark the marked ``check`` calls after each test, which keeps in ``reached[0]`` how many passed."""
     import builtins
+
+    def passed(count):
+        reached[0] = count
 
     tns = {"__name__": "__cleaner_check__", "__builtins__": builtins}
     exec(prefix, tns)
     exec(helpers, tns)
+    tns[PASSED_MARK] = passed
     return tns
 
 
+def _time_up(channel, started):
+    """The time limit, hit while ``check`` ran: a ``timeout`` verdict keeping the tests passed so far."""
+    child = started[0] if started else None
+    emit(channel, {"pass": False, "kind": (child.fault if child else None) or "timeout", "exc": None,
+                   "hints": sorted(child.hints) if child else [], "passed": child.passed() if child else 0})
+    if child:
+        child.kill()
+    os._exit(0)
+
+
 def judge_assert(solution, prefix, helpers, test_src, entry, shadow, timeout, program):
-    """Run ``check(candidate)`` of ``test_src`` here against the solution in a fresh child and emit
-    ``{"pass", "kind", "exc", "hints"}``. ``helpers``: the prompt's definitions the test uses
-    (HumanEval's ``poly``), from the spec, never from the solution; ``shadow``: names the test
-    defines; ``program``: this file, marshalled, for the child. A test that never called the
-    candidate does not pass."""
+    """Run ``check(candidate)`` of ``test_src`` (marked by ``tasks.rewards.cases``) once, whole, here
+    against the solution in a fresh child and emit ``{"pass", "kind", "exc", "hints", "passed"}``:
+    ``pass`` when ``check`` returned, ``passed`` the tests passed in order before it stopped.
+    ``helpers``: the prompt's definitions the test uses (HumanEval's ``poly``), from the spec, never
+    from the solution; ``shadow``: names the test defines; ``program``: this file, marshalled, for the
+    child. A run that never called the candidate does not pass and passed no test."""
     channel = verdict_channel()
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 1)  # the test code's own prints stay off the verdict channel
@@ -387,16 +351,18 @@ def judge_assert(solution, prefix, helpers, test_src, entry, shadow, timeout, pr
     if not _undumpable():
         emit(channel, {"error": "the judge could not make itself non-dumpable (prctl PR_SET_DUMPABLE)"})
         return
-    signal.signal(signal.SIGALRM, on_alarm)
+    started = []
+    signal.signal(signal.SIGALRM, lambda signum, frame: _time_up(channel, started))
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
         child = _Child(program)
     except OSError as err:
         emit(channel, {"error": f"could not start the solution's process: {err}"})
         return
+    started.append(child)
     kind, detail = "pass", None
     try:
-        tns = test_namespace(prefix, helpers)
+        tns = test_namespace(prefix, helpers, child.reached)
         load = child.rpc({"path": sys.path, "prefix": prefix, "source": solution, "shadow": shadow})
         if not load.get("ok"):
             raise child.ended(load)
@@ -404,7 +370,7 @@ def judge_assert(solution, prefix, helpers, test_src, entry, shadow, timeout, pr
             child.hints.add("redefined_helper")
         candidate = _Remote(child, entry)
         tns.setdefault(entry, candidate)  # a test naming the entry point means the candidate (HumanEval/33)
-        exec(test_src, tns)
+        exec(compile_test(test_src), tns)
         tns["check"](candidate)
         if not child.calls:
             kind, detail = "wrong_answer", "candidate never called"
@@ -417,4 +383,5 @@ def judge_assert(solution, prefix, helpers, test_src, entry, shadow, timeout, pr
     signal.setitimer(signal.ITIMER_REAL, 0)
     kind = child.fault or kind  # a fault the test code swallowed still fails the test
     child.kill()
-    emit(channel, {"pass": kind == "pass", "kind": kind, "exc": detail, "hints": sorted(child.hints)})
+    emit(channel, {"pass": kind == "pass", "kind": kind, "exc": detail, "hints": sorted(child.hints),
+                   "passed": child.passed()})

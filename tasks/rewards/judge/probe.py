@@ -1,17 +1,18 @@
 """Probes (shipped in the judge program after ``check``): does a non-solution pass an assert-format test.
 
-``probe_assert`` runs one test's trusted code (prefix, helpers, test) with trivial candidates only
-(``_PROBES``: return None, raise an error of every common type, return or empty the first argument,
-return 0, 1, -1, '', [], (), {}, True or False; no solution runs here at all) and emits ``{"free": bool}``: whether one of them passed.
-A free test earns no partial credit (``tasks.rewards.code.finish``). The probes share a time budget;
-past it the test counts as not free.
+``probe_assert`` runs a problem's trusted code (prefix, helpers, the marked ``check``) whole with trivial
+candidates only (``_PROBES``: return None, raise an error of every common type, return or empty the first
+argument, return 0, 1, -1, '', [], (), {}, True or False; no solution runs here at all) and emits
+``{"free": n}``: the most tests one of them passed in order (all of them when one passed ``check``).
+Those first n tests are *free*: they earn no partial credit (``tasks.rewards.code.finish``). The probes
+share a time budget; what they had not passed by then is not free.
 """
 
 import os
 import signal
 
 if __name__ != "cleaner_judge":  # shipped into the sandbox as one program, these names are defined above
-    from tasks.rewards.judge.check import test_namespace
+    from tasks.rewards.judge.check import compile_test, test_namespace
     from tasks.rewards.judge.run import emit, verdict_channel
 
 
@@ -46,28 +47,33 @@ _PROBES = (lambda *a, **k: None, _probe_raise, lambda *a, **k: a[0] if a else No
 (0, 1, -1, '', [], (), {}, True, False: a fresh copy per call)."""
 
 
-def probe_assert(prefix, helpers, test_src, entry, timeout):
-    """Does a non-solution (``_PROBES``) pass this test: emit ``{"free": bool}``. No solution runs here:
-    only the spec's trusted code, with ``candidate`` a trivial function. A probe past ``timeout`` fails."""
+def probe_assert(prefix, helpers, test_src, entry, count, timeout):
+    """How many of the ``count`` tests of ``test_src`` a non-solution (``_PROBES``) passes in order: emit
+    ``{"free": n}``. No solution runs here: only the spec's trusted code, with ``candidate`` a trivial
+    function. What a probe had not passed by ``timeout`` is not free."""
     channel = verdict_channel()
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 1)
     os.close(null)
-    free = False
+    free = 0
     signal.signal(signal.SIGALRM, _late)
     signal.setitimer(signal.ITIMER_REAL, timeout, 0.05)  # re-fires: a bare ``except`` cannot swallow it for good
     try:
+        code = compile_test(test_src)
         for probe in _PROBES:
+            reached = [0]
             try:
-                tns = test_namespace(prefix, helpers)
+                tns = test_namespace(prefix, helpers, reached)
                 tns.setdefault(entry, probe)
-                exec(test_src, tns)
+                exec(code, tns)
                 tns["check"](probe)
             except _Late:
+                free = max(free, reached[0])
                 break
             except BaseException:  # noqa: BLE001 - the probe failed the test, as it should
+                free = max(free, reached[0])
                 continue
-            free = True
+            free = count
             break
     except _Late:
         pass

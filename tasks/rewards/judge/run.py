@@ -25,6 +25,7 @@ if __name__ != "cleaner_judge":  # shipped into the sandbox as one program, thes
         dump,
         encode,
         json_plain,
+        loads,
         normal_lines,
     )
 
@@ -143,9 +144,7 @@ def run_program(source, prefix, stdin, fn_name, args_text, timeout, inline,
     cap = memfd(b"")
     sys.stdout.flush()
     os.dup2(cap, 1)
-    import json
-
-    args = [json.loads(line) for line in args_text.split("\n") if line.strip()]
+    args = [loads(line) for line in args_text.split("\n") if line.strip()]
     ns = {"__name__": "__main__", "__builtins__": __builtins__}
     snap, report = snapshot(), {"end": "ok"}
     signal.signal(signal.SIGALRM, on_alarm)

@@ -3,7 +3,8 @@
 ``encode`` / ``decode``: ``None``, ``bool``, ``str``, ``int`` (beyond 2**53 as hex), ``float``
 (non-finite tagged), ``list``, ``tuple``, ``set``, ``frozenset``, ``dict`` - exact types only;
 anything else (subclasses, objects with their own ``__eq__``, generators) is ``Unencodable``.
-``dump`` writes JSON without consulting builtins a solution may have patched. On the judge's pipes
+``dump`` writes JSON without consulting builtins a solution may have patched; ``dump`` and ``loads``
+read and write ints of any length (Python's 4300-digit limit on int/str conversion is not the answer's). On the judge's pipes
 frames are a 4-byte length and a body: JSON from the solution's process (``send`` / ``recv``: the
 judge decodes untrusted data), marshal from the judge (``send_trusted`` / ``recv_trusted``: so the
 solution's process never imports ``json``, 10 ms of its start-up). Shipped first in the judge program.
@@ -14,6 +15,7 @@ import math
 import os
 
 VERDICT_MARK = "\x1e__CLEANER_VERDICT__"
+PASSED_MARK = "__cleaner_passed__"  # what the marked check calls after each test (``tasks.rewards.cases``)
 TIMEOUT_EXIT = 124
 CHANNEL_EXIT = 125
 _MAX_FRAME = 1 << 26
@@ -98,8 +100,33 @@ def json_plain(v, depth=0):
     return v
 
 
+def int_text(n, _irepr=int.__repr__):
+    """The decimal text of an int of any length (``int.__repr__`` refuses more than 4300 digits)."""
+    try:
+        return _irepr(n)
+    except ValueError:
+        import decimal
+
+        return decimal.Decimal(n).__str__()
+
+
+def _big_int(text):
+    if len(text) < 4000:
+        return int(text)
+    import decimal
+
+    return int(decimal.Decimal(text))
+
+
+def loads(text):
+    """``json.loads`` that reads ints of any length (``json.loads`` refuses more than 4300 digits)."""
+    import json
+
+    return json.loads(text, parse_int=_big_int)
+
+
 def dump(o, sort=False, _type=type, _esc=_json.encode_basestring_ascii, _fin=math.isfinite,
-         _irepr=int.__repr__, _frepr=float.__repr__, _sorted=sorted):
+         _irepr=int_text, _frepr=float.__repr__, _sorted=sorted):
     """JSON text of plain data (what ``json.dumps`` gives, ASCII, no spaces), safe from patched builtins."""
     t = _type(o)
     if o is None:
