@@ -91,16 +91,16 @@ def test_compute_reward_grades_a_huge_answer_instead_of_raising(sandbox):
 
 # ------------------------------------------------------------------ 3. the time limit is enforced from outside
 
-ALARM_OFF = {
-    "cancel-timer": "import signal, time\nsignal.setitimer(signal.ITIMER_REAL, 0)\ntime.sleep(3)\nreturn x * x",
-    "ignore-alarm": "import signal, time\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\ntime.sleep(3)\nreturn x * x",
-    "block-alarm": "import signal, time\nsignal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])\ntime.sleep(3)\n"
-                   "return x * x",
+SPIN = "import time\nt0 = time.process_time()\nwhile time.process_time() - t0 < 3:\n    pass\n"  # 3 s of CPU
+ALARM_OFF = {  # the judge's alarm counts CPU time (ITIMER_PROF, SIGPROF), as the sandbox's limit does
+    "cancel-timer": "import signal\nsignal.setitimer(signal.ITIMER_PROF, 0)\n" + SPIN + "return x * x",
+    "ignore-alarm": "import signal\nsignal.signal(signal.SIGPROF, signal.SIG_IGN)\n" + SPIN + "return x * x",
+    "block-alarm": "import signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGPROF])\n" + SPIN + "return x * x",
 }
 
 
 def test_an_answer_that_switches_its_alarm_off_still_times_out(sandbox):
-    """A 3 s answer under a 1 s limit (the sandbox's own limit is 8 s): 0, every test a timeout."""
+    """A 3 CPU-s answer under a 1 s limit (the sandbox's own limit is 8 s): 0, every test a timeout."""
     cfg = RewardConfig(code_timeout_s=1.0)
     keys = [(name, fmt) for name in ALARM_OFF for fmt in FORMATS]
     items = [("code", square(ALARM_OFF[name], fmt), SPECS[fmt], None) for name, fmt in keys]
@@ -108,7 +108,8 @@ def test_an_answer_that_switches_its_alarm_off_still_times_out(sandbox):
         assert res.reward == 0.0 and res.metrics["timeouts"] == 3.0, (key, res.metrics)
 
 
-FORGE_STATUS = "import os, time\ntry:\n    os.write(3, bytes([0]))\nexcept OSError:\n    pass\nos.closerange(0, 3)\ntime.sleep(5)"
+FORGE_STATUS = ("import os, time\ntry:\n    os.write(3, bytes([0]))\nexcept OSError:\n    pass\nos.closerange(0, 3)\n"
+                "t0 = time.process_time()\nwhile time.process_time() - t0 < 5:\n    pass")  # past the 1 s CPU limit
 
 
 def test_an_exit_status_forged_on_the_executors_status_pipe_scores_zero(sandbox):

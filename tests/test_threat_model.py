@@ -11,7 +11,8 @@ from tests.test_sandbox_hostile import CASES
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = (ROOT / "sandbox" / "THREAT_MODEL.md").read_text()
 MODULES = {"test_sandbox_local", "test_sandbox_docker", "test_sandbox_setup", "test_reward_hacks", "test_code_harness",
-           "test_reward_dodges", "test_compare", "test_assert_exactness", "test_humaneval_exactness"}
+           "test_reward_dodges", "test_compare", "test_assert_exactness", "test_humaneval_exactness",
+           "test_sandbox_cputime"}
 
 
 def _test_functions() -> set[str]:

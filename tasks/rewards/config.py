@@ -36,10 +36,11 @@ class RewardConfig(BaseModel):
     """Multiple choice: when no ``\\boxed{}`` letter exists, accept a final "answer is (X)" / "Answer: X" phrase."""
 
     code_timeout_s: float = Field(4.0, gt=0)
-    """Wall-clock limit per code test, in seconds (per stdin / functional test; per whole ``check`` in the
+    """CPU-time limit per code test, in seconds (per stdin / functional test; per whole ``check`` in the
     assert format, which runs once as the reference harness runs it); past it the test fails
-    (``timeout``). The sandbox enforces it from outside the answer's process (plus 0.5 s for the
-    snippet's start-up); keep it below ``sandbox.timeout_s``, which caps every snippet."""
+    (``timeout``), whatever the machine's load. The sandbox enforces it from outside the answer's process (plus
+    0.5 s for the snippet's start-up; a test that blocks without computing meets the sandbox's wall-clock backstop);
+    the judge's own alarm counts CPU time too (``ITIMER_PROF``). Keep it below ``sandbox.timeout_s``."""
 
     code_format_error_reward: float = -1.0
     """Code reward when the response has no fenced Python block or the block does not compile

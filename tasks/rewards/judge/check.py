@@ -23,6 +23,7 @@ one passes it: such a test earns no partial credit (see ``tasks.rewards.code.fin
 import os
 import signal
 import sys
+import time
 
 if __name__ != "cleaner_judge":  # shipped into the sandbox as one program, these names are defined above
     from tasks.rewards.judge.run import emit, verdict_channel
@@ -38,6 +39,7 @@ if __name__ != "cleaner_judge":  # shipped into the sandbox as one program, thes
     )
 
 _CRASH_SIGNALS = (4, 6, 7, 8, 11)  # SIGILL, SIGABRT, SIGBUS, SIGFPE, SIGSEGV
+LOOK_S = 0.05  # how often the judge looks at the CPU time its limit counts
 
 _CHILD_BOOT = (
     "import os, marshal\n"
@@ -116,8 +118,6 @@ class _Child:
 
     def death(self):
         """Why the child stopped answering: its exit, a signal, or (still alive) a closed channel."""
-        import time
-
         for _ in range(40):
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
@@ -327,6 +327,19 @@ def test_namespace(prefix, helpers, reached):
     return tns
 
 
+def _cpu_seconds(started) -> float:
+    """CPU time used so far by the judge and the solution's process (the limit counts both, as the sandbox does)."""
+    used = time.process_time()
+    if started:
+        try:
+            with open(f"/proc/{started[0].pid}/stat") as fh:
+                utime, stime = fh.read().rsplit(")", 1)[1].split()[11:13]
+            used += (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError):
+            pass
+    return used
+
+
 def _time_up(channel, started):
     """The time limit, hit while ``check`` ran: a ``timeout`` verdict keeping the tests passed so far."""
     child = started[0] if started else None
@@ -352,8 +365,8 @@ def judge_assert(solution, prefix, helpers, test_src, entry, shadow, timeout, pr
         emit(channel, {"error": "the judge could not make itself non-dumpable (prctl PR_SET_DUMPABLE)"})
         return
     started = []
-    signal.signal(signal.SIGALRM, lambda signum, frame: _time_up(channel, started))
-    signal.setitimer(signal.ITIMER_REAL, timeout)
+    signal.signal(signal.SIGALRM, lambda signum, frame: _cpu_seconds(started) >= timeout and _time_up(channel, started))
+    signal.setitimer(signal.ITIMER_REAL, LOOK_S, LOOK_S)  # the limit is CPU time: the judge's and the solution's
     try:
         child = _Child(program)
     except OSError as err:

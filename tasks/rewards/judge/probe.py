@@ -56,8 +56,8 @@ def probe_assert(prefix, helpers, test_src, entry, count, timeout):
     os.dup2(null, 1)
     os.close(null)
     free = 0
-    signal.signal(signal.SIGALRM, _late)
-    signal.setitimer(signal.ITIMER_REAL, timeout, 0.05)  # re-fires: a bare ``except`` cannot swallow it for good
+    signal.signal(signal.SIGPROF, _late)
+    signal.setitimer(signal.ITIMER_PROF, timeout, 0.05)  # re-fires: a bare ``except`` cannot swallow it for good
     try:
         code = compile_test(test_src)
         for probe in _PROBES:
@@ -77,6 +77,6 @@ def probe_assert(prefix, helpers, test_src, entry, count, timeout):
             break
     except _Late:
         pass
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    signal.setitimer(signal.ITIMER_PROF, 0)
+    signal.signal(signal.SIGPROF, signal.SIG_IGN)
     emit(channel, {"free": free})

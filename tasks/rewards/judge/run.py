@@ -1,8 +1,9 @@
 """The solution runs here (stdin/stdout and functional formats): what it produced, not whether it passed.
 
 ``run_program`` feeds the test input on stdin (a memfd: ``input()``, ``sys.stdin``, ``open(0)``),
-captures the solution's stdout in another memfd, runs it under its own alarm (a courtesy: the sandbox
-kills the snippet from outside at the test's limit, whatever the solution does to the alarm), then emits one
+captures the solution's stdout in another memfd, runs it under its own CPU-time alarm (``ITIMER_PROF``, a
+courtesy: the sandbox kills the snippet from outside at the test's CPU limit, whatever the solution does to the
+alarm), then emits one
 verdict line on a copy of fd 1 taken before the solution ran: its output or return value (inline,
 or a sha256 of the canonical form when long), how the run ended, and tamper hints (patched builtins
 or ``__eq__`` of builtin types, fd 1 closed or replaced, a verdict mark printed, harness names
@@ -131,7 +132,7 @@ def memfd(data):
 
 
 def run_program(source, prefix, stdin, fn_name, args_text, timeout, inline,
-                _setitimer=signal.setitimer, _itimer=signal.ITIMER_REAL):
+                _setitimer=signal.setitimer, _itimer=signal.ITIMER_PROF):
     """Run the solution here (stdin/stdout when ``fn_name`` is None, else call ``fn_name`` with the
     JSON lines of ``args_text``) and emit what it produced: ``out`` (its stdout) or ``value`` (the
     encoded return value), a ``sha256`` instead when longer than ``inline``; ``end`` says how the
@@ -147,7 +148,7 @@ def run_program(source, prefix, stdin, fn_name, args_text, timeout, inline,
     args = [loads(line) for line in args_text.split("\n") if line.strip()]
     ns = {"__name__": "__main__", "__builtins__": __builtins__}
     snap, report = snapshot(), {"end": "ok"}
-    signal.signal(signal.SIGALRM, on_alarm)
+    signal.signal(signal.SIGPROF, on_alarm)
     _setitimer(_itimer, timeout)
     try:
         exec(prefix, ns)
