@@ -20,7 +20,9 @@
     cleaner runs show RUN            how a flow run ended and why: state message, the failing stage's last log lines
     cleaner serve ...                the project's Prefect server + worker + MLflow server (docs/schedule.md)
 
-Every command takes ``--config`` (YAML) and repeatable ``--set key.path=value`` overrides. ``PREFECT_HOME`` is the
+Commands live here and in ``cli_eval``, ``cli_bench``, ``cli_browse`` (registered on this app) and the sub-apps
+``cli_sandbox``, ``cli_data``, ``cli_serve``, ``cli_runs``; what they share is ``cli_common``. Every command takes
+``--config`` (YAML) and repeatable ``--set key.path=value`` overrides. ``PREFECT_HOME`` is the
 project's ``.prefect`` unless the shell sets one (``flows.prefect_home``): every command, ``make`` and the served
 stack share one Prefect history; while the project's stack runs (``cleaner serve start``), commands use its Prefect
 API unless ``PREFECT_API_URL`` is set.
@@ -45,64 +47,23 @@ if os.path.basename(sys.argv[0]) in ("cleaner", "cli.py"):  # the command line, 
 from pathlib import Path  # noqa: E402
 
 import typer  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+
+from flows import cli_bench, cli_browse, cli_eval  # noqa: E402
+from flows.cli_common import (  # noqa: E402
+    WARMUP_COST,
+    ConfigOpt,
+    SetOpt,
+    check_policy,
+    check_tracking,
+    console,
+    experiment_id,
+    load_or_exit,
+)
 
 # help texts are plain: Rich markup would swallow literal brackets such as `compare.add_arms=[r3l]`
 app = typer.Typer(rich_markup_mode=None, add_completion=False, no_args_is_help=True,
                   help="CLEANER: RL for tool-using LLMs with SAAR.")
-WIDE = 200
-"""Columns of tables when the output is not a terminal (a log, a pipe): text is not wrapped at all there."""
 
-
-def make_console() -> Console:
-    """A terminal wraps at its width; a log or a pipe gets lines as long as they are (paths, SQL, links stay whole;
-    Rich's default would hard-wrap them at 80 columns) and tables up to ``COLUMNS`` or ``WIDE`` columns."""
-    if sys.stdout.isatty():
-        return Console()
-    return Console(soft_wrap=True, width=int(os.environ.get("COLUMNS") or WIDE))
-
-
-console = make_console()
-
-ConfigOpt = typer.Option(Path("configs/tiny.yaml"), "--config", "-c", help="Run config YAML.")
-SetOpt = typer.Option(None, "--set", "-s", help="Override: key.path=value (repeatable).")
-
-
-def _load(config: Path, overrides: list[str] | None):
-    from flows.config import ConfigError, load_config
-
-    try:
-        return load_config(config, overrides or [])
-    except ConfigError as err:
-        console.print(f"[red]config error:[/red] {err}")
-        raise typer.Exit(2) from None
-
-
-def _check_tracking(cfg) -> None:
-    """A tracking server that is down is a one-line error before any work (and before an MLflow run exists). The
-    DuckDB store is not opened: runs write its row log, never the file (docs/store.md)."""
-    from tasks.stores.tracking import TrackingUnavailable, check_server
-
-    try:
-        check_server(cfg.tracking.mlflow_uri)
-    except TrackingUnavailable as err:
-        console.print(f"[red]{err}[/red]", soft_wrap=True)
-        raise typer.Exit(2) from None
-
-
-WARMUP_COST = "about 25 minutes on 2 CPU cores"
-
-
-def _check_policy(cfg) -> None:
-    """A ``model.path`` that does not exist is an error naming it, unless the config asks for the model to be built
-    (``model.build``); a build says what it does and how long it takes (``flows.train.ensure_policy``)."""
-    from flows.train import missing_policy
-
-    problem = missing_policy(cfg)
-    if problem:
-        console.print(f"[red]{problem}[/red]", soft_wrap=True)
-        raise typer.Exit(2)
 
 
 FLOW_COMMANDS = ("warmup", "warmup-gate", "train", "resume", "eval", "compare", "demo", "bench-engines",
@@ -143,7 +104,7 @@ def build_tiny_cmd(config: Path = ConfigOpt, overrides: list[str] | None = SetOp
     """Write the SFT corpus and build the untrained tiny model (tokenizer + Qwen2 weights)."""
     from flows.warmup import build_task, corpus_task
 
-    cfg = _load(config, overrides)
+    cfg = load_or_exit(config, overrides)
     out = build_task.fn(cfg, corpus_task.fn(cfg))
     console.print(f"tiny model (untrained) in [bold]{out}[/bold]")
 
@@ -152,7 +113,7 @@ def run_warmup(config: Path, overrides: list[str] | None) -> None:
     """The warm-up flow (shared by ``warmup`` and ``demo``)."""
     from flows.warmup import warmup_flow
 
-    cfg = _load(config, overrides)
+    cfg = load_or_exit(config, overrides)
     console.print(f"warm-up of [bold]{cfg.model.path}[/bold]: SFT corpus, model build, SFT, gate — "
                   f"{WARMUP_COST}; progress bars follow")
     warmup_flow(str(config), list(overrides or []))
@@ -178,8 +139,8 @@ def warmup_gate_cmd(config: Path = ConfigOpt, overrides: list[str] | None = SetO
     from models.lora import is_adapter
     from tasks.training.gate import combine_reports, gate_table, log_gate, run_gate, write_gate
 
-    cfg = _load(config, overrides)
-    _check_tracking(cfg)
+    cfg = load_or_exit(config, overrides)
+    check_tracking(cfg)
     folder = Path(model or cfg.model.path)
     if not (folder / "config.json").exists() and not is_adapter(folder):
         console.print(f"[red]model {folder} does not exist[/red] (run `cleaner warmup` or pass --model)")
@@ -209,9 +170,9 @@ def run_train(config: Path, overrides: list[str] | None, run_id: str | None = No
     then the flow; with ``profile`` a fully cached rerun and the step-time table."""
     from flows.train import train as train_flow
 
-    cfg = _load(config, overrides)
-    _check_tracking(cfg)
-    _check_policy(cfg)
+    cfg = load_or_exit(config, overrides)
+    check_tracking(cfg)
+    check_policy(cfg)
     result = train_flow(str(config), list(overrides or []), run_id, parent_mlflow_run)
     console.print(f"run [bold]{result['run_id']}[/bold] finished; final checkpoint {result['final_checkpoint']}")
     if profile:
@@ -265,64 +226,6 @@ def resume(run_id: str, output_dir: Path = typer.Option(Path("runs"), help="Fold
     run_train(config, None, run_id)
 
 
-@app.command("eval")
-def eval_cmd(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
-             checkpoint: Path | None = typer.Option(None, help="Policy folder (default: model.path)."),
-             model: str | None = typer.Option(None, help="A logged or registered MLflow model instead: "
-                                                 "models:/<name>@best, models:/<name>/latest, models:/<name>/<version>, "
-                                                 "models:/<model id>.")) -> None:
-    """Evaluate a policy on held-out prompts: SAAR off (the policy alone) and on (recovery after errors)."""
-    from flows.evaluate import evaluate_flow
-
-    cfg = _load(config, overrides)
-    if checkpoint and model:
-        console.print("[red]--checkpoint and --model exclude each other[/red]")
-        raise typer.Exit(2)
-    ckpt = model or str(checkpoint or cfg.model.path)
-    if model:
-        _check_model(cfg, model)
-    elif not Path(ckpt).exists():
-        console.print(f"[red]checkpoint {ckpt} does not exist[/red] (run `cleaner warmup` or pass --checkpoint)")
-        raise typer.Exit(2)
-    metrics = evaluate_flow(str(config), overrides or [], ckpt)
-    console.print(eval_table(metrics, cfg.eval.modes, f"{ckpt}: {cfg.eval.n_prompts} held-out prompts × {cfg.eval.samples}"))
-
-
-def _check_model(cfg, uri: str) -> None:
-    """A ``models:/`` URI that names no model is a clear error before any work."""
-    from mlflow.exceptions import MlflowException
-
-    from tasks.stores.registry import resolve
-
-    _check_tracking(cfg)
-    try:
-        resolve(cfg.tracking, uri, Path(cfg.output_dir) / "models")
-    except (ValueError, MlflowException) as err:
-        console.print(f"[red]--model {uri}:[/red] {str(err).splitlines()[0]}")
-        raise typer.Exit(2) from None
-
-
-EVAL_ROWS = [("pass@1", "all/pass_at_1"), ("tool use rate", "rollout/tool_use_rate"),
-             ("first-attempt failure rate (per call)", "tools/first_attempt_failure_rate"),
-             ("rollbacks triggered", "saar/rollbacks_triggered"), ("rollbacks recovered", "saar/rollbacks_recovered"),
-             ("recovery rate after error", "saar/global_recovery_rate"), ("shallow", "saar/shallow"),
-             ("deep", "saar/deep"), ("error-and-retry loop share", "rollout/retry_loop_share"),
-             ("mean turns", "rollout/turns_mean"), ("mean response tokens", "rollout/response_tokens_mean")]
-
-
-def eval_table(metrics: dict, modes: list[str], title: str) -> Table:
-    table = Table(title=title)
-    table.add_column("metric")
-    for mode in modes:
-        table.add_column(mode, justify="right")
-    keys = list(EVAL_ROWS)
-    keys += [(k.split("/", 2)[2], k.split("/", 2)[2]) for k in sorted(metrics)
-             if k.startswith(f"eval/{modes[0]}/") and ("pass_at_" in k or "failures/" in k) and k.split("/", 2)[2] != "all/pass_at_1"]
-    for label, key in keys:
-        table.add_row(label, *[f"{metrics.get(f'eval/{m}/{key}', 0):.3g}" for m in modes])
-    return table
-
-
 @app.command()
 def compare(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
             compare_id: str | None = typer.Option(None, help="Id of the comparison (an existing one resumes)."),
@@ -339,7 +242,7 @@ def compare(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
     from flows.dispatch import DispatchError
 
     overrides = [*(overrides or []), *([f"compare.dispatch={dispatch}"] if dispatch else [])]
-    _load(config, overrides)
+    load_or_exit(config, overrides)
     if rerun:
         from flows.rerun import rerun_cli
 
@@ -353,93 +256,11 @@ def compare(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
     console.print(f"steps to the baseline's final pass@1: {summary['steps_to_baseline_final']}")
 
 
-@app.command("bench-engines")
-def bench_engines_cmd(model: Path = typer.Option(Path("assets/tiny-warm"), help="Policy folder."),
-                      work_dir: Path = typer.Option(Path("runs/bench-engines"), help="Scratch folder."),
-                      steps: int = typer.Option(6, help="RL steps per engine.")) -> None:
-    """Median RL-step time through the SGLang HTTP engine vs in-process (ratio printed)."""
-    from tasks.training.bench_engines import bench_engines
-
-    bench_engines(model, work_dir, steps=steps, echo=console.print)
-
-
-@app.command("bench-rollout")
-def bench_rollout_cmd(model: Path = typer.Option(Path("assets/tiny-warm"), help="Policy folder."),
-                      prompts: int = typer.Option(32, help="Held-out prompts."),
-                      samples: int = typer.Option(8, help="Samples per prompt."),
-                      repeats: int = typer.Option(3, help="Alternating before/after repeats (the first warms up)."),
-                      backend: str = typer.Option("local", help="Sandbox backend (local or docker).")) -> None:
-    """Rollout wall time and useful tokens/s: static rounds vs continuous batching, and lockstep tool calls'
-    price, as ratios."""
-    from tasks.training.bench_rollout import bench_rollout
-
-    bench_rollout(model, n_prompts=prompts, n_samples=samples, repeats=repeats, echo=console.print, backend=backend)
-
-
-@app.command("bench-step")
-def bench_step_cmd(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
-                   sides: str = typer.Option("before,after", help="Sides: before (every speed switch off), after (all "
-                                                                   "on), or one switch's name (only it on)."),
-                   repeats: int = typer.Option(3, help="Alternating blocks per side (the first warms up)."),
-                   steps: int = typer.Option(2, help="RL steps per block."),
-                   work_dir: Path = typer.Option(Path("runs/bench-step"), help="Scratch folder (emptied)."),
-                   out: Path = typer.Option(Path("runs/bench_step.json"), help="Where the JSON report goes.")) -> None:
-    """The compare's RL step with the speed switches off vs on: seconds per part, ratio, largest differences."""
-    from flows.bench_step import bench_step, write_json
-
-    try:
-        report = bench_step(config, work_dir, tuple(x.strip() for x in sides.split(",") if x.strip()), repeats, steps,
-                            overrides or [], echo=console.print)
-    except ValueError as err:
-        console.print(f"[red]{err}[/red]")
-        raise typer.Exit(2) from None
-    console.print(f"wrote {write_json(report, out)}")
-    if not report["same"]:
-        raise typer.Exit(1)
-
-
-@app.command("bench-partial")
-def bench_partial_cmd(model: Path = typer.Option(Path("assets/tiny-warm"), help="Policy folder."),
-                      work_dir: Path = typer.Option(Path("runs/bench-partial"), help="Scratch folder."),
-                      steps: int = typer.Option(4, help="Consecutive rollout steps per side."),
-                      prompts_per_step: int = typer.Option(4, help="Complete groups a step needs."),
-                      over_sampling: int = typer.Option(8, help="Groups submitted at a time with partial rollouts."),
-                      repeats: int = typer.Option(2, help="Alternating off/on repeats."),
-                      submit_rule: str = typer.Option("april", help="rollout.partial.submit_rule of the on side.")
-                      ) -> None:
-    """Passing groups/s and their tokens/s with APRIL partial rollouts on vs off, as ratios."""
-    from tasks.training.bench_partial import bench_partial
-
-    bench_partial(model, work_dir, steps=steps, prompts_per_step=prompts_per_step, over_sampling=over_sampling,
-                  repeats=repeats, submit_rule=submit_rule, echo=console.print)
-
-
-@app.command()
-def query(sql: str, config: Path = ConfigOpt, overrides: list[str] | None = SetOpt) -> None:
-    """Run SQL against the DuckDB store and print the result."""
-    import duckdb
-    import polars as pl
-
-    from tasks.stores.db import query as run_query
-
-    cfg = _load(config, overrides)
-    if not Path(cfg.tracking.duckdb_path).exists():
-        console.print(f"[red]{cfg.tracking.duckdb_path} does not exist yet[/red]: train first")
-        raise typer.Exit(2)
-    try:
-        df = run_query(cfg.tracking.duckdb_path, sql)
-    except duckdb.Error as err:
-        console.print(f"[red]query failed:[/red] {err}")
-        raise typer.Exit(2) from None
-    with pl.Config(tbl_rows=50, fmt_str_lengths=60, tbl_width_chars=200):
-        console.print(str(df))
-
-
 @app.command()
 def demo(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt) -> None:
     """Warm up the tiny model if absent, train it with CLEANER, and say how to browse the results."""
-    cfg = _load(config, overrides)
-    _check_tracking(cfg)
+    cfg = load_or_exit(config, overrides)
+    check_tracking(cfg)
     if not Path(cfg.model.path).exists():
         console.rule("warm-up: building the tiny model")
         run_warmup(config, overrides)
@@ -455,7 +276,7 @@ def demo(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt) -> None
     name = cfg.tracking.registered_model or cfg.name
     console.print(
         f"MLflow UI:  [bold].venv/bin/cleaner ui --config {config}[/bold]"
-        f"  → {experiment_url(cfg.tracking, _experiment_id(cfg))}\n"
+        f"  → {experiment_url(cfg.tracking, experiment_id(cfg))}\n"
         "            runs, traces (filter tags.rollback = 'true'), logged models; docs/mlflow.md\n"
         f"Policy:     [bold]mlflow.transformers.load_model(\"models:/{name}@best\")[/bold]  or  "
         f"[bold].venv/bin/cleaner eval --model models:/{name}@best[/bold]\n"
@@ -481,44 +302,8 @@ def prefect_line(run_dir: Path) -> str:
             f"({os.environ['PREFECT_HOME']}) → {where}")
 
 
-def ui_argv(cfg, host: str, port: int) -> tuple[list[str], dict[str, str]]:
-    """The light MLflow UI over the config's store: the stack's own MLflow server (``flows.serve_stack``: one worker,
-    no job runner — ~0.6 GB in 2 processes where ``mlflow ui``'s defaults take ~2.2 GB in 15)."""
-    from flows.serve_stack import StackConfig
-
-    stack = StackConfig(Path(".serve"), mlflow_port=port, mlflow_store=cfg.tracking.mlflow_uri,
-                        artifacts=Path(cfg.tracking.artifact_root), host=host)
-    return stack.argv("mlflow"), stack.env("mlflow")
-
-
-@app.command()
-def ui(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
-       host: str = typer.Option("127.0.0.1", help="Address to listen on."),
-       port: int = typer.Option(5000, help="Port to listen on.")) -> None:
-    """Browse the runs: MLflow's UI over the config's store, in the model-training view (Ctrl-C stops it)."""
-    from tasks.stores.config import TrackingConfig
-    from tasks.stores.links import experiment_url, mlflow_ui
-
-    cfg = _load(config, overrides)
-    if cfg.tracking.mlflow_uri.startswith(("http://", "https://")):
-        console.print(f"tracking.mlflow_uri is an MLflow server: its UI is {mlflow_ui(cfg.tracking)}")
-        raise typer.Exit(0)
-    argv, env = ui_argv(cfg, host, port)
-    view = TrackingConfig(mlflow_uri=f"http://{host}:{port}")
-    exp = _experiment_id(cfg)
-    where = experiment_url(view, exp) if exp else f"http://{host}:{port}/#/experiments?workflowType=machine_learning"
-    console.print(f"MLflow UI over {cfg.tracking.mlflow_uri}: [bold]{where}[/bold] (ready in ~30 s; Ctrl-C stops it)",
-                  soft_wrap=True)
-    os.execve(argv[0], argv, env)
-
-
-def _experiment_id(cfg) -> str | None:
-    from mlflow import MlflowClient
-
-    exp = MlflowClient(cfg.tracking.mlflow_uri).get_experiment_by_name(cfg.tracking.experiment or cfg.name)
-    return exp.experiment_id if exp else None
-
-
+for _module in (cli_eval, cli_bench, cli_browse):
+    _module.register(app)
 _mount_optional("sandbox", "flows.cli_sandbox", "Sandbox tools (benchmark).")
 _mount_optional("data", "flows.cli_data", "Dataset tools (inspect, grading benchmark).")
 _mount_optional("serve", "flows.cli_serve", "Local Prefect server + worker + MLflow server.")

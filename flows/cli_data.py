@@ -33,7 +33,7 @@ def inspect(
     rows: int = typer.Option(3, "--rows", "-n", min=0, help="Sample rows to show."),
 ) -> None:
     """Summarise a task file: format, rows, data sources, columns, a sample."""
-    from flows.cli import make_console
+    from flows.cli_common import make_console
     from tasks.data.formats import DatasetError, detect_format, load_tasks, read_records
 
     console = make_console()

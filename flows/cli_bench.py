@@ -1,0 +1,75 @@
+"""``cleaner bench-*``: benchmarks that print before/after ratios measured in one process (rollout, RL step, APRIL
+partial rollouts, engines)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from flows.cli_common import ConfigOpt, SetOpt, console
+
+
+def bench_engines_cmd(model: Path = typer.Option(Path("assets/tiny-warm"), help="Policy folder."),
+                      work_dir: Path = typer.Option(Path("runs/bench-engines"), help="Scratch folder."),
+                      steps: int = typer.Option(6, help="RL steps per engine.")) -> None:
+    """Median RL-step time through the SGLang HTTP engine vs in-process (ratio printed)."""
+    from tasks.training.bench_engines import bench_engines
+
+    bench_engines(model, work_dir, steps=steps, echo=console.print)
+
+
+def bench_rollout_cmd(model: Path = typer.Option(Path("assets/tiny-warm"), help="Policy folder."),
+                      prompts: int = typer.Option(32, help="Held-out prompts."),
+                      samples: int = typer.Option(8, help="Samples per prompt."),
+                      repeats: int = typer.Option(3, help="Alternating before/after repeats (the first warms up)."),
+                      backend: str = typer.Option("local", help="Sandbox backend (local or docker).")) -> None:
+    """Rollout wall time and useful tokens/s: static rounds vs continuous batching, and lockstep tool calls'
+    price, as ratios."""
+    from tasks.training.bench_rollout import bench_rollout
+
+    bench_rollout(model, n_prompts=prompts, n_samples=samples, repeats=repeats, echo=console.print, backend=backend)
+
+
+def bench_step_cmd(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
+                   sides: str = typer.Option("before,after", help="Sides: before (every speed switch off), after (all "
+                                                                   "on), or one switch's name (only it on)."),
+                   repeats: int = typer.Option(3, help="Alternating blocks per side (the first warms up)."),
+                   steps: int = typer.Option(2, help="RL steps per block."),
+                   work_dir: Path = typer.Option(Path("runs/bench-step"), help="Scratch folder (emptied)."),
+                   out: Path = typer.Option(Path("runs/bench_step.json"), help="Where the JSON report goes.")) -> None:
+    """The compare's RL step with the speed switches off vs on: seconds per part, ratio, largest differences."""
+    from flows.bench_step import bench_step, write_json
+
+    try:
+        report = bench_step(config, work_dir, tuple(x.strip() for x in sides.split(",") if x.strip()), repeats, steps,
+                            overrides or [], echo=console.print)
+    except ValueError as err:
+        console.print(f"[red]{err}[/red]")
+        raise typer.Exit(2) from None
+    console.print(f"wrote {write_json(report, out)}")
+    if not report["same"]:
+        raise typer.Exit(1)
+
+
+def bench_partial_cmd(model: Path = typer.Option(Path("assets/tiny-warm"), help="Policy folder."),
+                      work_dir: Path = typer.Option(Path("runs/bench-partial"), help="Scratch folder."),
+                      steps: int = typer.Option(4, help="Consecutive rollout steps per side."),
+                      prompts_per_step: int = typer.Option(4, help="Complete groups a step needs."),
+                      over_sampling: int = typer.Option(8, help="Groups submitted at a time with partial rollouts."),
+                      repeats: int = typer.Option(2, help="Alternating off/on repeats."),
+                      submit_rule: str = typer.Option("april", help="rollout.partial.submit_rule of the on side.")
+                      ) -> None:
+    """Passing groups/s and their tokens/s with APRIL partial rollouts on vs off, as ratios."""
+    from tasks.training.bench_partial import bench_partial
+
+    bench_partial(model, work_dir, steps=steps, prompts_per_step=prompts_per_step, over_sampling=over_sampling,
+                  repeats=repeats, submit_rule=submit_rule, echo=console.print)
+
+
+def register(app: typer.Typer) -> None:
+    """Add these commands to the ``cleaner`` app."""
+    app.command("bench-engines")(bench_engines_cmd)
+    app.command("bench-rollout")(bench_rollout_cmd)
+    app.command("bench-step")(bench_step_cmd)
+    app.command("bench-partial")(bench_partial_cmd)
