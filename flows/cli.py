@@ -268,7 +268,7 @@ def demo(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt) -> None
     overrides = ["tracking.register_models=true", *(overrides or [])]  # the demo's policy is `models:/<name>@best`
     console.print(f"{cfg.train.steps} RL steps with CLEANER, {cfg.data.prompts_per_step} prompts × "
                   f"{cfg.rollout.n_samples} samples each, held-out evaluations every {cfg.train.eval_every} steps: "
-                  "about 5 minutes on 2 quiet CPU cores (tiny.yaml); a line per step follows", soft_wrap=True)
+                  "about 2 minutes on 2 quiet CPU cores (tiny.yaml); a line per step follows", soft_wrap=True)
     result = run_train(config, overrides)
     console.rule("results")
     from tasks.stores.links import experiment_url
