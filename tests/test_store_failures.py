@@ -177,17 +177,17 @@ def _crash(*_a, **_k):
 
 
 def test_crash_while_writing_the_next_checkpoint_keeps_the_previous(policy, warm_model_dir, tmp_path, monkeypatch):
-    from models import trainer
+    from models import checkpoint
 
     prev, nxt = tmp_path / "policy_000001", tmp_path / "policy_000002"
-    trainer.save_checkpoint(policy, warm_model_dir, prev, torch.optim.AdamW(policy.parameters()))
+    checkpoint.save_checkpoint(policy, warm_model_dir, prev, torch.optim.AdamW(policy.parameters()))
     before = _params(policy)
     with torch.no_grad():
         for p in policy.parameters():
             p.add_(1.0)
-    monkeypatch.setattr(trainer.torch, "save", _crash)
+    monkeypatch.setattr(checkpoint.torch, "save", _crash)
     with pytest.raises(OSError, match="simulated"):
-        trainer.save_checkpoint(policy, warm_model_dir, nxt, torch.optim.AdamW(policy.parameters()))
+        checkpoint.save_checkpoint(policy, warm_model_dir, nxt, torch.optim.AdamW(policy.parameters()))
     assert not nxt.exists(), "a half-written checkpoint sits under the final name"
     loaded = _params(_load(prev))
     assert loaded.keys() == before.keys()
@@ -196,29 +196,29 @@ def test_crash_while_writing_the_next_checkpoint_keeps_the_previous(policy, warm
 
 
 def test_crash_while_overwriting_a_checkpoint_keeps_the_old_one(policy, warm_model_dir, tmp_path, monkeypatch):
-    from models import trainer
+    from models import checkpoint
 
     folder = tmp_path / "policy_000003"
-    trainer.save_checkpoint(policy, warm_model_dir, folder)
+    checkpoint.save_checkpoint(policy, warm_model_dir, folder)
     before = _params(policy)
     with torch.no_grad():
         for p in policy.parameters():
             p.mul_(0.0)
-    monkeypatch.setattr(trainer.shutil, "copy2", _crash)
+    monkeypatch.setattr(checkpoint.shutil, "copy2", _crash)
     with pytest.raises(OSError, match="simulated"):
-        trainer.save_checkpoint(policy, warm_model_dir, folder)
+        checkpoint.save_checkpoint(policy, warm_model_dir, folder)
     loaded = _params(_load(folder))
     assert all(torch.equal(loaded[k], before[k]) for k in before)
     monkeypatch.undo()
-    trainer.save_checkpoint(policy, warm_model_dir, folder)
+    checkpoint.save_checkpoint(policy, warm_model_dir, folder)
     assert all(not v.any() for v in _params(_load(folder)).values() if v.is_floating_point())
 
 
 def test_crash_between_removing_and_renaming_keeps_a_checkpoint(policy, warm_model_dir, tmp_path, monkeypatch):
-    from models import trainer
+    from models import checkpoint
 
     folder = tmp_path / "policy_000004"
-    trainer.save_checkpoint(policy, warm_model_dir, folder)
+    checkpoint.save_checkpoint(policy, warm_model_dir, folder)
     real_rename = Path.rename
 
     def rename(self, target):
@@ -228,7 +228,7 @@ def test_crash_between_removing_and_renaming_keeps_a_checkpoint(policy, warm_mod
 
     monkeypatch.setattr(Path, "rename", rename)
     with pytest.raises(OSError, match="simulated"):
-        trainer.save_checkpoint(policy, warm_model_dir, folder)
+        checkpoint.save_checkpoint(policy, warm_model_dir, folder)
     monkeypatch.undo()
     survivors = [p for p in (folder, folder.with_name(f".{folder.name}.old")) if (p / "config.json").exists()]
     assert survivors, "no loadable checkpoint left after a crash mid-swap"
