@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from sandbox.base import make_sandbox
-from sandbox.config import SandboxConfig
 from tasks.rewards.code import grade_code_batch
 from tasks.rewards.config import RewardConfig
-from tasks.rewards.harness import PREFIX_MODULES
-from tests.test_rewards_code import _docker_skip_reason
+from tests.grading_sandbox import fenced as _fenced
+from tests.grading_sandbox import sandbox_fixture
+
+sandbox = sandbox_fixture()
 
 CFG = RewardConfig(code_timeout_s=3.0)
 
@@ -286,18 +286,6 @@ CROSSING = [  # what crosses between the judge and the answer's process fails wh
 ]
 
 CASES = MUTATION + GENERATORS + STATEFUL + SETUP + HELPERS + CROSSING
-
-
-@pytest.fixture(scope="module", params=["local", pytest.param("docker", marks=pytest.mark.docker)])
-def sandbox(request):
-    if request.param == "docker" and (reason := _docker_skip_reason()):
-        pytest.skip(reason)
-    with make_sandbox(SandboxConfig(backend=request.param, timeout_s=8.0, workers=2, preimport=PREFIX_MODULES)) as sb:
-        yield sb
-
-
-def _fenced(code: str) -> str:
-    return f"```python\n{code}```"
 
 
 def test_the_table_covers_every_kind_of_state():

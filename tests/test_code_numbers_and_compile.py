@@ -16,13 +16,14 @@ import decimal
 
 import pytest
 
-from sandbox.base import make_sandbox
-from sandbox.config import SandboxConfig
 from tasks.rewards.code import grade_code_batch
 from tasks.rewards.config import RewardConfig
-from tasks.rewards.harness import INLINE_CHARS, PREFIX_MODULES, outputs_match, values_match
+from tasks.rewards.harness import INLINE_CHARS, outputs_match, values_match
 from tasks.rewards.registry import RewardResult
-from tests.test_rewards_code import _docker_skip_reason
+from tests.grading_sandbox import fenced as _fenced
+from tests.grading_sandbox import sandbox_fixture
+
+sandbox = sandbox_fixture()
 
 CFG = RewardConfig(code_timeout_s=3.0)
 EXP = 5916
@@ -30,18 +31,6 @@ N = 7 ** EXP
 TEXT = str(decimal.Decimal(N))  # str(N) refuses: more than 4300 digits
 TEXT_PLUS = str(decimal.Decimal(N + 1))
 LIFT = "import sys\nsys.set_int_max_str_digits(0)\n"  # the answer prints its own big int (its own business)
-
-
-@pytest.fixture(scope="module", params=["local", pytest.param("docker", marks=pytest.mark.docker)])
-def sandbox(request):
-    if request.param == "docker" and (reason := _docker_skip_reason()):
-        pytest.skip(reason)
-    with make_sandbox(SandboxConfig(backend=request.param, timeout_s=8.0, workers=2, preimport=PREFIX_MODULES)) as sb:
-        yield sb
-
-
-def _fenced(code: str) -> str:
-    return f"```python\n{code}```"
 
 
 # (name, spec, correct answer, the answer off by one)

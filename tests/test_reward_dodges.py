@@ -20,33 +20,21 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.base import make_sandbox
-from sandbox.config import SandboxConfig
 from tasks.data.formats import DatasetError, load_tasks
 from tasks.rewards.cases import PASSED_MARK, assert_tests
 from tasks.rewards.code import grade_code_batch, parse_tests
 from tasks.rewards.config import RewardConfig
-from tasks.rewards.harness import PREFIX_MODULES, Kind
+from tasks.rewards.harness import Kind
 from tasks.rewards.registry import GraderError, RewardResult, compute_reward
 from tests.fixtures.code_problems import ASSERT_PROBLEMS, FUNCTIONAL_PROBLEMS, STDIN_PROBLEMS
+from tests.grading_sandbox import fenced, sandbox_fixture
 from tests.test_reward_hacks import SPECS, Hack
-from tests.test_rewards_code import _docker_skip_reason
+
+sandbox = sandbox_fixture()
 
 HUMANEVAL = Path(__file__).parent / "fixtures" / "humaneval" / "HumanEval.jsonl.gz"
 CFG = RewardConfig(code_timeout_s=3.0)
 FORMATS = ("assert", "functional", "stdin")
-
-
-@pytest.fixture(scope="module", params=["local", pytest.param("docker", marks=pytest.mark.docker)])
-def sandbox(request):
-    if request.param == "docker" and (reason := _docker_skip_reason()):
-        pytest.skip(reason)
-    with make_sandbox(SandboxConfig(backend=request.param, timeout_s=8.0, workers=2, preimport=PREFIX_MODULES)) as sb:
-        yield sb
-
-
-def fenced(code: str) -> str:
-    return f"```python\n{code}```"
 
 
 def square(body: str, fmt: str, module: str = "") -> str:
