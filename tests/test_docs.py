@@ -136,3 +136,9 @@ def test_a_served_page_opens_in_a_browser_and_its_navigation_leads_to_the_config
             driver.quit()
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=20)
+
+
+def test_the_reference_command_names_its_pages_on_bad_input():
+    done = subprocess.run([sys.executable, "-m", "flows.reference", "configs"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0 and "usage: python -m flows.reference {config|cli}" in done.stderr

@@ -63,3 +63,12 @@ def test_the_figure_reads_the_same_study():
     rows = {(r["regime"], r["arm"]): r for r in results_rows(json.loads((ROOT / "docs/regimes.json").read_text()))}
     assert set(rows) == set(ROWS.values())
     assert round(rows["t4_confirm", "mask_raw0"]["mean"], 3) == 0.051 and rows["t4_confirm", "mask_raw0"]["pairs"] == 6
+
+
+def test_the_figure_command_refuses_arguments_with_its_usage():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "tasks.reports.results_figure", "out.png"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "writes docs/img/results.png" in done.stderr
