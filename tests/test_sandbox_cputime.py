@@ -42,15 +42,9 @@ def _box(backend: str, **cfg):
     from sandbox.base import make_sandbox
 
     if backend == "docker":
-        from sandbox.docker_backend import docker_client, image_present
-        from sandbox.result import SandboxInfraError
+        from tests.test_sandbox_isolation import _docker_or_skip
 
-        try:
-            client = docker_client(timeout=5)
-        except SandboxInfraError as exc:
-            pytest.skip(f"no Docker engine: {exc}")
-        if not image_present(client, SandboxConfig().image):
-            pytest.skip("Docker image missing: run `make sandbox-image`")
+        _docker_or_skip()
     return make_sandbox(SandboxConfig(backend=backend, workers=2, preimport=["math"], **cfg))
 
 
