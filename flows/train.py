@@ -15,6 +15,13 @@ PREFECT_HOME the shell has. A run started without ``run_id`` gets one derived fr
 Prefect retry of that flow run (UI Retry, ``prefect flow-run retry``) resumes it; an attempt that crashes, is
 cancelled or fails leaves its MLflow run and DuckDB row with that status (flow hooks) until resumed.
 
+One writer per run folder: each attempt claims the run folder when it starts (``tasks.stores.fence``), and every
+write of a stage (step files, checkpoints, row-log units, done markers) is fenced, so an attempt that a newer one
+replaced — a rescheduled dispatched run whose old process was only stalled, a ``cleaner resume`` started beside
+the running attempt — stops at its next write with ``FencedError`` and writes nothing more. It ends visibly: its
+flow run fails with the fencing message; when the newer attempt is the same flow run (a reschedule), the replaced
+one logs the message and aborts without reporting a state (Prefect's ``Abort``: the state is the newer attempt's).
+
 Run: ``cleaner train --config configs/tiny.yaml`` (ephemeral Prefect; no server needed).
 """
 
@@ -33,7 +40,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.config import RunConfig, load_config
 from flows.warmup import ensure_base
 from tasks.data.loader import ensure_files
-from tasks.stores import db, links, registry, trace_writer, tracking
+from tasks.stores import db, fence, links, registry, trace_writer, tracking
 from tasks.stores.registry import ModelRef
 from tasks.stores.system import system_metrics
 from tasks.training import live
@@ -70,9 +77,9 @@ def prepare_run(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run
         ensure_files(cfg.data)
     ensure_policy(cfg)
     run_dir = Path(cfg.output_dir) / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
+    claim_run(run_dir, run_id, flow_run_id)
     config = cfg.model_dump(mode="json")
-    (run_dir / "config.json").write_text(json.dumps(config, indent=1))
+    fence.publish_text(run_dir / "config.json", json.dumps(config, indent=1))
     write_origin(run_dir, flow_run_id)
     tags = {"prefect.flow_run_id": flow_run_id, "cleaner.config_hash": cfg.hash(), "git.commit": _git_commit()}
     if parent_mlflow_run:
@@ -80,6 +87,17 @@ def prepare_run(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run
     mlrun = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, run_id, config, tags)
     db.upsert_run(cfg.tracking.duckdb_path, run_id, cfg.name, config, mlrun, "running")
     return RunInfo(run_id, str(run_dir), mlrun, start_policy(cfg, cfg.model.path, run_dir / "start-policy"))
+
+
+def claim_run(run_dir: Path, run_id: str, flow_run_id: str) -> None:
+    """Make this attempt the run folder's only writer (``tasks.stores.fence``), saying which attempt it replaced."""
+    from prefect.runtime import flow_run
+
+    token = fence.new_token(flow_run_id, flow_run.get_run_count())
+    before = fence.claim(run_dir, run_id, token, flow_run_id)
+    if before:
+        print(f"run {run_id}: attempt {token} replaces attempt {before.get('attempt')} (pid {before.get('pid')} on "
+              f"{before.get('host')}); that one stops at its next write")
 
 
 ORIGIN = "prefect.json"
@@ -93,7 +111,8 @@ def write_origin(run_dir: Path, flow_run_id: str) -> None:
     path = run_dir / ORIGIN
     if path.exists() and json.loads(path.read_text()).get("deployment_id"):
         return  # a local resume of a deployment's run keeps the deployment's flow run as the origin
-    path.write_text(json.dumps({"flow_run_id": flow_run_id or None, "deployment_id": deployment.get_id()}, indent=1))
+    fence.publish_text(path, json.dumps({"flow_run_id": flow_run_id or None, "deployment_id": deployment.get_id()},
+                                        indent=1))
 
 
 def start_policy(cfg: RunConfig, ckpt: str, folder: Path) -> str:
@@ -174,7 +193,19 @@ def stage_key(context, params: dict) -> str:
     return params["setups"].key(params["info"].run_id, step, stage, params["policy"], params.get("final", False))
 
 
-STAGE = dict(cache_key_fn=stage_key, persist_result=True, retries=1, retry_delay_seconds=2)
+def retry_unless_fenced(task, task_run, state) -> bool:
+    """A stage task's retry condition: any failure but ``FencedError`` (a replaced attempt must stop, not retry)."""
+    try:
+        state.result()
+    except fence.FencedError:
+        return False
+    except Exception:  # noqa: BLE001 - every other failure of the stage is retried
+        return True
+    return True
+
+
+STAGE = dict(cache_key_fn=stage_key, persist_result=True, retries=1, retry_delay_seconds=2,
+             retry_condition_fn=retry_unless_fenced)
 
 
 @task(name="rollout", **STAGE)
@@ -287,17 +318,26 @@ class StageFailed(RuntimeError):
 
 
 @contextmanager
-def named_stage(stage: str, step: int):
+def named_stage(stage: str, step: int, run_dir: str | None = None):
+    """Name the stage and step in a failure; a failure of an attempt that a newer one replaced (``run_dir``'s
+    claim) is that attempt's ``FencedError``, whatever failed first."""
     try:
         yield
+    except fence.FencedError:
+        raise
     except Exception as err:
+        fenced = fence.superseded(run_dir) if run_dir else None
+        if fenced is not None:
+            raise fenced from err
         raise StageFailed(f"stage '{stage}' of step {step} failed: {type(err).__name__}: {err}") from err
 
 
 def run_stage(name: str, setups: StepSetups, info: RunInfo, step: int, policy: str, *extra):
-    """Run a stage task; its cached result is reused only while the stage's output files exist."""
+    """Run a stage task (unless a newer attempt replaced this one); its cached result is reused only while the
+    stage's output files exist."""
     marker = step_dir(info, step) / ("logged.json" if name == "log" else f"{name}.metrics.json")
-    with named_stage(name, step):
+    with named_stage(name, step, info.run_dir):
+        fence.check(info.run_dir)
         return STEP_TASKS[name].with_options(refresh_cache=not marker.exists(), result_storage=results(info))(
             setups, info, step, policy, *extra)
 
@@ -316,6 +356,7 @@ def finish_task(cfg: RunConfig, info: RunInfo, final_ckpt: str, flow_run_id: str
     """Plots, the registered models, the final description; marks the run finished. Returns a Markdown summary."""
     from tasks.reports.plots import plot_panels, plot_run
 
+    fence.check(info.run_dir)
     metrics = db.run_metrics(cfg.tracking.duckdb_path, info.run_id)
     png = plot_run(metrics, Path(info.run_dir) / "plots" / "summary.png", f"{info.run_id}")
     extra = []
@@ -348,21 +389,29 @@ def finish_task(cfg: RunConfig, info: RunInfo, final_ckpt: str, flow_run_id: str
 
 
 def _prune(info: RunInfo, keep: int, current: Path) -> None:
-    folders = sorted((Path(info.run_dir) / "checkpoints").glob("policy_??????"))
-    for old in folders[:-keep]:
-        if old != current:
-            shutil.rmtree(old, ignore_errors=True)
-            shutil.rmtree(old.with_name(old.name + "-merged"), ignore_errors=True)  # an SGLang server's copy
+    """Remove all but the newest ``keep`` checkpoints (never ``current``); fenced: a replaced attempt removes none
+    of its replacement's."""
+    with fence.guarded(info.run_dir):
+        folders = sorted((Path(info.run_dir) / "checkpoints").glob("policy_??????"))
+        for old in folders[:-keep]:
+            if old != current:
+                shutil.rmtree(old, ignore_errors=True)
+                shutil.rmtree(old.with_name(old.name + "-merged"), ignore_errors=True)  # an SGLang server's copy
 
 
 def _ended(mlflow_status: str, db_status: str):
     """A flow hook giving an attempt that ended without finishing a terminal status in both stores; a retry of the
-    same flow run resumes the run and sets it running again."""
+    same flow run resumes the run and sets it running again. An attempt a newer one replaced (fenced) leaves both
+    to the newer attempt."""
 
     def hook(flow, flow_run, state) -> None:
         params = flow_run.parameters or {}
         cfg = load_config(params.get("config_path", "configs/tiny.yaml"), params.get("overrides"))
         run_id = params.get("run_id") or default_run_id(cfg.name, str(flow_run.id), flow_run.name)
+        fenced = fence.superseded(Path(cfg.output_dir) / run_id)
+        if fenced is not None:
+            print(f"{fenced}: the run's status is left to the newer attempt")
+            return
         tracking.end_run(cfg.tracking, cfg.tracking.experiment or cfg.name, run_id, mlflow_status)
         db.end_run(cfg.tracking.duckdb_path, run_id, db_status)
 
@@ -380,6 +429,30 @@ def train(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = 
     cfg = load_config(config_path, overrides)
     run_id = run_id or default_run_id(cfg.name, flow_run.get_id(), flow_run.get_name())
     flow_run_id = str(flow_run.get_id() or "")
+    try:
+        return _train(cfg, run_id, flow_run_id, parent_mlflow_run)
+    except fence.FencedError as err:
+        ending = fenced_end(err, flow_run_id)
+        if ending is err:
+            raise
+        raise ending from err
+
+
+def fenced_end(err: fence.FencedError, flow_run_id: str) -> BaseException:
+    """How a replaced attempt ends: its ``FencedError`` (the flow run fails with it), or — when the newer attempt is
+    the same flow run, rescheduled — Prefect's ``Abort``, after logging the message: the engine then reports no
+    state, which would overwrite the running newer attempt's (and make the compare reschedule it again)."""
+    from prefect.exceptions import Abort
+
+    if flow_run_id and err.newer_flow_run == flow_run_id:
+        print(f"{err}; the flow run is the newer attempt's now: this attempt aborts without reporting a state")
+        return Abort(str(err))
+    return err
+
+
+def _train(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run: str | None) -> dict:
+    from prefect.runtime import flow_run
+
     with named_stage("prepare-run", 0):
         info = prepare_run(cfg, run_id, flow_run_id, parent_mlflow_run)
     artifacts = links.FlowArtifacts(cfg.name, cfg.train.steps)
@@ -387,8 +460,8 @@ def train(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = 
     with system_metrics(cfg.tracking, info.mlflow_run_id):
         ckpt, walls = _steps(cfg, info, artifacts)
         trace_writer.flush()  # every step's traces are in MLflow (or the run fails) before it is finished
-        (Path(info.run_dir) / f"walltime-{flow_run.get_id() or 'local'}.json").write_text(json.dumps(walls))
-        with named_stage("finish-run", cfg.train.steps):
+        fence.publish_text(Path(info.run_dir) / f"walltime-{flow_run.get_id() or 'local'}.json", json.dumps(walls))
+        with named_stage("finish-run", cfg.train.steps, info.run_dir):
             summary = finish_task(cfg, info, ckpt, flow_run_id, parent_mlflow_run)
     artifacts.finish(summary)
     live.close_live()
@@ -403,7 +476,8 @@ def _steps(cfg: RunConfig, info: RunInfo, artifacts: links.FlowArtifacts) -> tup
     tags, model = trace_tags(cfg, info), ModelRef(name=model_name(cfg))
 
     def evaluate(version: int, policy: str) -> dict:
-        with named_stage("evaluate", version):
+        with named_stage("evaluate", version, info.run_dir):
+            fence.check(info.run_dir)
             return eval_task.with_options(result_storage=results(info))(setups, info, version, policy,
                                                                         version == cfg.train.steps, model, tags)
 

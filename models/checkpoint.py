@@ -3,13 +3,20 @@ that trained nothing (``copy_checkpoint``).
 
 A folder is written under a temporary name and swapped in; the folder it replaces is moved aside first and deleted
 only after the new one is in place, so a crash at any point leaves a complete checkpoint at ``out_dir`` or at
-``.<name>.old``.
+``.<name>.old``. The temporary folder's name is the writing process's own (pid and a random tail), so two processes
+writing the same checkpoint never fill one folder; the swap runs inside ``commit(out_dir)``, a context the caller
+passes to make it conditional (the train flow's attempt fence, ``tasks.stores.fence.guarded``: a replaced attempt
+stops there without swapping anything in).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import torch
@@ -17,8 +24,16 @@ import torch
 from models.critic import save_critic
 from models.lora import copy_tokenizer
 
+Commit = Callable[[Path], AbstractContextManager]
+"""What a checkpoint's swap-in runs inside (given the final folder); raises to stop it."""
 
-def save_checkpoint(model, src_dir: Path, out_dir: Path, opt=None, extra: dict | None = None, critic=None) -> Path:
+
+def _tmp_of(out_dir: Path) -> Path:
+    return out_dir.with_name(f".{out_dir.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+
+
+def save_checkpoint(model, src_dir: Path, out_dir: Path, opt=None, extra: dict | None = None, critic=None,
+                    commit: Commit = nullcontext) -> Path:
     """Write ``out_dir`` atomically: weights (only the adapter's for a peft model: the base is shared),
     tokenizer files of ``src_dir``, optimizer state.
 
@@ -26,8 +41,7 @@ def save_checkpoint(model, src_dir: Path, out_dir: Path, opt=None, extra: dict |
     so a crash at any point leaves a complete checkpoint at ``out_dir`` or at ``.<name>.old``.
     """
     out_dir = Path(out_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = _tmp_of(out_dir)
     model.save_pretrained(tmp)
     copy_tokenizer(src_dir, tmp)
     if opt is not None:
@@ -35,24 +49,28 @@ def save_checkpoint(model, src_dir: Path, out_dir: Path, opt=None, extra: dict |
     if critic is not None:
         save_critic(critic[0], critic[1], tmp)
     (tmp / "trainer_state.json").write_text(json.dumps({"source": str(src_dir), **(extra or {})}, indent=1))
-    return _swap_in(tmp, out_dir)
+    return _swap_in(tmp, out_dir, commit)
 
 
-def copy_checkpoint(src_dir: Path, out_dir: Path, extra: dict | None = None) -> Path:
+def copy_checkpoint(src_dir: Path, out_dir: Path, extra: dict | None = None, commit: Commit = nullcontext) -> Path:
     """``out_dir`` = the checkpoint ``src_dir`` unchanged (a step that trained nothing), with a new trainer state."""
     out_dir = Path(out_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = _tmp_of(out_dir)
     shutil.copytree(src_dir, tmp)
     (tmp / "trainer_state.json").write_text(json.dumps({"source": str(src_dir), **(extra or {})}, indent=1))
-    return _swap_in(tmp, out_dir)
+    return _swap_in(tmp, out_dir, commit)
 
 
-def _swap_in(tmp: Path, out_dir: Path) -> Path:
-    old = out_dir.with_name(f".{out_dir.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if out_dir.exists():
-        out_dir.rename(old)
-    tmp.rename(out_dir)
-    shutil.rmtree(old, ignore_errors=True)
+def _swap_in(tmp: Path, out_dir: Path, commit: Commit) -> Path:
+    """Move ``tmp`` to ``out_dir`` (inside ``commit``); ``tmp`` is removed when ``commit`` refuses."""
+    try:
+        with commit(out_dir):
+            old = out_dir.with_name(f".{out_dir.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            if out_dir.exists():
+                out_dir.rename(old)
+            tmp.rename(out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out_dir

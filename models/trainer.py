@@ -42,11 +42,12 @@ Simplifications: one process, float32, gradient accumulation over micro-batches.
 from __future__ import annotations
 
 import random
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
-from models.checkpoint import save_checkpoint
+from models.checkpoint import Commit, save_checkpoint
 from models.config import TrainerConfig
 from models.critic import load_critic, token_gae, whiten
 from models.engine import load_causal_lm
@@ -73,8 +74,9 @@ def dapo_loss(new_lp, old_lp, adv, mask, clip_low: float, clip_high: float, n_to
 
 
 def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: Path, pad_id: int, seed: int,
-           state: dict | None = None, on_step=None, ref_dir: Path | None = None) -> dict:
-    """One RL update from ``ckpt_dir`` on ``samples``; writes ``out_dir``; returns ``train/*`` metrics.
+           state: dict | None = None, on_step=None, ref_dir: Path | None = None, commit: Commit = nullcontext) -> dict:
+    """One RL update from ``ckpt_dir`` on ``samples``; writes ``out_dir`` (swapped in inside ``commit``, see
+    ``models.checkpoint``); returns ``train/*`` metrics.
 
     ``state`` is stored in the checkpoint's ``trainer_state.json``; ``on_step`` is called after
     every optimizer step (fault injection uses it); ``ref_dir`` is the KL reference policy
@@ -135,7 +137,7 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
             if on_step is not None:
                 on_step()
     model.eval()
-    save_checkpoint(model, ckpt_dir, out_dir, opt, state, critic=critic)
+    save_checkpoint(model, ckpt_dir, out_dir, opt, state, critic=critic, commit=commit)
     tokens = max(totals["tokens"], 1.0)
     critic_metrics = {}
     if targets is not None:

@@ -24,6 +24,7 @@ import polars as pl
 
 from tasks.rewards.config import RewardConfig, ScoreConfig
 from tasks.rewards.registry import GraderError, compute_reward, overlong_penalty
+from tasks.stores import fence
 from tasks.stores.records import read_table
 
 FIRST_ATTEMPT_KINDS = ("rollout", "base")
@@ -94,5 +95,5 @@ def _mean(s: pl.Series) -> float:
 def score_step(step_dir: Path, reward_cfg: RewardConfig, cfg: ScoreConfig, max_response_tokens: int,
                sandbox=None) -> dict[str, float]:
     df, metrics = score_rows(read_table(step_dir, "trajectories"), reward_cfg, cfg, max_response_tokens, sandbox)
-    df.write_parquet(Path(step_dir) / "scores.parquet")
+    fence.publish(Path(step_dir) / "scores.parquet", df.write_parquet)
     return metrics

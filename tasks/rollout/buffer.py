@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
@@ -99,14 +100,20 @@ def trajectory_of(row: dict, item: PromptItem) -> Trajectory:
     )
 
 
-def write_buffer(folder: Path, frame: pl.DataFrame, cursor: int) -> None:
-    """Write the buffer and the fresh-prompt cursor atomically (each file via a temporary name)."""
-    tmp = Path(folder) / f".{BUFFER_FILE}.tmp"
-    frame.write_parquet(tmp)
-    tmp.replace(Path(folder) / BUFFER_FILE)
-    tmp = Path(folder) / f".{STATE_FILE}.tmp"
-    tmp.write_text(json.dumps({"cursor": cursor, "groups": frame["position"].n_unique() if frame.height else 0}))
-    tmp.replace(Path(folder) / STATE_FILE)
+def _replace(path: Path, write: Callable[[Path], object]) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    tmp.replace(path)
+    return path
+
+
+def write_buffer(folder: Path, frame: pl.DataFrame, cursor: int,
+                 publish: Callable[[Path, Callable[[Path], object]], Path] = _replace) -> None:
+    """Write the buffer and the fresh-prompt cursor atomically, each file through ``publish(path, write)`` (by
+    default via a temporary name; the train flow passes its attempt fence's, ``tasks.stores.fence.publish``)."""
+    publish(Path(folder) / BUFFER_FILE, frame.write_parquet)
+    state = json.dumps({"cursor": cursor, "groups": frame["position"].n_unique() if frame.height else 0})
+    publish(Path(folder) / STATE_FILE, lambda tmp: tmp.write_text(state))
 
 
 def read_buffer(folder: Path | None, items: dict[str, PromptItem], version: int) -> tuple[list[Group], int, int]:

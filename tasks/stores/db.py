@@ -28,7 +28,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from tasks.stores import rowlog
+from tasks.stores import fence, rowlog
 from tasks.stores.schema import SCHEMA, STEP_TABLES, UNITS
 
 
@@ -163,7 +163,10 @@ def _load_unit(con: duckdb.DuckDBPyConnection, path: str | Path, run_id: str, un
 
 
 def _write(path: str | Path, run_id: str, kind: str, key: int | None, frames: dict[str, pl.DataFrame]) -> None:
-    rowlog.write_unit(path, run_id, kind, key, frames)
+    """A new version of one unit of ``run_id`` (fenced: an attempt of the run that a newer one replaced writes none,
+    ``tasks.stores.fence``), then an ingest if the store is free."""
+    with fence.guarded_run(run_id):
+        rowlog.write_unit(path, run_id, kind, key, frames)
     try_ingest(path)
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import polars as pl
 
 from tasks.rollout.types import Trajectory
+from tasks.stores import fence
 
 TABLES = ("trajectories", "turns", "executions", "saar_events")
 
@@ -85,11 +86,11 @@ _EVENTS = {
 
 
 def write_frames(frames: dict[str, pl.DataFrame], folder: Path) -> Path:
+    """Each frame as ``<name>.parquet`` in ``folder``, whole (``fence.publish``: fenced when the run has a newer
+    attempt)."""
     folder.mkdir(parents=True, exist_ok=True)
     for name, df in frames.items():
-        tmp = folder / f".{name}.parquet.tmp"
-        df.write_parquet(tmp)
-        tmp.replace(folder / f"{name}.parquet")
+        fence.publish(folder / f"{name}.parquet", df.write_parquet)
     return folder
 
 

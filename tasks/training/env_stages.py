@@ -21,7 +21,7 @@ import polars as pl
 
 from models.config import ChatConfig
 from tasks.rollout.saar import TrajStats
-from tasks.stores import db
+from tasks.stores import db, fence
 from tasks.stores.datasets import log_frame
 from tasks.stores.records import read_table, trajectory_frames, write_frames
 from tasks.stores.registry import ModelRef
@@ -58,7 +58,7 @@ def env_score_stage(step_dir: Path) -> Path:
     metrics: dict = {}
     with _timed(step_dir, "score", metrics):
         df, m = env_scores(read_table(step_dir, "trajectories"))
-        df.write_parquet(Path(step_dir) / "scores.parquet")
+        fence.publish(Path(step_dir) / "scores.parquet", df.write_parquet)
         metrics.update(m)
     return Path(step_dir)
 

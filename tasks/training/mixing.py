@@ -37,6 +37,7 @@ import polars as pl
 
 from tasks.envs.filters import apply_filter, minibatch_shortfall
 from tasks.r3l.grouping import SINGLETON_KINDS
+from tasks.stores import fence
 from tasks.stores.records import read_table
 from tasks.training.advantages import compute_advantages
 from tasks.training.config import MixConfig
@@ -139,7 +140,7 @@ def mix_step(step_dir: Path, cfg: MixConfig, mini_batches: int | None = None, em
     step_dir = Path(step_dir)
     df = read_table(step_dir, "trajectories").join(read_table(step_dir, "scores"), on=["run_id", "step", "traj_id"])
     mixed, metrics = mix_rows(df, cfg)
-    mixed.select(["run_id", "step", "traj_id", "kept", "adv_scale"]).write_parquet(step_dir / "mix.parquet")
+    fence.publish(step_dir / "mix.parquet", mixed.select(["run_id", "step", "traj_id", "kept", "adv_scale"]).write_parquet)
     empty = metrics["rollout/filter_kept_count"] == 0
     metrics["rollout/consecutive_empty_after_filter_steps"] = empty_before + 1 if empty else 0
     limit = cfg.group_filter.empty_stop_steps
@@ -166,7 +167,7 @@ def advantage_step(step_dir: Path, cfg: MixConfig) -> dict[str, float]:
     if cfg.failed_turns == "mask":
         adv, metrics = with_loss_mask(adv, failed_positions(read_table(step_dir, "executions")))
         columns.append("loss_mask")
-    adv.select(columns).write_parquet(step_dir / "advantages.parquet")
+    fence.publish(step_dir / "advantages.parquet", adv.select(columns).write_parquet)
     kept = adv.filter(pl.col("kept") & ~pl.col("dropped"))
     return {"train/advantage_abs_mean": float(kept["advantage"].abs().mean() or 0.0) if kept.height else 0.0,
             "train/dropped_rows": int(adv["dropped"].sum()), **metrics}

@@ -25,6 +25,7 @@ from tasks.rollout.config import RolloutConfig
 from tasks.rollout.machine import Rollout
 from tasks.rollout.partial import PartialResult, PartialRollout
 from tasks.rollout.types import PromptItem, Trajectory
+from tasks.stores import fence
 from tasks.training.faults import maybe_crash
 
 
@@ -38,7 +39,7 @@ def partial_rollout(step_dir: Path, step: int, seed: int, run_id: str, runner: R
     cursor = PromptCursor(items, seed, position)
     driver = PartialRollout(runner, rollout.partial, prompts_per_step, grade, dynamic_sampling)
     res = driver.run(buffered, cursor.take, seed, step)
-    write_buffer(step_dir, buffer_frame(res.buffer, run_id, step), cursor.position)
+    write_buffer(step_dir, buffer_frame(res.buffer, run_id, step), cursor.position, fence.publish)
     maybe_crash("in_partial_rollout", step)
     trajs = [t for g in res.batch for t in g.trajs]
     return trajs, partial_metrics(res, trajs, step, dropped)

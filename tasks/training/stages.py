@@ -38,7 +38,7 @@ from tasks.rewards.scoring import score_step
 from tasks.rollout.buffer import BUFFER_FILE
 from tasks.rollout.machine import Rollout
 from tasks.rollout.saar import aggregate_stats
-from tasks.stores import db, registry, trace_writer, traces, tracking
+from tasks.stores import db, fence, registry, trace_writer, traces, tracking
 from tasks.stores.config import TrackingConfig
 from tasks.stores.datasets import dataset_ref
 from tasks.stores.records import read_table, trajectory_frames, write_frames
@@ -59,9 +59,7 @@ def _timed(step_dir: Path, stage: str, metrics: dict):
     t0 = time.perf_counter()
     yield
     metrics[f"time/{stage}_s"] = time.perf_counter() - t0
-    tmp = Path(step_dir) / f".{stage}.metrics.json.tmp"
-    tmp.write_text(json.dumps(metrics, indent=1))
-    tmp.replace(done_marker(step_dir, stage))
+    fence.publish_text(done_marker(step_dir, stage), json.dumps(metrics, indent=1))
     maybe_crash(f"after_{stage}", _step_of(step_dir))
 
 
@@ -170,10 +168,10 @@ def update_stage(step_dir: Path, ckpt: str, out_ckpt: Path, setup: UpdateSetup) 
         if samples:
             metrics.update(update(Path(ckpt), samples, trainer, Path(out_ckpt), pad, seed, state,
                                   on_step=lambda: maybe_crash("in_update", step),
-                                  ref_dir=Path(ref_ckpt) if ref_ckpt else None))
+                                  ref_dir=Path(ref_ckpt) if ref_ckpt else None, commit=fence.guarded))
             metrics.update({"train/skipped": 0, "train/no_informative_groups": 0})
         else:
-            copy_checkpoint(Path(ckpt), Path(out_ckpt), state)
+            copy_checkpoint(Path(ckpt), Path(out_ckpt), state, commit=fence.guarded)
             groups = int(json.loads(done_marker(step_dir, "mix").read_text()).get("mix/groups", 0))
             print(f"step {step}: no informative groups ({groups} groups, all dropped: equal rewards in each); "
                   "the policy is unchanged")
@@ -274,7 +272,7 @@ TRACES_DONE = "traces.json"
 
 
 def _mark_logged(step_dir: Path, ckpt: str) -> None:
-    (Path(step_dir) / "logged.json").write_text(json.dumps({"checkpoint": ckpt}))
+    fence.publish_text(Path(step_dir) / "logged.json", json.dumps({"checkpoint": ckpt}))
 
 
 def _trace_frames(step_dir: Path) -> dict[str, pl.DataFrame]:
@@ -295,7 +293,7 @@ def _step_traces(step_dir: Path, step: int, mlrun: str, tracking_cfg: TrackingCo
                              {**tags, "kind": "train", "step": str(step)})
     ids = traces.log_traces(tracking_cfg, batch, frames["trajectories"], frames["tool_executions"],
                             frames["saar_events"], tracking_cfg.traces_per_step)
-    (Path(step_dir) / TRACES_DONE).write_text(json.dumps({"traces": len(ids)}))
+    fence.publish_text(Path(step_dir) / TRACES_DONE, json.dumps({"traces": len(ids)}))
     return time.perf_counter() - t0
 
 

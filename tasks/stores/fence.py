@@ -1,0 +1,214 @@
+"""One writer per run folder: the newest attempt of a run fences the ones it replaces.
+
+A run can have two live attempts: the compare reschedules a dispatched run whose heartbeats stopped for
+``compare.lost_after_s`` (``flows.dispatch``) while its process may still be alive (a network stall, a paused
+machine), and ``cleaner resume`` can be started while the run still trains. Both attempts would write the same
+step files, checkpoints and row-log units. So an attempt **claims** its run when it starts: it writes its token
+into ``runs/<run_id>/attempt`` (``claim``; the replacement overwrites it), and every write into the run folder or
+into the run's row-log units goes through ``guarded`` (or ``publish``, which writes a file under a name of its own
+and renames it into place under the guard): it reads the attempt file and raises ``FencedError`` when another
+attempt's token is there, so the replaced attempt stops at its next write without making it.
+
+What is guaranteed, and why there is no check-then-write window: the attempt file is locked (``flock``) — shared
+by a guarded write for the whole of its commit (the check and the rename, the marker, the unit's version), exclusive
+by ``claim`` while it swaps the token. So once ``claim`` returned, no write of the replaced attempt can commit: one
+that started before waits the claim out (the claim waits for it, at most ``CLAIM_WAIT_S``, then fails clearly), one
+that starts after sees the new token. Bulk data (a checkpoint's weights, a Parquet file) is written before the
+guard under names no other attempt uses (pid and a random tail), so a replaced attempt's half-written files never
+mix with the replacement's; the guard covers only the commit, which is short. The locks are advisory: only writers
+that go through this module are fenced (every writer of the train flow does). On a network filesystem ``flock`` is
+mapped to the server's byte-range locks (NFSv4, Linux ≥ 2.6.12); a filesystem without working locks still gets the
+check, with a window of one rename.
+
+A writer that never claimed the folder (a test calling a stage directly, a benchmark) is not checked.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+ATTEMPT = "attempt"
+"""The file in a run folder that names the attempt allowed to write it."""
+
+CLAIM_WAIT_S = 60.0
+"""How long ``claim`` waits for a write of the replaced attempt that holds the lock (a commit takes milliseconds;
+a paused process holding it keeps it until it runs on)."""
+
+
+class FencedError(RuntimeError):
+    """This attempt of a run was replaced by a newer one: it must stop without writing."""
+
+    def __init__(self, run_id: str, own: str, newer: dict | None):
+        self.run_id, self.own, self.newer = run_id, own, newer or {}
+        by = (f"attempt {self.newer.get('attempt')} (pid {self.newer.get('pid')} on {self.newer.get('host')})"
+              if newer else "no attempt (the attempt file is gone: the run folder was removed or replaced)")
+        super().__init__(f"run {run_id}: fenced — {by} replaced this attempt {own}; this attempt stops without "
+                         "writing")
+
+    @property
+    def newer_flow_run(self) -> str | None:
+        """The Prefect flow run of the attempt that replaced this one (the same flow run when it was rescheduled)."""
+        return self.newer.get("flow_run_id")
+
+
+@dataclass(frozen=True)
+class Claim:
+    run_id: str
+    run_dir: str
+    token: str
+
+
+_CLAIMS: dict[str, Claim] = {}
+"""Absolute run folder → this process's claim on it."""
+_REGISTRY = threading.Lock()
+
+
+def new_token(flow_run_id: str | None, run_count: int | None) -> str:
+    """An attempt's token: its Prefect flow run and run count (readable), and a random tail (unique even for two
+    attempts with the same ones)."""
+    return f"{flow_run_id or 'local'}#{run_count if run_count is not None else 0}/{uuid.uuid4().hex[:8]}"
+
+
+def _open_locked(path: Path, mode: int, wait_s: float | None = None) -> int:
+    """A descriptor of ``path`` holding ``flock(mode)``; waits at most ``wait_s`` (None: as long as it takes)."""
+    fd = os.open(path, (os.O_RDWR | os.O_CREAT) if mode == fcntl.LOCK_EX else os.O_RDONLY, 0o644)
+    if wait_s is None:
+        fcntl.flock(fd, mode)
+        return fd
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise TimeoutError(f"{path}: still locked by a write of the attempt being replaced after {wait_s:g} s "
+                                   "(a paused process holds it); start this attempt again once it ran on or "
+                                   "ended") from None
+            time.sleep(0.05)
+
+
+def _read(fd: int) -> dict | None:
+    text = os.pread(fd, 4096, 0).decode()
+    return json.loads(text) if text.strip() else None
+
+
+def claim(run_dir: str | Path, run_id: str, token: str, flow_run_id: str | None = None,
+          wait_s: float = CLAIM_WAIT_S) -> dict | None:
+    """Make this process's attempt ``token`` the only one allowed to write ``run_dir``; returns the attempt it
+    replaced (None for the first). Written in place under the exclusive lock, flushed to disk."""
+    path = Path(run_dir) / ATTEMPT
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = _open_locked(path, fcntl.LOCK_EX, wait_s)
+    try:
+        before = _read(fd)
+        record = {"attempt": token, "flow_run_id": flow_run_id or None, "pid": os.getpid(),
+                  "host": socket.gethostname(), "claimed_at": time.time()}
+        data = json.dumps(record).encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)  # closing drops the lock
+    with _REGISTRY:
+        _CLAIMS[os.path.abspath(run_dir)] = Claim(run_id, os.path.abspath(run_dir), token)
+    return before
+
+
+def release(run_dir: str | Path) -> None:
+    """Forget this process's claim on ``run_dir`` (its writes there are no longer checked)."""
+    with _REGISTRY:
+        _CLAIMS.pop(os.path.abspath(run_dir), None)
+
+
+def claim_of(path: str | Path) -> Claim | None:
+    """This process's claim on the run folder holding ``path`` (None when it claimed none)."""
+    target = os.path.abspath(path)
+    with _REGISTRY:
+        for folder, found in _CLAIMS.items():
+            if target == folder or target.startswith(folder + os.sep):
+                return found
+    return None
+
+
+def claim_of_run(run_id: str) -> Claim | None:
+    """This process's claim on run ``run_id`` (its row-log units are keyed by run id, not by folder)."""
+    with _REGISTRY:
+        return next((c for c in _CLAIMS.values() if c.run_id == run_id), None)
+
+
+@contextmanager
+def _holding(found: Claim | None) -> Iterator[None]:
+    if found is None:
+        yield
+        return
+    try:
+        fd = _open_locked(Path(found.run_dir) / ATTEMPT, fcntl.LOCK_SH)
+    except FileNotFoundError:
+        raise FencedError(found.run_id, found.token, None) from None
+    try:
+        current = _read(fd)
+        if current is None or current.get("attempt") != found.token:
+            raise FencedError(found.run_id, found.token, current)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def guarded(path: str | Path) -> Iterator[None]:
+    """Commit a write to ``path`` inside the block: raises ``FencedError`` first when a newer attempt claimed the run
+    folder holding it; holds the attempt file's shared lock for the block (so no claim lands in between)."""
+    with _holding(claim_of(path)):
+        yield
+
+
+@contextmanager
+def guarded_run(run_id: str) -> Iterator[None]:
+    """``guarded`` for a write keyed by run id (a row-log unit of the run)."""
+    with _holding(claim_of_run(run_id)):
+        yield
+
+
+def check(path: str | Path) -> None:
+    """Raise ``FencedError`` when a newer attempt claimed the run folder holding ``path`` (before costly work)."""
+    with guarded(path):
+        pass
+
+
+def superseded(run_dir: str | Path) -> FencedError | None:
+    """The ``FencedError`` this process's attempt on ``run_dir`` would get now, or None (not replaced, or none)."""
+    try:
+        check(run_dir)
+    except FencedError as err:
+        return err
+    return None
+
+
+def publish(path: str | Path, write: Callable[[Path], object]) -> Path:
+    """Write ``path`` whole: ``write`` fills a file of this process's own beside it, which is renamed into place
+    under ``guarded`` (removed instead when the attempt was fenced)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        write(tmp)
+        with guarded(path):
+            tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def publish_text(path: str | Path, text: str) -> Path:
+    return publish(path, lambda tmp: tmp.write_text(text))
