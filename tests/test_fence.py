@@ -86,6 +86,20 @@ def test_publish_commits_for_its_attempt_and_never_after_a_replacement(run_dir):
     assert str(fence.superseded(run_dir)) == _message(run_dir)
 
 
+def test_a_process_holds_one_claim_per_run_id(run_dir, tmp_path):
+    """A run id trained again in another folder by the same process (another store, a test) is checked there only:
+    its row-log units follow the latest claim, and the earlier folder is no longer checked."""
+    elsewhere = tmp_path / "other-output" / RUN
+    fence.claim(elsewhere, RUN, "A2")
+    try:
+        assert fence.claim_of_run(RUN).run_dir == str(elsewhere) and fence.claim_of(run_dir) is None
+        (run_dir / ATTEMPT).unlink()
+        with fence.guarded_run(RUN):
+            pass
+    finally:
+        fence.release(elsewhere)
+
+
 def test_a_removed_attempt_file_fences_too(run_dir):
     (run_dir / ATTEMPT).unlink()
     with pytest.raises(FencedError, match="no attempt \\(the attempt file is gone"):
@@ -280,6 +294,28 @@ def test_a_replaced_attempt_of_the_same_flow_run_aborts_without_a_state(run_dir)
     ending = fenced_end(err, "flow-1")
     assert isinstance(ending, Abort) and str(ending) == str(err)
     assert fenced_end(err, "flow-2") is err  # another flow run's attempt: this one fails with the fencing error
+
+
+def test_an_aborted_attempt_leaves_the_flow_run_state_to_the_newer_attempt(prefect_harness):
+    """What ``Abort`` buys: the engine reports no state, so the flow run stays Running (the newer attempt's)
+    instead of turning Failed, which the compare would reschedule once more, fencing the newer attempt in turn."""
+    from prefect import flow, get_client
+    from prefect.exceptions import Abort
+    from prefect.runtime import flow_run
+
+    from flows.train import fenced_end
+
+    seen = []
+
+    @flow
+    def attempt():
+        seen.append(str(flow_run.get_id()))
+        raise fenced_end(FencedError(RUN, "A", {"attempt": "B", "flow_run_id": seen[0]}), seen[0])
+
+    with pytest.raises(Abort, match="fenced — attempt B"):
+        attempt()
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(seen[0]).state.type.value == "RUNNING"
 
 
 def test_stage_tasks_do_not_retry_a_fenced_attempt():

@@ -89,6 +89,24 @@ def _files(*folders: Path) -> dict[str, tuple[int, int, int]]:
     return out
 
 
+def _flow_runs(work: Path) -> list:
+    """The two attempts' flow runs on the test server, oldest first."""
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        runs = [r for r in client.read_flow_runs(limit=200)
+                if r.parameters.get("run_id") == RUN and str(work) in json.dumps(r.parameters)]
+    return sorted(runs, key=lambda r: r.created)
+
+
+def _flow_run_states(work: Path) -> list[str]:
+    return [r.state.type.value for r in _flow_runs(work)]
+
+
+def _flow_run_messages(work: Path) -> list[str]:
+    return [r.state.message or "" for r in _flow_runs(work)]
+
+
 @pytest.mark.slow
 def test_a_paused_attempt_resumed_after_its_replacement_finished_is_fenced(prefect_harness, warm_model_dir,
                                                                            tmp_path):
@@ -122,6 +140,9 @@ def test_a_paused_attempt_resumed_after_its_replacement_finished_is_fenced(prefe
     assert all(Path(p).parent == run_dir / "results" and re.fullmatch("[0-9a-f]{32}", Path(p).name)
                for p in added), added
     assert not [p for p in run_dir.rglob(".*") if p.name.endswith(".tmp")], "a temporary file was left behind"
+
+    assert _flow_run_states(tmp_path) == ["FAILED", "COMPLETED"]
+    assert f"FencedError: run {RUN}: fenced — attempt {newer['attempt']}" in _flow_run_messages(tmp_path)[0]
 
     assert storecheck.differences(tmp_path / "c.duckdb", [RUN]) == {}
     assert rowlog.read_unit(tmp_path / "c.duckdb", RUN, "run")["runs"]["status"].to_list() == ["finished"]

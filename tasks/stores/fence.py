@@ -121,7 +121,9 @@ def claim(run_dir: str | Path, run_id: str, token: str, flow_run_id: str | None 
         os.fsync(fd)
     finally:
         os.close(fd)  # closing drops the lock
-    with _REGISTRY:
+    with _REGISTRY:  # one claim per run id in a process: its latest (a run id trained again elsewhere before)
+        for folder in [f for f, c in _CLAIMS.items() if c.run_id == run_id]:
+            del _CLAIMS[folder]
         _CLAIMS[os.path.abspath(run_dir)] = Claim(run_id, os.path.abspath(run_dir), token)
     return before
 

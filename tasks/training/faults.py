@@ -33,7 +33,8 @@ def maybe_crash(point: str, step: int) -> None:
             continue
         name, _, at = spec.partition("@")
         if name not in POINTS + PARTIAL_POINTS:
-            raise ValueError(f"{env}={spec!r}: unknown fault point; valid: {', '.join(POINTS + PARTIAL_POINTS)}")
+            kind = "crash" if env == ENV else "pause"
+            raise ValueError(f"{env}={spec!r}: unknown {kind} point; valid: {', '.join(POINTS + PARTIAL_POINTS)}")
         if name == point and (not at or int(at) == step):
             _FIRED.add(env)
             os.kill(os.getpid(), sig)
