@@ -13,7 +13,7 @@ we only keep ``parallel`` runs submitted at a time, show progress, and handle lo
   ``retries`` times: any worker takes it and, the run id being a parameter, the train flow resumes the same
   training run from its run folder (stage cache, same MLflow run, rows replaced by key). A run marked lost may
   still be alive (a stall, not a death): the new attempt claims the run folder and the old one stops at its next
-  write, aborting without reporting a state (``tasks.stores.fence``, ``flows.train.fenced_end``), so the flow run's
+  write, aborting without reporting a state (``tasks.stores.fence``, ``flows.attempts.fenced_end``), so the flow run's
   state stays the new attempt's;
 * submissions carry an idempotency key (run id + parameters), so the compare rerun with the same id attaches to
   the flow runs it made before instead of making new ones.

@@ -37,6 +37,7 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
+from flows.attempts import claim_run, fenced_end, retry_unless_fenced
 from flows.config import RunConfig, load_config
 from flows.warmup import ensure_base
 from tasks.data.loader import ensure_files
@@ -87,17 +88,6 @@ def prepare_run(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run
     mlrun = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, run_id, config, tags)
     db.upsert_run(cfg.tracking.duckdb_path, run_id, cfg.name, config, mlrun, "running")
     return RunInfo(run_id, str(run_dir), mlrun, start_policy(cfg, cfg.model.path, run_dir / "start-policy"))
-
-
-def claim_run(run_dir: Path, run_id: str, flow_run_id: str) -> None:
-    """Make this attempt the run folder's only writer (``tasks.stores.fence``), saying which attempt it replaced."""
-    from prefect.runtime import flow_run
-
-    token = fence.new_token(flow_run_id, flow_run.get_run_count())
-    before = fence.claim(run_dir, run_id, token, flow_run_id)
-    if before:
-        print(f"run {run_id}: attempt {token} replaces attempt {before.get('attempt')} (pid {before.get('pid')} on "
-              f"{before.get('host')}); that one stops at its next write")
 
 
 ORIGIN = "prefect.json"
@@ -191,17 +181,6 @@ def stage_key(context, params: dict) -> str:
     step = params["version"] if "version" in params else params["step"]
     stage = TASK_STAGE.get(context.task.name, context.task.name)
     return params["setups"].key(params["info"].run_id, step, stage, params["policy"], params.get("final", False))
-
-
-def retry_unless_fenced(task, task_run, state) -> bool:
-    """A stage task's retry condition: any failure but ``FencedError`` (a replaced attempt must stop, not retry)."""
-    try:
-        state.result()
-    except fence.FencedError:
-        return False
-    except Exception:  # noqa: BLE001 - every other failure of the stage is retried
-        return True
-    return True
 
 
 STAGE = dict(cache_key_fn=stage_key, persist_result=True, retries=1, retry_delay_seconds=2,
@@ -436,18 +415,6 @@ def train(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = 
         if ending is err:
             raise
         raise ending from err
-
-
-def fenced_end(err: fence.FencedError, flow_run_id: str) -> BaseException:
-    """How a replaced attempt ends: its ``FencedError`` (the flow run fails with it), or — when the newer attempt is
-    the same flow run, rescheduled — Prefect's ``Abort``, after logging the message: the engine then reports no
-    state, which would overwrite the running newer attempt's (and make the compare reschedule it again)."""
-    from prefect.exceptions import Abort
-
-    if flow_run_id and err.newer_flow_run == flow_run_id:
-        print(f"{err}; the flow run is the newer attempt's now: this attempt aborts without reporting a state")
-        return Abort(str(err))
-    return err
 
 
 def _train(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run: str | None) -> dict:

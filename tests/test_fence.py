@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import socket
 import subprocess
 import sys
@@ -286,7 +287,7 @@ def test_a_claim_held_off_too_long_fails_clearly(run_dir):
 def test_a_replaced_attempt_of_the_same_flow_run_aborts_without_a_state(run_dir):
     from prefect.exceptions import Abort
 
-    from flows.train import fenced_end
+    from flows.attempts import fenced_end
 
     _replace(run_dir, flow_run="flow-1")
     err = fence.superseded(run_dir)
@@ -303,7 +304,7 @@ def test_an_aborted_attempt_leaves_the_flow_run_state_to_the_newer_attempt(prefe
     from prefect.exceptions import Abort
     from prefect.runtime import flow_run
 
-    from flows.train import fenced_end
+    from flows.attempts import fenced_end
 
     seen = []
 
@@ -321,11 +322,15 @@ def test_an_aborted_attempt_leaves_the_flow_run_state_to_the_newer_attempt(prefe
 def test_stage_tasks_do_not_retry_a_fenced_attempt():
     from prefect.states import Failed
 
-    from flows.train import STAGE, retry_unless_fenced
+    from flows.attempts import retry_unless_fenced
+    from flows.train import STAGE
 
     assert STAGE["retry_condition_fn"] is retry_unless_fenced
     assert retry_unless_fenced(None, None, Failed(data=FencedError(RUN, "A", {"attempt": "B"}))) is False
     assert retry_unless_fenced(None, None, Failed(data=OSError("disk full"))) is True
+    err = FencedError(RUN, "A", {"attempt": "B", "flow_run_id": "f"})
+    back = pickle.loads(pickle.dumps(err))  # how Prefect stores a failed task's exception, then reads it back
+    assert type(back) is FencedError and str(back) == str(err) and back.newer_flow_run == "f"
 
 
 def test_the_end_hooks_of_a_replaced_attempt_leave_the_run_to_the_newer_one(run_dir, tmp_path, capsys):

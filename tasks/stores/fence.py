@@ -55,6 +55,9 @@ class FencedError(RuntimeError):
         super().__init__(f"run {run_id}: fenced — {by} replaced this attempt {own}; this attempt stops without "
                          "writing")
 
+    def __reduce__(self):  # pickled as a failed task's result by Prefect: rebuilt from its parts, not its message
+        return FencedError, (self.run_id, self.own, self.newer or None)
+
     @property
     def newer_flow_run(self) -> str | None:
         """The Prefect flow run of the attempt that replaced this one (the same flow run when it was rescheduled)."""
