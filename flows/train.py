@@ -28,6 +28,7 @@ Run: ``cleaner train --config configs/tiny.yaml`` (ephemeral Prefect; no server 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from contextlib import contextmanager
@@ -368,9 +369,13 @@ def finish_task(cfg: RunConfig, info: RunInfo, final_ckpt: str, flow_run_id: str
 
 
 def _prune(info: RunInfo, keep: int, current: Path) -> None:
-    """Remove all but the newest ``keep`` checkpoints (never ``current``); fenced: a replaced attempt removes none
-    of its replacement's."""
+    """Remove all but the newest ``keep`` checkpoints (never ``current``), and the temporary checkpoint folders
+    other processes left (a crashed or replaced attempt's: no other attempt writes while this one holds the run);
+    fenced: a replaced attempt removes none of its replacement's."""
     with fence.guarded(info.run_dir):
+        for tmp in (Path(info.run_dir) / "checkpoints").glob(".policy_??????.*.tmp"):
+            if not tmp.name.split(".")[2].startswith(f"{os.getpid()}-"):
+                shutil.rmtree(tmp, ignore_errors=True)
         folders = sorted((Path(info.run_dir) / "checkpoints").glob("policy_??????"))
         for old in folders[:-keep]:
             if old != current:

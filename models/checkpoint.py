@@ -4,7 +4,8 @@ that trained nothing (``copy_checkpoint``).
 A folder is written under a temporary name and swapped in; the folder it replaces is moved aside first and deleted
 only after the new one is in place, so a crash at any point leaves a complete checkpoint at ``out_dir`` or at
 ``.<name>.old``. The temporary folder's name is the writing process's own (pid and a random tail), so two processes
-writing the same checkpoint never fill one folder; the swap runs inside ``commit(out_dir)``, a context the caller
+writing the same checkpoint never fill one folder (a killed writer's is left behind: the train flow's pruning
+removes it); the swap runs inside ``commit(out_dir)``, a context the caller
 passes to make it conditional (the train flow's attempt fence, ``tasks.stores.fence.guarded``: a replaced attempt
 stops there without swapping anything in).
 """

@@ -264,6 +264,17 @@ def test_pruning_is_fenced(run_dir):
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [f"policy_{v:06d}" for v in range(3)]
 
 
+def test_pruning_removes_the_temporary_checkpoints_other_processes_left(run_dir):
+    from flows.train import RunInfo, _prune
+
+    ckpts = run_dir / "checkpoints"
+    for name in ("policy_000000", "policy_000001", ".policy_000001.999999-0badc0de.tmp",
+                 f".policy_000002.{os.getpid()}-12345678.tmp"):
+        (ckpts / name).mkdir(parents=True)
+    _prune(RunInfo(RUN, str(run_dir), "ml", "start"), 1, ckpts / "policy_000001")
+    assert sorted(p.name for p in ckpts.iterdir()) == [f".policy_000002.{os.getpid()}-12345678.tmp", "policy_000001"]
+
+
 def test_a_claim_waits_for_a_guarded_write_in_progress(run_dir):
     with fence.guarded(run_dir / "steps"):
         waiting = _claim_elsewhere(run_dir)
