@@ -36,6 +36,19 @@ def retry_unless_fenced(task, task_run, state) -> bool:
     return True
 
 
+def newer_attempt(run_dir: Path, flow_run_id: str) -> str | None:
+    """Why the end of flow run ``flow_run_id``'s attempt must leave the run's status alone (a newer attempt holds
+    ``run_dir``), or None. Asked by the flow hooks: in the attempt's own process, which holds a claim, or in a worker
+    that runs the hooks of a killed attempt, which holds none: then another flow run holding the folder is newer."""
+    fenced = fence.superseded(run_dir)
+    if fenced is not None:
+        return str(fenced)
+    now = fence.holder(run_dir) if fence.claim_of(run_dir) is None else None
+    if now and now.get("flow_run_id") and now["flow_run_id"] != flow_run_id:
+        return f"run folder {run_dir}: held by attempt {now.get('attempt')} of another flow run"
+    return None
+
+
 def fenced_end(err: fence.FencedError, flow_run_id: str) -> BaseException:
     """How a replaced attempt ends: its ``FencedError`` (the flow run fails with it), or — when the newer attempt is
     the same flow run, rescheduled — Prefect's ``Abort``, after logging the message: the engine then reports no

@@ -38,7 +38,7 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.attempts import claim_run, fenced_end, retry_unless_fenced
+from flows.attempts import claim_run, fenced_end, newer_attempt, retry_unless_fenced
 from flows.config import RunConfig, load_config
 from flows.warmup import ensure_base
 from tasks.data.loader import ensure_files
@@ -392,9 +392,9 @@ def _ended(mlflow_status: str, db_status: str):
         params = flow_run.parameters or {}
         cfg = load_config(params.get("config_path", "configs/tiny.yaml"), params.get("overrides"))
         run_id = params.get("run_id") or default_run_id(cfg.name, str(flow_run.id), flow_run.name)
-        fenced = fence.superseded(Path(cfg.output_dir) / run_id)
-        if fenced is not None:
-            print(f"{fenced}: the run's status is left to the newer attempt")
+        newer = newer_attempt(Path(cfg.output_dir) / run_id, str(flow_run.id))
+        if newer is not None:
+            print(f"{newer}: the run's status is left to the newer attempt")
             return
         tracking.end_run(cfg.tracking, cfg.tracking.experiment or cfg.name, run_id, mlflow_status)
         db.end_run(cfg.tracking.duckdb_path, run_id, db_status)

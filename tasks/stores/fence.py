@@ -201,6 +201,18 @@ def superseded(run_dir: str | Path) -> FencedError | None:
     return None
 
 
+def holder(run_dir: str | Path) -> dict | None:
+    """The attempt that holds ``run_dir`` now (its record), or None when none claimed it."""
+    try:
+        fd = _open_locked(Path(run_dir) / ATTEMPT, fcntl.LOCK_SH)
+    except FileNotFoundError:
+        return None
+    try:
+        return _read(fd)
+    finally:
+        os.close(fd)
+
+
 def publish(path: str | Path, write: Callable[[Path], object]) -> Path:
     """Write ``path`` whole: ``write`` fills a file of this process's own beside it, which is renamed into place
     under ``guarded`` (removed instead when the attempt was fenced)."""
