@@ -259,3 +259,32 @@ def test_lean_decode_step_is_transformers_forward_bit_for_bit(model, kv_cache):
             stream.submit(i, p + first[i][0] + [5, 6], 9)
         runs.append((first, _drain(stream), stream.stats))
     assert runs[0] == runs[1]
+
+
+def test_row_draws_are_the_generators_numbers_one_by_one():
+    """Draws taken a block at a time are the numbers one ``torch.rand(1)`` per token gives (the previous path),
+    across a block's end; two rows' streams are their own."""
+    from models.sampling import BLOCK, RowDraws
+
+    gen = torch.Generator().manual_seed(123)
+    one_by_one = [torch.rand(1, generator=gen).item() for _ in range(BLOCK + 5)]
+    draws = RowDraws(123)
+    assert [draws.next() for _ in range(BLOCK + 5)] == one_by_one
+    assert RowDraws(124).next() != one_by_one[0]
+
+
+def test_lean_decode_inlines_only_modules_it_knows(model):
+    """Plain linears, RMSNorms and the SiLU MLP are computed inline with the same result to the bit; a module with a
+    hook (as a wrapped or instrumented one) is called as it is."""
+    from models.lean_decode import _inline
+
+    layer = model.model.layers[0]
+    x = torch.randn(3, 1, layer.self_attn.q_proj.in_features)
+    for module in (layer.self_attn.q_proj, layer.input_layernorm, layer.mlp):
+        fn = _inline(module)
+        assert fn is not module and torch.equal(fn(x), module(x))
+    handle = layer.mlp.register_forward_hook(lambda *a: None)
+    try:
+        assert _inline(layer.mlp) is layer.mlp
+    finally:
+        handle.remove()
