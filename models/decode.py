@@ -251,7 +251,16 @@ class DecodeStream:
             self.stats["prefill_tokens"] += len(suffix)
         from transformers import DynamicCache
 
-        cache, logits = self._forward(ids, pos, attn, DynamicCache(past) if past is not None else DynamicCache(), c_max)
+        cache = DynamicCache(past) if past is not None else DynamicCache()
+        if self.lean:
+            from models.lean_decode import prefill_forward
+
+            logits = prefill_forward(self.model, ids.to(self.device), pos.to(self.device), attn.to(self.device), cache,
+                                     gqa_decode_attention)
+            self.stats["forwards"] += 1
+            self.stats["row_tokens"] += int(ids.shape[0] * ids.shape[1])
+        else:
+            cache, logits = self._forward(ids, pos, attn, cache, c_max)
         keys, values = [lay.keys for lay in cache.layers], [lay.values for lay in cache.layers]
         spans = [(c, len(req.input_ids) - c) for req, c in joiners]
         return _pack(keys, c_max, spans), _pack(values, c_max, spans), logits[:, -1]

@@ -2,7 +2,7 @@
 
 A one-token decode step of a small model at a small batch costs more in Python around the tensor operations
 (mask building, rotary module, per-layer wrappers and keyword plumbing, output objects) than in them.
-``decode_forward`` runs a Llama-family decoder (Qwen2, Llama/SmolLM2; a peft LoRA model through its base) layer
+``decode_forward`` (and ``prefill_forward``, several tokens a row) runs a Llama-family decoder (Qwen2, Llama/SmolLM2; a peft LoRA model through its base) layer
 by layer calling the model's own modules — norms, projections (LoRA-wrapped or not), MLP, rotary embedding,
 ``apply_rotary_pos_emb`` of the model's module — and ``models.decode.gqa_decode_attention`` on the cache's
 window, in transformers' order, so its logits are the same bit for bit (``tests/test_decode.py``). Models of
@@ -96,11 +96,31 @@ def decode_forward(model, ids: torch.Tensor, pos: torch.Tensor, attn: torch.Tens
     """Logits ``[n, 1, vocab]`` (float) of one token per row; ``cache.update(k, v, layer)`` appends and returns the
     layer's keys/values; ``attention`` is the decode attention function."""
     core = _base(model).model
+    h = core.embed_tokens(ids)
+    mask = None if bool(attn.all()) else attn.bool()[:, None, None, :]
+    return _layers(model, h, pos, mask, cache, attention)
+
+
+@torch.no_grad()
+def prefill_forward(model, ids: torch.Tensor, pos: torch.Tensor, attn: torch.Tensor, cache, attention) -> torch.Tensor:
+    """Logits ``[n, 1, vocab]`` (float) of the last of several tokens per row over ``cache`` (a ``DynamicCache``
+    holding the rows' reused prefixes, grown in place): transformers' own causal mask (``create_causal_mask``, as its
+    forward builds it), then the same layers as a decode step — transformers' forward without its per-call
+    machinery, the same logits bit for bit (``tests/test_decode.py``)."""
+    from transformers.masking_utils import create_causal_mask
+
+    core = _base(model).model
+    h = core.embed_tokens(ids)
+    mask = create_causal_mask(config=core.config, inputs_embeds=h, attention_mask=attn, past_key_values=cache,
+                              position_ids=pos)
+    return _layers(model, h, pos, mask, cache, attention)
+
+
+def _layers(model, h: torch.Tensor, pos: torch.Tensor, mask, cache, attention) -> torch.Tensor:
+    core = _base(model).model
     *layers, (final_norm, head) = _plan(model)
     rope = sys.modules[type(core.layers[0].self_attn).__module__].apply_rotary_pos_emb
-    h = core.embed_tokens(ids)
     cos, sin = core.rotary_emb(h, pos)
-    mask = None if bool(attn.all()) else attn.bool()[:, None, None, :]
     for i, (a, norm1, q_proj, k_proj, v_proj, o_proj, norm2, mlp) in enumerate(layers):
         residual = h
         x = norm1(h)
