@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
@@ -49,6 +50,7 @@ def _bench(tmp_path, *extra):
                                     *(a for s in SLICE for a in ("--set", s)), *extra])
 
 
+@pytest.mark.slow
 def test_bench_run_finds_the_sides_the_same_and_prints_core_seconds(tmp_path):
     import json
 
@@ -64,6 +66,7 @@ def test_bench_run_finds_the_sides_the_same_and_prints_core_seconds(tmp_path):
     assert report["differences"]["token_ids"] == 0.0
 
 
+@pytest.mark.slow
 def test_bench_run_exits_1_when_a_side_trains_differently(tmp_path, monkeypatch):
     from flows import bench_run
 
