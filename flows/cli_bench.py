@@ -1,5 +1,5 @@
-"""``cleaner bench-*``: benchmarks that print before/after ratios measured in one process (rollout, RL step, APRIL
-partial rollouts, engines)."""
+"""``cleaner bench-*``: benchmarks that print before/after ratios measured in one process (rollout, RL step, a run's
+slice, APRIL partial rollouts, engines)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,28 @@ def bench_step_cmd(config: Path = ConfigOpt, overrides: list[str] | None = SetOp
         raise typer.Exit(1)
 
 
+def bench_run_cmd(config: Path = typer.Option(Path("configs/regimes/t4.yaml"), "--config", "-c",
+                                           help="The run's config (its compare.shared applies)."),
+                  overrides: list[str] | None = SetOpt,
+                  steps: int = typer.Option(6, help="RL steps per side."),
+                  eval_at: int = typer.Option(3, help="Evaluate SAAR off and on after this step (and after the last, "
+                                                       "at the final size)."),
+                  arm: str = typer.Option("", help="The arm's overrides, comma-separated (default: the t4 study's "
+                                                   "mask_raw0, flows.bench_run.MASK_RAW0)."),
+                  work_dir: Path = typer.Option(Path("runs/bench-run"), help="Scratch folder (emptied)."),
+                  out: Path = typer.Option(Path("runs/bench_run.json"), help="Where the JSON report goes.")) -> None:
+    """A slice of a compare run, today's paths vs the defaults, in one process: core-seconds per part and their
+    ratio; exits 1 when the training steps or the evaluations differ between the sides."""
+    from flows.bench_run import bench_run
+    from flows.bench_step import write_json
+
+    report = bench_run(config, work_dir, steps, eval_at, [a for a in arm.split(",") if a] or None, overrides or [],
+                       echo=console.print)
+    console.print(f"wrote {write_json(report, out)}")
+    if not report["same"]:
+        raise typer.Exit(1)
+
+
 def bench_partial_cmd(model: Path = typer.Option(Path("assets/tiny-warm"), help="Policy folder."),
                       work_dir: Path = typer.Option(Path("runs/bench-partial"), help="Scratch folder."),
                       steps: int = typer.Option(4, help="Consecutive rollout steps per side."),
@@ -72,4 +94,5 @@ def register(app: typer.Typer) -> None:
     app.command("bench-engines")(bench_engines_cmd)
     app.command("bench-rollout")(bench_rollout_cmd)
     app.command("bench-step")(bench_step_cmd)
+    app.command("bench-run")(bench_run_cmd)
     app.command("bench-partial")(bench_partial_cmd)

@@ -189,7 +189,7 @@ class EngineConfig(BaseModel):
     whole batch cache for every token; the previous path). Same logits bit for bit (``models.kv_cache``)."""
 
     lean_decode: bool = True
-    """In-process continuous batching: a decode step calls the model's own modules layer by layer
+    """In-process continuous batching: a decode step and a prefill call the model's own modules layer by layer
     (``models.lean_decode``: Qwen2/Llama decoders, LoRA included) instead of transformers' forward with its
     per-call machinery; the same logits bit for bit. Other models, or False: transformers' forward."""
 

@@ -27,7 +27,7 @@ and only the sampled tokens' log-probs are kept (never full logits). Positions a
 (``position_ids`` = each row's own token count), so padding anywhere in the cache is masked
 out and never shifts a row.
 
-Sampling: temperature, optional nucleus (``top_p``), one uniform draw per row and token from
+Sampling (``models.sampling``): temperature, optional nucleus (``top_p``), one uniform draw per row and token from
 a generator seeded by (seed, key, turn), so what a row samples does not depend on which other
 rows share its batch (up to floating-point noise of different batch shapes). The log-prob of a
 sampled token is under the temperature-scaled distribution, as the static engine reports. The draws are
@@ -37,9 +37,11 @@ log-prob at temperature 1): ``models.gpu_check`` compares a device's tokens with
 Cache: ``kv_cache`` picks its holder (``models.kv_cache``): ``preallocated`` buffers written in place
 (the engine's default) or ``concat``, transformers' cache copied for every token (the previous path);
 the logits are the same bit for bit. With ``lean_decode`` a decode step runs the model's own modules
-layer by layer (``models.lean_decode``) instead of transformers' forward: same logits, less Python.
+layer by layer (``models.lean_decode``) instead of transformers' forward, over the cache's in-place window
+(``SlotKV.lean_cache``): same logits, less Python. ``timing`` sums the seconds of each part of a step and
+``shapes`` (when a list) records every decode step's (rows, width): ``flows.bench_decode`` measures against them.
 
-Attention: the stream switches its model from ``sdpa`` to ``decode_gqa`` (``gqa_decode_attention``):
+Attention (``models.decode_attention``): the stream switches its model from ``sdpa`` to ``decode_gqa``:
 a one-token decode step attends with each key/value head's query heads stacked as queries,
 instead of copying the whole cache once per query head (transformers' ``repeat_kv``); prefill
 and training-size inputs run transformers' ``sdpa`` unchanged.
@@ -47,13 +49,15 @@ and training-size inputs run transformers' ``sdpa`` unchanged.
 
 from __future__ import annotations
 
-import hashlib
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
+from models.decode_attention import gqa_decode_attention, use_decode_attention
 from models.kv_cache import ConcatKV, SlotKV, fill_from_end, left_pad
+from models.sampling import RowDraws, row_seed, sample
 
 KV_CACHES = {"concat": lambda max_batch: ConcatKV(), "preallocated": lambda max_batch: SlotKV(max_batch)}
 """``engine.kv_cache`` → the batch cache's holder (``models.kv_cache``)."""
@@ -68,7 +72,7 @@ class _Row:
     next_id: int = -1
     out: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
-    gen: torch.Generator | None = None
+    draws: RowDraws | None = None
     followers: list[tuple[object, int]] = field(default_factory=list)
     """(key, budget) of identical requests this row decodes for: each gets this row's ids cut at its budget."""
 
@@ -83,40 +87,6 @@ class _Pending:
     followers: list[tuple[object, int]] = field(default_factory=list)
 
 
-def gqa_decode_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-                         is_causal=None, **kwargs):
-    """transformers' ``sdpa`` attention, except for a one-token query with grouped key/value heads: query head
-    ``h`` reads key/value head ``h // groups`` (``repeat_kv``'s layout), so the ``groups`` query heads of a key/value
-    head become ``groups`` queries of one SDPA call over the uncopied cache — same scores, same softmax, no copy.
-    The mask (``[B, 1, 1, W]``, one query position) is the same for all of them."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    groups = getattr(module, "num_key_value_groups", 1)
-    if query.shape[2] != 1 or groups == 1 or dropout:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
-    b, heads, _, dim = query.shape
-    q = query.reshape(b, key.shape[1], groups, dim)
-    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask, scale=scaling)
-    return out.reshape(b, heads, 1, dim).transpose(1, 2).contiguous(), None
-
-
-def _use_decode_attention(model) -> None:
-    """Register ``decode_gqa`` (attention + sdpa's mask) once and switch an ``sdpa`` model to it."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    AttentionInterface.register("decode_gqa", gqa_decode_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register("decode_gqa", sdpa_mask)
-    if getattr(model.config, "_attn_implementation", None) == "sdpa":
-        model.config._attn_implementation = "decode_gqa"
-
-
-def _row_seed(seed: int, key: object, n_ids: int) -> int:
-    digest = hashlib.blake2b(f"{seed}:{key!r}:{n_ids}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & (2**63 - 1)
-
-
 class DecodeStream:
     """Rows join (``submit``), decode together (``step``) and leave when done (see module docstring)."""
 
@@ -128,7 +98,7 @@ class DecodeStream:
         self.temperature, self.top_p = temperature, top_p
         self.max_batch, self.seed, self.keep_prefix, self.share_prefill = max_batch, seed, keep_prefix, share_prefill
         self.device = next(model.parameters()).device
-        _use_decode_attention(model)
+        use_decode_attention(model)
         from models.lean_decode import supports
 
         self.lean = lean_decode and supports(model)
@@ -144,6 +114,10 @@ class DecodeStream:
         self.stats = {"forwards": 0, "row_tokens": 0, "prefill_tokens": 0, "reused_tokens": 0, "shared_tokens": 0}
         self.counters = counters if counters is not None else {}
         """Shared with the engine: ``generated`` tokens and ``decode_slots`` (equal here: no row decodes padding)."""
+        self.timing: dict[str, float] = {}
+        """Seconds spent in ``decode`` forwards, ``sample``, ``prefill`` (admission) and ``leave`` (``flows.bench_decode``)."""
+        self.shapes: list[tuple[int, int]] | None = None
+        """When a list: (rows, cache width) of every decode step is appended (``flows.bench_decode``'s bound)."""
 
     @property
     def busy(self) -> bool:
@@ -181,7 +155,15 @@ class DecodeStream:
         decoded = list(range(len(self.rows)))
         if decoded:
             self._decode()
-        return self._retire(decoded + self._admit())
+        t0 = time.perf_counter()
+        admitted = self._admit()
+        self._spent("prefill", t0)
+        return self._retire(decoded + admitted)
+
+    def _spent(self, part: str, t0: float) -> float:
+        now = time.perf_counter()
+        self.timing[part] = self.timing.get(part, 0.0) + now - t0
+        return now
 
     # -- admission ----------------------------------------------------------------------------
 
@@ -200,7 +182,7 @@ class DecodeStream:
         for (req, _), logits in zip(joiners, lasts):
             seed_key = req.key if req.seed_key is None else req.seed_key
             row = _Row(req.key, req.budget, req.input_ids, followers=req.followers,
-                       gen=torch.Generator().manual_seed(_row_seed(self.seed, seed_key, len(req.input_ids))))
+                       draws=RowDraws(row_seed(self.seed, seed_key, len(req.input_ids))))
             self.rows.append(row)
             self._sample([row], logits[None])
         self._merge(keys, values, [len(req.input_ids) for req, _ in joiners])
@@ -269,7 +251,16 @@ class DecodeStream:
             self.stats["prefill_tokens"] += len(suffix)
         from transformers import DynamicCache
 
-        cache, logits = self._forward(ids, pos, attn, DynamicCache(past) if past is not None else DynamicCache(), c_max)
+        cache = DynamicCache(past) if past is not None else DynamicCache()
+        if self.lean:
+            from models.lean_decode import prefill_forward
+
+            logits = prefill_forward(self.model, ids.to(self.device), pos.to(self.device), attn.to(self.device), cache,
+                                     gqa_decode_attention)
+            self.stats["forwards"] += 1
+            self.stats["row_tokens"] += int(ids.shape[0] * ids.shape[1])
+        else:
+            cache, logits = self._forward(ids, pos, attn, cache, c_max)
         keys, values = [lay.keys for lay in cache.layers], [lay.values for lay in cache.layers]
         spans = [(c, len(req.input_ids) - c) for req, c in joiners]
         return _pack(keys, c_max, spans), _pack(values, c_max, spans), logits[:, -1]
@@ -282,16 +273,17 @@ class DecodeStream:
 
     def _decode(self) -> None:
         """One token for every row in the batch."""
+        t0 = time.perf_counter()
         width = self.kv.width
+        if self.shapes is not None:
+            self.shapes.append((len(self.rows), width))
         ids = torch.tensor([[row.next_id] for row in self.rows])
         pos = torch.tensor([[len(row.fed)] for row in self.rows])
-        attn = torch.zeros((len(self.rows), width + 1), dtype=torch.long)
-        for j, row in enumerate(self.rows):
-            attn[j, width - len(row.fed) :] = 1
+        attn = (torch.arange(width + 1) >= width - pos).long()  # row j's last len(fed) columns and the new one
         if self.lean:
             from models.lean_decode import decode_forward
 
-            cache = self.kv.decode_cache()
+            cache = self.kv.lean_cache()
             logits = decode_forward(self.model, ids.to(self.device), pos.to(self.device), attn.to(self.device), cache,
                                     gqa_decode_attention)
             self.stats["forwards"] += 1
@@ -301,7 +293,9 @@ class DecodeStream:
         self.kv.stepped(cache)
         for row in self.rows:
             row.fed.append(row.next_id)
+        t0 = self._spent("decode", t0)
         self._sample(self.rows, logits[:, -1])
+        self._spent("sample", t0)
 
     def _forward(self, ids, pos, attn, cache, past_len: int):
         """One forward over ``cache`` (grown in place); returns it and the last position's logits."""
@@ -314,21 +308,8 @@ class DecodeStream:
         return out.past_key_values, out.logits.float()
 
     def _sample(self, rows: list[_Row], logits: torch.Tensor) -> None:
-        if self.temperature == 0:  # greedy: the arg-max and its log-prob at temperature 1
-            logp = torch.log_softmax(logits, dim=-1)
-            tokens = logp.argmax(dim=-1)
-        else:
-            logp = torch.log_softmax(logits / self.temperature, dim=-1)
-            probs = logp.exp()
-            if self.top_p < 1.0:
-                sorted_p, order = probs.sort(dim=-1, descending=True)
-                keep = sorted_p.cumsum(-1) - sorted_p < self.top_p
-                probs = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
-            cdf = probs.cumsum(-1)
-            draws = torch.stack([torch.rand(1, generator=row.gen) for row in rows]).to(cdf.device) * cdf[:, -1:]
-            tokens = torch.searchsorted(cdf, draws).clamp_(max=logits.shape[-1] - 1).squeeze(-1)
-        chosen = logp.gather(-1, tokens[:, None]).squeeze(-1)
-        for row, tok, lp in zip(rows, tokens.tolist(), chosen.tolist()):
+        tokens, chosen = sample(logits, self.temperature, self.top_p, [row.draws for row in rows])
+        for row, tok, lp in zip(rows, tokens, chosen):
             row.next_id = tok
             row.out.append(tok)
             row.lps.append(lp)
@@ -353,7 +334,9 @@ class DecodeStream:
                 self.store[row.key] = (list(row.fed), *self.kv.row(i, len(row.fed)))
             finished.append((row.key, row.out, row.lps, reason))
         if done:
+            t0 = time.perf_counter()
             self._drop({i for i, _ in done})
+            self._spent("leave", t0)
         return finished
 
     def _followers_due(self, row: _Row, ended: bool) -> list[tuple[object, list[int], list[float], str]]:

@@ -43,6 +43,8 @@ class ConcatKV:
     def decode_cache(self) -> DynamicCache:
         return DynamicCache(list(zip(self.keys, self.values)))
 
+    lean_cache = decode_cache
+
     def stepped(self, cache: DynamicCache) -> None:
         """Take the grown cache of a decode forward."""
         self.keys = [lay.keys for lay in cache.layers]
@@ -91,6 +93,28 @@ class SlotLayer(DynamicLayer):
         return self.keys, self.values
 
 
+class SlotWindow:
+    """``update(keys, values, layer)`` of one decode step over a ``SlotKV``: the new column written in place at
+    ``hi``, the window one column wider returned — what ``SlotLayer.update`` does, without a cache object per layer
+    and step (``models.lean_decode``)."""
+
+    __slots__ = ("kv",)
+
+    def __init__(self, kv: SlotKV):
+        self.kv = kv
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer: int):
+        kv = self.kv
+        rows, lo, hi = kv.rows, kv.lo, kv.hi
+        if key_states.shape[2] != 1 or key_states.shape[0] != rows:
+            raise ValueError(f"SlotWindow: a decode step feeds one token for each of {rows} rows, "
+                             f"got keys of shape {tuple(key_states.shape)}")
+        kbuf, vbuf = kv.kbuf[layer], kv.vbuf[layer]
+        kbuf[:rows, :, hi : hi + 1] = key_states
+        vbuf[:rows, :, hi : hi + 1] = value_states
+        return kbuf[:rows, :, lo : hi + 1], vbuf[:rows, :, lo : hi + 1]
+
+
 class SlotKV:
     """The cache as a window ``[lo, hi)`` of preallocated buffers (``engine.kv_cache: preallocated``)."""
 
@@ -116,7 +140,12 @@ class SlotKV:
         cache.layers = [SlotLayer(k, v, self.rows, self.lo, self.hi) for k, v in zip(self.kbuf, self.vbuf)]
         return cache
 
-    def stepped(self, cache: DynamicCache) -> None:
+    def lean_cache(self) -> SlotWindow:
+        """A decode step's cache for ``models.lean_decode``: ``SlotLayer``'s writes without a ``DynamicCache``."""
+        self._room(0, 1)
+        return SlotWindow(self)
+
+    def stepped(self, cache) -> None:
         self.hi += 1
 
     def merge(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:

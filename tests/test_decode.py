@@ -240,12 +240,18 @@ def test_samples_of_one_prompt_share_one_prefill(model):
 
 
 @pytest.mark.parametrize("kv_cache", ["concat", "preallocated"])
-def test_lean_decode_step_is_transformers_forward_bit_for_bit(model, kv_cache):
-    """Same ids, same log-probs to the last bit as transformers' forward, over two turns with prefix reuse and
-    rows of different lengths (so the decode steps see padding masks, and a lone row none)."""
+def test_lean_decode_step_is_transformers_forward_bit_for_bit(model, kv_cache, monkeypatch):
+    """Same ids, same log-probs to the last bit as transformers' forward — decode steps and prefills (the lean
+    prefill is taken: counted) — over two turns with prefix reuse and rows of different lengths (so the decode steps
+    see padding masks, and a lone row none)."""
+    from models import lean_decode
     from models.lean_decode import supports
 
     assert supports(model)
+    calls: list[str] = []
+    for name in ("decode_forward", "prefill_forward"):
+        plain = getattr(lean_decode, name)
+        monkeypatch.setattr(lean_decode, name, lambda *a, _f=plain, _n=name: calls.append(_n) or _f(*a))
     runs = []
     for lean in (False, True):
         stream = DecodeStream(model, EOS, PAD, temperature=0.9, max_batch=4, seed=7, keep_prefix=True,
@@ -259,3 +265,34 @@ def test_lean_decode_step_is_transformers_forward_bit_for_bit(model, kv_cache):
             stream.submit(i, p + first[i][0] + [5, 6], 9)
         runs.append((first, _drain(stream), stream.stats))
     assert runs[0] == runs[1]
+    assert len(calls) == runs[1][2]["forwards"] and calls.count("prefill_forward") >= 2, \
+        "every forward of the lean stream (prefills of both turns included) went through models.lean_decode"
+
+
+def test_row_draws_are_the_generators_numbers_one_by_one():
+    """Draws taken a block at a time are the numbers one ``torch.rand(1)`` per token gives (the previous path),
+    across a block's end; two rows' streams are their own."""
+    from models.sampling import BLOCK, RowDraws
+
+    gen = torch.Generator().manual_seed(123)
+    one_by_one = [torch.rand(1, generator=gen).item() for _ in range(BLOCK + 5)]
+    draws = RowDraws(123)
+    assert [draws.next() for _ in range(BLOCK + 5)] == one_by_one
+    assert RowDraws(124).next() != one_by_one[0]
+
+
+def test_lean_decode_inlines_only_modules_it_knows(model):
+    """Plain linears, RMSNorms and the SiLU MLP are computed inline with the same result to the bit; a module with a
+    hook (as a wrapped or instrumented one) is called as it is."""
+    from models.lean_decode import _inline
+
+    layer = model.model.layers[0]
+    x = torch.randn(3, 1, layer.self_attn.q_proj.in_features)
+    for module in (layer.self_attn.q_proj, layer.input_layernorm, layer.mlp):
+        fn = _inline(module)
+        assert fn is not module and torch.equal(fn(x), module(x))
+    handle = layer.mlp.register_forward_hook(lambda *a: None)
+    try:
+        assert _inline(layer.mlp) is layer.mlp
+    finally:
+        handle.remove()

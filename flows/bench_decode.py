@@ -1,0 +1,150 @@
+"""Benchmark: a rollout's useful tokens/s against the forward bound at the same batch widths, in one process.
+
+What: ``bench_decode(model)`` rolls the synthetic task's held-out prompts out (the t4 regime's turn settings: 4
+turns, 192 new tokens a turn, SAAR on, lockstep tool calls, the local sandbox) once per side, alternating sides
+``repeats`` times, and records the shape of every decode step (rows, cache width). Then the **bound**: a bare loop
+of the model's own decode forward (``models.lean_decode.decode_forward`` over the preallocated cache, a padding
+mask as in the rollout) at exactly those shapes — no sampling, no admission, no prefill, no rows leaving, no tool
+calls. It prints, per side,
+
+* useful tokens/s of the rollout (tokens the engine returned) and of the bound (row-tokens its forwards decoded),
+* their ratio **rollout / bound**, from wall time and from this process's CPU time (the figure a loaded machine
+  disturbs least; the local sandbox's workers are other processes and not in it),
+* the seconds of the rollout's parts inside the engine (decode forwards, sampling, prefill, rows leaving), from
+  ``DecodeStream.timing`` — so what the rollout spends beyond the bound is named,
+
+and whether every side sampled the same token ids and log-probs as the first (``sides``: ``base`` = the engine's
+defaults; any other name = ``SIDES``'s overrides on top). It exits 1 when a side that must be bit for bit differs.
+
+Simplifies: one torch thread; the first repeat warms up and is left out when ``repeats`` > 1; the bound is timed
+once per repeat right after the rollouts. Run: ``python -m flows.bench_decode [n_prompts] [samples] [repeats]``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+SIDES: dict[str, dict] = {"base": {}}
+"""Side → ``EngineConfig`` overrides on top of the defaults (``base``: the defaults)."""
+
+
+def _roll(model: str, items, n_samples: int, seed: int, box, overrides: dict) -> dict:
+    from transformers import AutoTokenizer
+
+    from models.chat import ChatFormat
+    from models.config import EngineConfig
+    from models.engine import make_engine
+    from tasks.rollout.config import RolloutConfig
+    from tasks.rollout.machine import Rollout
+
+    chat = ChatFormat(AutoTokenizer.from_pretrained(model))
+    engine = make_engine(EngineConfig(**overrides), model, chat.eos_id, chat.tokenizer.pad_token_id)
+    streams, plain = [], engine.stream
+
+    def stream(*args, **kwargs):
+        s = plain(*args, **kwargs)
+        s.shapes, s.timing = [], {}
+        streams.append(s)
+        return s
+
+    engine.stream = stream
+    cfg = RolloutConfig(n_samples=n_samples, max_turns=4, max_new_tokens=192, max_response_tokens=512)
+    w0, c0 = time.perf_counter(), time.process_time()
+    trajs = Rollout(cfg, engine, chat, box).run(items, seed, step=0, progress=False)
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    timing: dict[str, float] = {}
+    for s in streams:
+        for k, v in s.timing.items():
+            timing[k] = timing.get(k, 0.0) + v
+    return {"wall_s": wall, "cpu_s": cpu, "useful": engine.counters["generated"], "timing": timing,
+            "shapes": [x for s in streams for x in s.shapes], "model": engine.model,
+            "ids": [(t.traj_id, list(t.response_ids), list(t.logprobs)) for t in trajs]}
+
+
+def bound(model, shapes: list[tuple[int, int]]) -> dict:
+    """Seconds (wall, CPU) of a bare loop of decode forwards at ``shapes`` (rows, cache width), and its row-tokens."""
+    import torch
+
+    from models.decode import gqa_decode_attention
+    from models.kv_cache import SlotKV
+    from models.lean_decode import decode_forward
+
+    cfg = model.config
+    rows, width = max(n for n, _ in shapes), max(w for _, w in shapes)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv = SlotKV(rows, capacity=2 * width + 4)
+    block = torch.randn(rows, cfg.num_key_value_heads, width, head_dim)
+    kv.merge([block] * cfg.num_hidden_layers, [block] * cfg.num_hidden_layers)
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(0)
+    w0, c0 = time.perf_counter(), time.process_time()
+    with torch.no_grad():
+        for n, w in shapes:
+            kv.rows, kv.lo = n, kv.hi - w
+            ids = torch.randint(3, cfg.vocab_size, (n, 1), generator=gen)
+            attn = torch.ones((n, w + 1), dtype=torch.long)
+            attn[0, 0] = 0 if w else 1  # a padding column, as a continuous batch almost always has
+            logits = decode_forward(model, ids.to(device), torch.full((n, 1), w, device=device), attn.to(device),
+                                    kv.lean_cache(), gqa_decode_attention)
+            logits[:, -1].log_softmax(-1)
+    return {"wall_s": time.perf_counter() - w0, "cpu_s": time.process_time() - c0,
+            "tokens": sum(n for n, _ in shapes)}
+
+
+def _differs(a: list, b: list) -> str:
+    if [x[:2] for x in a] != [x[:2] for x in b]:
+        return "token ids DIFFER"
+    lp = max((abs(p - q) for x, y in zip(a, b) for p, q in zip(x[2], y[2])), default=0.0)
+    return "same ids and log-probs bit for bit" if lp == 0 else f"same ids, log-probs within {lp:.1e}"
+
+
+def bench_decode(model: str = "assets/tiny-warm", n_prompts: int = 16, samples: int = 8, repeats: int = 3,
+                 sides: tuple[str, ...] = tuple(SIDES), echo=print) -> dict:
+    """Alternate the sides ``repeats`` times; print and return per side the rollout / bound ratios and parts."""
+    import torch
+
+    from sandbox.base import make_sandbox
+    from sandbox.config import SandboxConfig
+    from tasks.data.loader import load_prompts
+    from tasks.data.synthetic import write_task_parquet
+
+    torch.set_num_threads(1)
+    items = list(load_prompts(str(write_task_parquet(Path("runs/bench-decode/eval.parquet"), n_prompts, 0, "eval"))))
+    rows: dict[str, list[dict]] = {side: [] for side in sides}
+    same: dict[str, str] = {}
+    with make_sandbox(SandboxConfig(backend="local", workers=2)) as box:
+        for rep in range(repeats):
+            for side in sides:
+                r = _roll(model, items, samples, rep, box, SIDES[side])
+                b = bound(r.pop("model"), r["shapes"])
+                r.update(bound_wall_s=b["wall_s"], bound_cpu_s=b["cpu_s"], bound_tokens=b["tokens"],
+                         ratio_wall=(r["useful"] / r["wall_s"]) / (b["tokens"] / b["wall_s"]),
+                         ratio_cpu=(r["useful"] / r["cpu_s"]) / (b["tokens"] / b["cpu_s"]))
+                rows[side].append(r)
+                if side != sides[0]:
+                    same[side] = _differs(rows[sides[0]][rep]["ids"], r["ids"])
+                echo(f"repeat {rep} {side:>10}: rollout {r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s cpu, "
+                     f"{r['useful']} useful tokens; bound {b['wall_s']:.2f} s wall, {b['cpu_s']:.2f} s cpu for "
+                     f"{b['tokens']} row-tokens in {len(r['shapes'])} forwards; rollout / bound: "
+                     f"wall x{r['ratio_wall']:.2f}, cpu x{r['ratio_cpu']:.2f}; "
+                     + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(r["timing"].items())))
+    out: dict = {"sides": {}, "same": same}
+    for side, rs in rows.items():
+        kept = rs[1:] if repeats > 1 else rs
+        mean = {k: statistics.mean(r[k] for r in kept) for k in ("wall_s", "cpu_s", "bound_wall_s", "bound_cpu_s",
+                                                                  "ratio_wall", "ratio_cpu", "useful")}
+        mean["timing"] = {k: statistics.mean(r["timing"].get(k, 0.0) for r in kept) for k in kept[0]["timing"]}
+        out["sides"][side] = mean
+        echo(f"{side}: useful tokens/s of the rollout / the forward bound at its widths: cpu x{mean['ratio_cpu']:.2f}, "
+             f"wall x{mean['ratio_wall']:.2f} (mean of {len(kept)}; {n_prompts} prompts x {samples} samples)"
+             + (f"; vs {sides[0]}: {same[side]}" if side in same else ""))
+    out["ok"] = not any("DIFFER" in s for s in same.values())
+    return out
+
+
+if __name__ == "__main__":
+    args = [int(a) for a in sys.argv[1:4]]
+    sys.exit(0 if bench_decode("assets/tiny-warm", *args)["ok"] else 1)
