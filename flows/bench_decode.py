@@ -5,11 +5,17 @@ turns, 192 new tokens a turn, SAAR on, lockstep tool calls, the local sandbox) o
 ``repeats`` times, and records the shape of every decode step (rows, cache width). Then the **bound**: a bare loop
 of the model's own decode forward (``models.lean_decode.decode_forward`` over the preallocated cache, a padding
 mask as in the rollout) at exactly those shapes — no sampling, no admission, no prefill, no rows leaving, no tool
-calls. It prints, per side,
+calls. A second bound, the **all-forwards bound**, adds the rollout's prefill forwards: the shape of every prefill
+forward the rollout ran is recorded (rows × new tokens, cache width before it; ``record_prefills``) and a bare loop
+of the model's own prefill forward (``models.lean_decode.prefill_forward`` over a cache of that width, a padding
+mask) is timed at exactly those shapes; its time is the decode bound's plus that loop's. It prints, per side,
 
-* useful tokens/s of the rollout (tokens the engine returned) and of the bound (row-tokens its forwards decoded),
-* their ratio **rollout / bound**, from wall time and from this process's CPU time (the figure a loaded machine
+* useful tokens/s of the rollout (tokens the engine returned) and of the decode bound (row-tokens its forwards
+  decoded),
+* their ratio **rollout / decode bound**, from wall time and from this process's CPU time (the figure a loaded machine
   disturbs least; the local sandbox's workers are other processes and not in it),
+* the ratio **rollout / all-forwards bound**: the all-forwards bound's seconds over the rollout's (the bare forwards
+  that produce the rollout's useful tokens, decode and prefill, against the rollout producing them), wall and CPU,
 * the seconds of the rollout's parts inside the engine (decode forwards, sampling, prefill, rows leaving), from
   ``DecodeStream.timing`` — so what the rollout spends beyond the bound is named,
 
@@ -45,7 +51,7 @@ def _roll(model: str, items, n_samples: int, seed: int, box, overrides: dict) ->
     streams, plain = [], engine.stream
 
     def stream(*args, **kwargs):
-        s = plain(*args, **kwargs)
+        s = record_prefills(plain(*args, **kwargs))
         s.shapes, s.timing = [], {}
         streams.append(s)
         return s
@@ -61,7 +67,54 @@ def _roll(model: str, items, n_samples: int, seed: int, box, overrides: dict) ->
             timing[k] = timing.get(k, 0.0) + v
     return {"wall_s": wall, "cpu_s": cpu, "useful": engine.counters["generated"], "timing": timing,
             "shapes": [x for s in streams for x in s.shapes], "model": engine.model,
+            "prefills": [x for s in streams for x in s.prefills],
+            "stats": {k: sum(s.stats[k] for s in streams) for k in streams[0].stats} if streams else {},
             "ids": [(t.traj_id, list(t.response_ids), list(t.logprobs)) for t in trajs]}
+
+
+def record_prefills(stream):
+    """``stream`` (a ``DecodeStream``) appends (rows, new tokens, cache width, fed tokens) of every prefill forward it
+    runs to ``stream.prefills``: rows × new tokens is the forward's left-padded input, fed tokens its unpadded ones."""
+    stream.prefills = []
+    plain = stream._prefill_rows
+
+    def prefill_rows(joiners):
+        news = [len(req.input_ids) - c for req, c in joiners]
+        stream.prefills.append((len(joiners), max(news), max(c for _, c in joiners), sum(news)))
+        return plain(joiners)
+
+    stream._prefill_rows = prefill_rows
+    return stream
+
+
+def prefill_bound(model, prefills: list[tuple[int, int, int, int]]) -> dict:
+    """Seconds (wall, CPU) of a bare loop of prefill forwards at ``prefills``' (rows, new tokens, cache width)."""
+    import torch
+    from transformers import DynamicCache
+
+    from models.decode import gqa_decode_attention
+    from models.lean_decode import prefill_forward
+
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    rows, width = max((p[0] for p in prefills), default=1), max((p[2] for p in prefills), default=0)
+    block = torch.randn(rows, cfg.num_key_value_heads, width, head_dim)
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(1)
+    caches = [DynamicCache([(block[:n, :, :w], block[:n, :, :w])] * cfg.num_hidden_layers) if w else DynamicCache()
+              for n, _, w, _ in prefills]
+    w0, c0 = time.perf_counter(), time.process_time()
+    with torch.no_grad():
+        for (n, s, w, _), cache in zip(prefills, caches):
+            ids = torch.randint(3, cfg.vocab_size, (n, s), generator=gen)
+            pos = torch.arange(w, w + s).expand(n, s)
+            attn = torch.ones((n, w + s), dtype=torch.long)
+            attn[0, 0] = 0 if w + s > 1 else 1  # a padding column, as a left-padded prefill almost always has
+            logits = prefill_forward(model, ids.to(device), pos.to(device), attn.to(device), cache,
+                                     gqa_decode_attention)
+            logits[:, -1].log_softmax(-1)
+    return {"wall_s": time.perf_counter() - w0, "cpu_s": time.process_time() - c0, "forwards": len(prefills),
+            "tokens": sum(n * s for n, s, _, _ in prefills)}
 
 
 def bound(model, shapes: list[tuple[int, int]]) -> dict:
@@ -119,28 +172,39 @@ def bench_decode(model: str = "assets/tiny-warm", n_prompts: int = 16, samples: 
         for rep in range(repeats):
             for side in sides:
                 r = _roll(model, items, samples, rep, box, SIDES[side])
-                b = bound(r.pop("model"), r["shapes"])
+                m = r.pop("model")
+                b, p = bound(m, r["shapes"]), prefill_bound(m, r["prefills"])
                 r.update(bound_wall_s=b["wall_s"], bound_cpu_s=b["cpu_s"], bound_tokens=b["tokens"],
+                         prefill_wall_s=p["wall_s"], prefill_cpu_s=p["cpu_s"],
                          ratio_wall=(r["useful"] / r["wall_s"]) / (b["tokens"] / b["wall_s"]),
-                         ratio_cpu=(r["useful"] / r["cpu_s"]) / (b["tokens"] / b["cpu_s"]))
+                         ratio_cpu=(r["useful"] / r["cpu_s"]) / (b["tokens"] / b["cpu_s"]),
+                         all_ratio_wall=(b["wall_s"] + p["wall_s"]) / r["wall_s"],
+                         all_ratio_cpu=(b["cpu_s"] + p["cpu_s"]) / r["cpu_s"])
                 rows[side].append(r)
                 if side != sides[0]:
                     same[side] = _differs(rows[sides[0]][rep]["ids"], r["ids"])
                 echo(f"repeat {rep} {side:>10}: rollout {r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s cpu, "
                      f"{r['useful']} useful tokens; bound {b['wall_s']:.2f} s wall, {b['cpu_s']:.2f} s cpu for "
                      f"{b['tokens']} row-tokens in {len(r['shapes'])} forwards; rollout / bound: "
-                     f"wall x{r['ratio_wall']:.2f}, cpu x{r['ratio_cpu']:.2f}; "
+                     f"wall x{r['ratio_wall']:.2f}, cpu x{r['ratio_cpu']:.2f}; prefill bound {p['wall_s']:.2f} s "
+                     f"wall, {p['cpu_s']:.2f} s cpu for {p['tokens']} row-tokens in {p['forwards']} forwards; "
+                     f"rollout / all-forwards bound: wall x{r['all_ratio_wall']:.2f}, cpu x{r['all_ratio_cpu']:.2f}; "
                      + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(r["timing"].items())))
     out: dict = {"sides": {}, "same": same}
     for side, rs in rows.items():
         kept = rs[1:] if repeats > 1 else rs
         mean = {k: statistics.mean(r[k] for r in kept) for k in ("wall_s", "cpu_s", "bound_wall_s", "bound_cpu_s",
-                                                                  "ratio_wall", "ratio_cpu", "useful")}
+                                                                  "ratio_wall", "ratio_cpu", "useful", "prefill_wall_s",
+                                                                  "prefill_cpu_s", "all_ratio_wall",
+                                                                  "all_ratio_cpu")}
         mean["timing"] = {k: statistics.mean(r["timing"].get(k, 0.0) for r in kept) for k in kept[0]["timing"]}
         out["sides"][side] = mean
         echo(f"{side}: useful tokens/s of the rollout / the forward bound at its widths: cpu x{mean['ratio_cpu']:.2f}, "
-             f"wall x{mean['ratio_wall']:.2f} (mean of {len(kept)}; {n_prompts} prompts x {samples} samples)"
+             f"wall x{mean['ratio_wall']:.2f}; rollout / the all-forwards bound (decode and prefill forwards): "
+             f"cpu x{mean['all_ratio_cpu']:.2f}, wall x{mean['all_ratio_wall']:.2f} "
+             f"(mean of {len(kept)}; {n_prompts} prompts x {samples} samples)"
              + (f"; vs {sides[0]}: {same[side]}" if side in same else ""))
+    out["runs"] = rows
     out["ok"] = not any("DIFFER" in s for s in same.values())
     return out
 

@@ -1,0 +1,74 @@
+"""``flows.bench_decode``'s all-forwards bound: the prefill shapes it records are the prefill forwards the stream ran
+(hand-counted on a tiny random Qwen2, and against the engine's own counters on a tiny rollout), and its report
+prints both ratios (rollout / decode bound, rollout / all-forwards bound)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from flows.bench_decode import bench_decode, prefill_bound, record_prefills
+from models.decode import DecodeStream
+
+EOS, PAD, VOCAB = 1, 0, 48
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def model():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                      eos_token_id=EOS, pad_token_id=PAD, tie_word_embeddings=True)
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+def _drain(stream: DecodeStream) -> dict:
+    done = {}
+    while stream.busy:
+        for key, ids, _, _ in stream.step():
+            done[key] = ids
+    return done
+
+
+def test_recorded_prefills_are_the_streams_prefill_forwards(model):
+    stream = record_prefills(DecodeStream(model, EOS, PAD, max_batch=8, seed=0, keep_prefix=True,
+                                          kv_cache="preallocated", lean_decode=True))
+    stream.shapes = []
+    a, b = [5, 6, 7, 8, 9], [10, 11, 12]
+    stream.submit("a", a, 4)
+    stream.submit("b", b, 4)
+    out = _drain(stream)
+    assert stream.prefills == [(2, 5, 0, 8)], "both prompts in one forward: 2 rows x 5 (b left-padded), 8 fed"
+    stream.submit("a", a + out["a"] + [7, 8], 4)
+    _drain(stream)
+    reused = len(a) + len(out["a"]) - 1  # all but the last sampled token come from the cache
+    assert stream.prefills[1] == (1, 3, reused, 3), "the last sampled token and the two new ones on the prefix"
+    assert stream.stats["forwards"] - len(stream.shapes) == 2 == len(stream.prefills)
+    assert stream.stats["prefill_tokens"] == 11 == sum(p[3] for p in stream.prefills)
+    assert stream.stats["row_tokens"] - sum(n for n, _ in stream.shapes) == 2 * 5 + 1 * 3
+    timed = prefill_bound(model, stream.prefills)
+    assert (timed["forwards"], timed["tokens"]) == (2, 13)
+    assert timed["wall_s"] > 0 and timed["cpu_s"] > 0
+
+
+def test_a_tiny_rollout_reports_both_ratios_over_its_real_prefills(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    lines: list[str] = []
+    out = bench_decode(str(ROOT / "assets" / "tiny-warm"), n_prompts=1, samples=2, repeats=1, echo=lines.append)
+    run = out["runs"]["base"][0]
+    decode_rows = sum(n for n, _ in run["shapes"])
+    assert len(run["prefills"]) == run["stats"]["forwards"] - len(run["shapes"]) > 0
+    assert sum(p[3] for p in run["prefills"]) == run["stats"]["prefill_tokens"]
+    assert sum(n * s for n, s, _, _ in run["prefills"]) == run["stats"]["row_tokens"] - decode_rows
+    assert run["prefills"][0][2] == 0, "the first prefill has no cache"
+    summary = lines[-1]
+    assert "rollout / the forward bound at its widths: cpu x" in summary
+    assert "rollout / the all-forwards bound (decode and prefill forwards): cpu x" in summary
+    side = out["sides"]["base"]
+    assert side["all_ratio_cpu"] > side["bound_cpu_s"] / side["cpu_s"], "the prefill forwards add to the bound"
+    assert side["all_ratio_cpu"] == pytest.approx((side["bound_cpu_s"] + side["prefill_cpu_s"]) / side["cpu_s"])
