@@ -129,7 +129,7 @@ def bench_run(config: str | Path = "configs/regimes/t4.yaml", work_dir: str | Pa
     import torch
 
     from flows.bench_step import TOLERANCES, _config, _Side, differences
-    from flows.train import ensure_policy, start_policy
+    from flows.prepare import ensure_policy, start_policy
     from tasks.data.loader import ensure_files
     from tasks.stores import trace_writer
     from tasks.training import live

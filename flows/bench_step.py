@@ -140,7 +140,7 @@ def bench_step(config: str | Path = "configs/tiny.yaml", work_dir: str | Path = 
     """Run ``repeats`` alternating blocks per side; print and return per-step seconds, parts, ratios, differences."""
     import torch
 
-    from flows.train import ensure_policy, start_policy
+    from flows.prepare import ensure_policy, start_policy
     from tasks.data.loader import ensure_files
     from tasks.stores import trace_writer
     from tasks.training import live

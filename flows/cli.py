@@ -135,7 +135,7 @@ def warmup_gate_cmd(config: Path = ConfigOpt, overrides: list[str] | None = SetO
     """Measure first-call failure, recovery and P(correct | clean / recovered) on held-out prompts."""
     import json
 
-    from flows.train import start_policy
+    from flows.prepare import start_policy
     from models.lora import is_adapter
     from tasks.training.gate import combine_reports, gate_table, log_gate, run_gate, write_gate
 

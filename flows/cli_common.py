@@ -55,8 +55,8 @@ WARMUP_COST = "about 25 minutes on 2 CPU cores"
 
 def check_policy(cfg) -> None:
     """A ``model.path`` that does not exist is an error naming it, unless the config asks for the model to be built
-    (``model.build``); a build says what it does and how long it takes (``flows.train.ensure_policy``)."""
-    from flows.train import missing_policy
+    (``model.build``); a build says what it does and how long it takes (``flows.prepare.ensure_policy``)."""
+    from flows.prepare import missing_policy
 
     problem = missing_policy(cfg)
     if problem:

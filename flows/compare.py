@@ -68,7 +68,7 @@ def compare_jobs(cfg: RunConfig, overrides: list[str] | None, compare_id: str) -
 @task(name="initial-eval", cache_policy=NO_CACHE)
 def initial_eval_task(cfg: RunConfig, run_id: str, mlrun: str, folder: str) -> dict:
     """Evaluate the starting policy once, at the final evaluation's size (SAAR off and on)."""
-    from flows.train import ensure_policy
+    from flows.prepare import ensure_policy
     from tasks.data.loader import ensure_files
     from tasks.training import live, stages
 

@@ -22,7 +22,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.config import RunConfig, load_config
-from flows.train import start_policy
+from flows.prepare import start_policy
 from tasks.data.loader import ensure_files
 from tasks.stores import links, registry, tracking
 from tasks.stores.registry import ModelRef

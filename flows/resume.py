@@ -1,7 +1,7 @@
 """``cleaner resume`` of a run that a deployment started: retry its flow run through Prefect.
 
 A run started from a deployment (a schedule, the UI, ``prefect deployment run``) records its flow run and deployment
-in ``runs/<id>/prefect.json`` (``flows.train.write_origin``). Resuming it in a new flow run here would finish the
+in ``runs/<id>/prefect.json`` (``flows.prepare.write_origin``). Resuming it in a new flow run here would finish the
 training but leave the deployment's history with a Crashed run for a run that finished. Instead the flow run itself
 is put back to Scheduled — what Prefect's UI Retry and ``prefect flow-run retry`` do — so the deployment's work pool
 picks it up, the flow resumes the same run id (stage cache, same MLflow run) and the one flow run ends Completed.

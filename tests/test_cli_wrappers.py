@@ -147,18 +147,18 @@ def test_a_missing_model_path_is_an_error_naming_it_within_seconds(tmp_path):
 
 
 def test_a_model_the_config_asks_to_build_is_built_saying_how_long(tmp_path, monkeypatch):
-    import flows.train
+    import flows.prepare
     import flows.warmup
     from flows.config import load_config
 
     built = []
     monkeypatch.setattr(flows.warmup, "build_and_warm", lambda cfg: built.append(cfg.model.path))
     cfg = load_config("configs/tiny.yaml", [f"model.path={tmp_path / 'new'}", "model.build=tiny"])
-    assert flows.train.missing_policy(cfg) is None
-    flows.train.ensure_policy(cfg)
+    assert flows.prepare.missing_policy(cfg) is None
+    flows.prepare.ensure_policy(cfg)
     assert built == [str(tmp_path / "new")]
     with pytest.raises(FileNotFoundError, match=r"model.path: .*new does not exist"):
-        flows.train.ensure_policy(load_config("configs/tiny.yaml", [f"model.path={tmp_path / 'new'}"]))
+        flows.prepare.ensure_policy(load_config("configs/tiny.yaml", [f"model.path={tmp_path / 'new'}"]))
 
 
 @pytest.mark.parametrize("when", [[], ["--cron", "0 3 * * *", "--interval", "60"]])

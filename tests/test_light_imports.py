@@ -30,7 +30,7 @@ def _loaded(code: str) -> list[str]:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("module", ["flows.config", "flows.train", "flows.evaluate", "flows.compare", "flows.warmup",
+@pytest.mark.parametrize("module", ["flows.config", "flows.train", "flows.prepare", "flows.evaluate", "flows.compare", "flows.warmup",
                                     "tasks.training.setups", "tasks.rollout.types", "tasks.data.loader"])
 def test_module_imports_without_torch(module):
     assert _loaded(f"import {module}") == []
