@@ -1,4 +1,5 @@
-"""Shared fixtures: one Prefect test harness per session, the tiny tokenizer, a scripted engine."""
+"""Shared fixtures: one Prefect test harness per session, the tiny tokenizer, a scripted engine; and the units of
+work of `make test`'s two pytest-xdist workers (a module, or the modules sharing a costly session fixture)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,6 @@ def tracked_run(prefect_harness, warm_model_dir, tmp_path_factory):
     return work, run_tiny_flow(work, warm_model_dir, "browsertest", [*EVAL_OVERRIDES, "tracking.register_models=true"])
 
 
-
 # Session fixtures too costly to build on every pytest-xdist worker, and the modules that use them: each set is one
 # unit of work (the collection refuses any other module that uses one).
 SHARED = {"tracked_run": ("tests/test_browser.py", "tests/test_mlflow_entities.py")}
@@ -86,7 +86,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.nodeid.split("::", 1)[0]
         for name in SHARED:
-            if name in item.fixturenames and module not in SHARED[name]:
+            if name in getattr(item, "fixturenames", ()) and module not in SHARED[name]:
                 raise pytest.UsageError(f"{item.nodeid} uses the session fixture {name}: add {module} to "
                                         f"SHARED[{name!r}] in tests/conftest.py (one xdist unit per shared fixture)")
     if os.environ.get("PYTEST_XDIST_WORKER"):
