@@ -72,8 +72,10 @@ lint: setup
 	$(VENV)/bin/ruff check flows tasks models sandbox tests infra
 	$(VENV)/bin/lint-imports
 
+# Two pytest-xdist workers: many tests wait on servers and subprocesses, so two keep both cores busy. Each module
+# (or set of modules sharing a costly session fixture) runs whole on one worker, the slow ones first (tests/conftest.py).
 test: lint setup-verl
-	$(VENV)/bin/pytest -q -ra --durations=15 -m "not verl"
+	$(VENV)/bin/pytest -q -ra --durations=15 -m "not verl" -n 2 --dist loadgroup
 	$(VERL_VENV)/bin/pytest -q -ra -m verl
 
 # The docs site (mkdocs.yml, Material theme) into site/; strict: a warning (a broken link or anchor) fails it.

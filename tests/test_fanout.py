@@ -7,8 +7,9 @@
 * 2 arms × 2 seeds, 2 steps each; once a run has logged its first step, its worker and its flow process are
   killed (a lost machine): Prefect's heartbeat automation marks it Crashed, the compare reschedules it, the other
   worker resumes it (step 0 not recomputed) and the compare completes;
-* the same compare in-process (``cleaner compare`` without ``--dispatch``) gives the same per-run numbers: the same
-  trajectories (token ids), rewards, losses and final pass@1; the store holds every row once.
+* the same compare in-process (``cleaner compare`` without ``--dispatch``), run meanwhile on the same stores, gives
+  the same per-run numbers: the same trajectories (token ids), rewards, losses and final pass@1; the store holds
+  every row once.
 """
 
 from __future__ import annotations
@@ -141,6 +142,17 @@ def fanout(warm_model_dir, tmp_path_factory):
     f.stop()
 
 
+def _ended(proc: subprocess.Popen) -> None:
+    """A compare still running when its test failed: SIGTERM (it stops its temporary Prefect server), then SIGKILL."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
 def _first_logged(f: Fanout, compare_id: str, deadline_s: float = 900) -> str:
     deadline = time.time() + deadline_s
     while time.time() < deadline:
@@ -183,8 +195,11 @@ def test_dispatch_to_a_missing_deployment_names_it_and_the_api(prefect_harness):
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_a_dispatched_compare_survives_a_lost_worker_and_matches_in_process(fanout):
+def test_a_dispatched_compare_survives_a_lost_worker_and_matches_in_process(fanout, request):
     f = fanout
+    # the in-process compare (the reference) runs meanwhile, through the wait for the lost worker's heartbeat
+    reference = f.compare("cmp-i")
+    request.addfinalizer(lambda: _ended(reference))
     for name in ("w1", "w2"):
         f.start_worker(name)
     compare = f.compare("cmp-d", "--dispatch", DEPLOYMENT)
@@ -204,7 +219,6 @@ def test_a_dispatched_compare_survives_a_lost_worker_and_matches_in_process(fano
     assert {p.name: p.stat().st_mtime_ns for p in step0.iterdir() if p.name in before} == before, \
         "a finished stage of step 0 was recomputed"
 
-    reference = f.compare("cmp-i")
     assert reference.wait(timeout=1800) == 0, (f.tmp / "cmp-i.log").read_text()[-4000:]
     store = f.tmp / "cleaner.duckdb"
     dispatched, in_process = _rows(store, "cmp-d"), _rows(store, "cmp-i")

@@ -2,8 +2,8 @@
 
 One run is killed at each point in turn (each rerun gets one stage further before the next
 kill); afterwards there must be exactly one MLflow run, no duplicate metric steps, no
-duplicate DuckDB rows, and a final checkpoint equal to an uninterrupted run's.
-The processes share the session's Prefect test server, so each start is cheap.
+duplicate DuckDB rows, and a final checkpoint equal to an uninterrupted run's, which runs alongside the killed
+ones on the same stores. The processes share the session's Prefect test server, so each start is cheap.
 """
 
 from __future__ import annotations
@@ -41,14 +41,28 @@ def _cmd(work: Path, model: Path, run_id: str) -> list[str]:
     return cmd
 
 
-def _run(work: Path, model: Path, run_id: str, crash: str | None) -> subprocess.CompletedProcess:
+def _start(work: Path, model: Path, run_id: str, crash: str | None) -> subprocess.Popen:
     from prefect.settings import PREFECT_API_URL
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": PREFECT_API_URL.value()}
     env.pop(ENV, None)
     if crash:
         env[ENV] = crash
-    return subprocess.run(_cmd(work, model, run_id), cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    return subprocess.Popen(_cmd(work, model, run_id), cwd=work, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait(proc: subprocess.Popen) -> subprocess.CompletedProcess:
+    try:
+        out, err = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _run(work: Path, model: Path, run_id: str, crash: str | None) -> subprocess.CompletedProcess:
+    return _wait(_start(work, model, run_id, crash))
 
 
 def _weights(work: Path, run_id: str) -> dict:
@@ -59,12 +73,16 @@ def test_kill_at_every_crash_point_then_resume(prefect_harness, warm_model_dir, 
     # the update's points at step 0, whose groups are informative (at step 1 every group of this seed has equal
     # rewards, the update is skipped and in_update would never fire); after_log at step 1 crosses a step boundary
     chain = [f"{p}@{0 if p != 'after_log' else 1}" for p in POINTS]
-    for crash in chain:
-        proc = _run(tmp_path, warm_model_dir, "crashy", crash)
-        assert proc.returncode == -9, f"{crash}: expected SIGKILL, got {proc.returncode}\n{proc.stderr[-2000:]}"
-    done = _run(tmp_path, warm_model_dir, "crashy", None)
-    assert done.returncode == 0, done.stderr[-3000:]
-    ref = _run(tmp_path, warm_model_dir, "reference", None)
+    # the uninterrupted reference runs meanwhile, another writer on the same stores (as two users' runs would be)
+    reference = _start(tmp_path, warm_model_dir, "reference", None)
+    try:
+        for crash in chain:
+            proc = _run(tmp_path, warm_model_dir, "crashy", crash)
+            assert proc.returncode == -9, f"{crash}: expected SIGKILL, got {proc.returncode}\n{proc.stderr[-2000:]}"
+        done = _run(tmp_path, warm_model_dir, "crashy", None)
+        assert done.returncode == 0, done.stderr[-3000:]
+    finally:
+        ref = _wait(reference)
     assert ref.returncode == 0, ref.stderr[-3000:]
 
     a, b = _weights(tmp_path, "crashy"), _weights(tmp_path, "reference")
