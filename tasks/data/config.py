@@ -20,6 +20,11 @@ class DataConfig(BaseModel):
     synthetic: bool = True
     """Write the synthetic task files when they are missing."""
 
+    family: str = "single"
+    """Synthetic task family written to missing files (``tasks.data.synthetic.problems.FAMILIES``): ``single`` (one
+    call per prompt) or ``chain`` (2–3 dependent calls, turn budget calls + 1 per prompt; give it its own paths,
+    e.g. ``data/synthetic-chain/*.parquet``)."""
+
     n_train: int = Field(4000, ge=1)
     """Synthetic training prompts to write."""
 
