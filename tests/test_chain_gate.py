@@ -24,18 +24,18 @@ def tables(rows: list[tuple], execs: list[tuple]) -> tuple[pl.DataFrame, pl.Data
 
 
 def test_the_gate_measures_counted_by_hand():
-    """Prompt p2 has 2 calls, p3 has 3 (position = the turn of the call, from 0).
+    """Prompt p2 has 2 calls, p3 has 3 (position = the turn of the call, from 0; the k-th clean call did step k).
 
     t1 (p2): ok 3803 → call binding 3803, ok → answers in turn 3        all clean, correct
     t2 (p2): ok 3803 → call binding 3804, ok → answers in turn 3        all clean, wrong
     t3 (p2): one merged call, ok → answers in turn 2                    all clean, correct
-    t4 (p3): fails → ok 7 → call binding 7, ok → cut by the budget      a failure, wrong
-    t5 (p3): ok 40 → binding 40, ok "2\n4" → binding 4, fails → stop   a failure, wrong
+    t4 (p3): fails → ok 7 (step 1) → binding 7, ok (step 2) → a 4th turn's call, cut by the budget   wrong
+    t5 (p3): ok 40 → binding 40, ok "2\n4" → binding 4, fails → stop                                wrong
 
-    next call after a clean call with steps left: t1 1/1, t2 1/1, t3 0/1, t4 1/1 (its position 1), t5 2/2 → 5/6;
-    answer in the next turn after the last step's clean call: t1, t2 yes, t4 no (cut) → 2/3; together 7/9.
-    binds (a later call after a clean call that printed an integer; the last line counts): t1 1/1, t2 0/1,
-    t4 1/1 (its position-1 call follows a failure: not counted), t5 2/2 → 4/5.
+    next call after a clean call with steps left: t1 1/1, t2 1/1, t3 0/1, t4 2/2 (the cut call was made),
+    t5 2/2 → 6/7; the answer in the next turn after the last step: t1, t2 → 2/2; together 8/9.
+    binds (calls after a clean call that printed an integer; its last line counts): t1 1/1, t2 0/1, t4 1/1 (its
+    call at position 1 follows only a failure: not counted), t5 2/2 (the failed call binds too) → 4/5.
     Calls 2 + 2 + 1 + 3 + 3 = 11, failed 2. All calls clean: t1, t2, t3 → 2/3 correct. pass@1 2/5, cut 1/5.
     """
     rows = [("t1", "p2", 3, "stop", True, True), ("t2", "p2", 3, "stop", True, False),
@@ -49,14 +49,14 @@ def test_the_gate_measures_counted_by_hand():
              ("t5", 0, 0, "print(x)", True, "40"), ("t5", 1, 1, "r = 40\nprint(len(str(r)))", True, "2\n4"),
              ("t5", 2, 2, "u = 4\nprint(u // q)", False, "ZeroDivisionError")]
     m = chain_gate_metrics(*tables(rows, execs), {"p2": 2, "p3": 3})
-    assert m["next_step_after_clean"] == pytest.approx(7 / 9)
-    assert m["next_call_after_clean"] == pytest.approx(5 / 6) and m["answer_after_last_clean"] == pytest.approx(2 / 3)
+    assert m["next_step_after_clean"] == pytest.approx(8 / 9)
+    assert m["next_call_after_clean"] == pytest.approx(6 / 7) and m["answer_after_last_clean"] == pytest.approx(2 / 2)
     assert m["binds_previous"] == pytest.approx(4 / 5) and m["n_later_calls"] == 5
     assert m["call_failure_rate"] == pytest.approx(2 / 11)
     assert m["p_correct_all_clean"] == pytest.approx(2 / 3) and m["n_all_clean"] == 3
     assert m["pass@1"] == pytest.approx(2 / 5) and m["turn_cap"] == pytest.approx(1 / 5)
     checks = verdict(m, ChainGateConfig(min_trajectories=5))
-    assert checks == {"trajectories": True, "next_step_after_clean": False, "binds_previous": False,
+    assert checks == {"trajectories": True, "next_step_after_clean": True, "binds_previous": False,
                       "call_failure_rate": False, "p_correct_all_clean": True}
 
 

@@ -3,15 +3,17 @@
 Before any RL run of the regime (docs/regimes.md, "The next regime: multi-call"), the warm policy is rolled out
 with SAAR off on held-out chains the compare never evaluates (``skip`` prompts after the start of the held-out
 file), each with its own turn budget (calls + 1), and graded by the chain grader. Measures, from the
-trajectories and their executions (SAAR off: one execution per assistant turn that made a call; ``position`` is
+trajectories and their executions (SAAR off: one execution per assistant turn whose call ran; ``position`` is
 the turn, from 0):
 
-* ``next_step_after_clean``: among clean calls, the share followed by the next step — the next call when the
-  chain has steps left (``position + 1 < calls``), the answer in the next turn (a turn of its own that makes no
-  call, ``stop``) after the call of the last step; its two parts are ``next_call_after_clean`` and
+* ``next_step_after_clean``: among clean calls, the share followed by the next step. The k-th clean call of a
+  trajectory has done step k (a failed call does no step; its retry is the same step): while k < calls the next
+  turn must make a call (one the budget cuts counts: it was made), after the last step the next turn must answer
+  (a turn of its own that makes no call, ``stop``). Its two parts are ``next_call_after_clean`` and
   ``answer_after_last_clean``. A policy that merges steps answers early and counts as not taking the next step;
-* ``binds_previous``: among calls at position ≥ 1 whose previous call ran cleanly and printed an integer, the
-  share whose code binds exactly that integer to a name (``r = 4334``; ``tasks.rewards.chain.bound_values``);
+* ``binds_previous``: among calls made after a clean call that printed an integer (failed ones and retries
+  included), the share whose code binds exactly the integer the latest clean call printed to a name
+  (``r = 4334``; ``tasks.rewards.chain.bound_values``);
 * ``call_failure_rate``: failed calls over all calls;
 * ``p_correct_all_clean``: among graded trajectories that made at least one call and whose every call ran
   cleanly, the share correct;
@@ -50,26 +52,26 @@ def chain_gate_metrics(trajs: pl.DataFrame, execs: pl.DataFrame, calls: dict[str
     by_traj: dict[str, list[dict]] = {}
     for e in execs.sort("exec_idx").iter_rows(named=True):
         by_traj.setdefault(e["traj_id"], []).append(e)
-    nxt = [0, 0]
-    last = [0, 0]
-    binds = [0, 0]
-    clean = [0, 0]
+    nxt, last, binds, clean = [0, 0], [0, 0], [0, 0], [0, 0]
     for t in trajs.iter_rows(named=True):
         run = by_traj.get(t["traj_id"], [])
-        at = {e["position"]: e for e in run}
-        need = calls[t["prompt_id"]]
+        need, done, printed = calls[t["prompt_id"]], 0, None
         for e in run:
             p = e["position"]
-            if e["ok"] and p + 1 < need:
-                nxt[0] += p + 1 in at
-                nxt[1] += 1
-            elif e["ok"]:
-                last[0] += t["finish_reason"] == "stop" and t["num_turns"] == p + 2
-                last[1] += 1
-            prev = at.get(p - 1)
-            if p >= 1 and prev is not None and prev["ok"] and _int(prev["stdout"]) is not None:
-                binds[0] += _int(prev["stdout"]) in bound_values(e["code"] or "")
+            if printed is not None:
+                binds[0] += printed in bound_values(e["code"] or "")
                 binds[1] += 1
+            if not e["ok"]:
+                continue
+            done += 1
+            printed = _int(e["stdout"])
+            then = t["num_turns"] == p + 2  # the trajectory's last turn is the one right after this call
+            if done < need:
+                nxt[0] += any(x["position"] == p + 1 for x in run) or (then and t["finish_reason"] == "turn_cap")
+                nxt[1] += 1
+            else:
+                last[0] += then and t["finish_reason"] == "stop"
+                last[1] += 1
         if run and all(e["ok"] for e in run) and t["graded"]:
             clean[0] += bool(t["correct"])
             clean[1] += 1
