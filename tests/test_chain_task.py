@@ -68,6 +68,19 @@ def test_families_are_registered_and_an_unknown_one_is_named():
         family_rows("chains")
 
 
+def test_the_chain_family_refuses_the_single_call_files():
+    """Files are written only when missing, so a family reading another family's files would train on them."""
+    from pydantic import ValidationError
+
+    from tasks.data.config import DataConfig
+
+    with pytest.raises(ValidationError, match=r"data.family='chain' needs its own files: data.train_path"):
+        DataConfig(family="chain")
+    with pytest.raises(ValidationError, match=r"data.eval_path is the single-call"):
+        DataConfig(family="chain", train_path="data/synthetic-chain/rl.parquet")
+    assert DataConfig(family="chain", synthetic=False).family == "chain"
+
+
 def test_chain_files_split_by_hash_and_the_fresh_split_is_disjoint(tmp_path):
     from tasks.data.config import DataConfig
     from tasks.data.loader import ensure_files, load_prompts, questions

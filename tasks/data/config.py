@@ -56,6 +56,15 @@ class DataConfig(BaseModel):
     ``prompts_per_step`` groups have unequal rewards (0 = no refill, only filtering)."""
 
     @model_validator(mode="after")
+    def _family_has_its_own_files(self) -> DataConfig:
+        default = DataConfig.model_fields
+        shared = [f for f in ("train_path", "eval_path") if getattr(self, f) == default[f].default]
+        if self.synthetic and self.family != "single" and shared:
+            raise ValueError(f"data.family={self.family!r} needs its own files: data.{shared[0]} is the single-call "
+                             f"task's ({getattr(self, shared[0])}); set e.g. data/synthetic-{self.family}/…")
+        return self
+
+    @model_validator(mode="after")
     def _fresh_is_another_file(self) -> DataConfig:
         if self.fresh_path is not None and self.fresh_path in (self.train_path, self.eval_path):
             raise ValueError(f"data.fresh_path: {self.fresh_path} is also the training or held-out file")
