@@ -173,3 +173,5 @@ def test_computes_and_bound_values_by_hand():
     assert computes("r = 3803\nprint(r % 7)") and computes("print(len(str(12345)))")
     assert bound_values("r = 3803\nc = [1, 2]\nprint(r % 7)") == {3803}
     assert bound_values("r = a % b\nflag = True") == set() and bound_values("print(") == set()
+    assert bound_values("r = 3803\nprint(sum(int(d) for d in str(r))") == {3803}, "a mistake elsewhere still binds"
+    assert bound_values("for i in x:\n    k = 5\n") == set()

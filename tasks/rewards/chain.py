@@ -88,18 +88,20 @@ def computes(code: str) -> bool:
 
 
 def bound_values(code: str) -> set[int]:
-    """The integers ``code`` binds to a name by a literal assignment (``r = 4334``): how a later call carries the
-    previous call's result (the sandbox keeps no state between calls)."""
-    try:
-        tree = ast.parse(code)
-    except SyntaxError:
-        return set()
+    """The integers ``code`` binds to a name by a literal assignment on a line of its own (``r = 4334``): how a
+    later call carries the previous call's result (the sandbox keeps no state between calls). Read line by line,
+    so a call whose binding is right but whose code has a mistake elsewhere (a syntax error) still binds."""
     out = set()
-    for stmt in tree.body:
-        if isinstance(stmt, ast.Assign) and _literal(stmt.value):
-            value = ast.literal_eval(stmt.value)
-            if isinstance(value, int) and not isinstance(value, bool):
-                out.add(value)
+    for line in code.splitlines():
+        try:
+            tree = ast.parse(line)
+        except SyntaxError:
+            continue
+        for stmt in tree.body:
+            if isinstance(stmt, ast.Assign) and _literal(stmt.value):
+                value = ast.literal_eval(stmt.value)
+                if isinstance(value, int) and not isinstance(value, bool):
+                    out.add(value)
     return out
 
 
