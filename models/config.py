@@ -100,6 +100,18 @@ class WarmupConfig(BaseModel):
     retry_share: float = Field(0.04, ge=0.0, le=1.0)
     """Per transcript that was not a clean success, the chance of also writing an R3L guided retry."""
 
+    chain_share: float = Field(0.0, ge=0.0, le=1.0)
+    """Share of transcripts that are chains of 2–3 dependent calls (the multi-call regime's warm-up,
+    ``tasks.data.synthetic.chain_corpus``); the rest are single-call transcripts. 0: the single-call corpus only."""
+
+    chain_wrong_share: float = Field(0.25, ge=0.0, le=1.0)
+    """Per step of a chain transcript, the chance its program is the confusable wrong one (read with
+    ``chain_share``)."""
+
+    init_from: str | None = None
+    """A model folder the SFT continues from (a later warm-up stage, e.g. ``assets/tiny-warm`` for the chain
+    stage) instead of a tiny model built and initialised afresh. None: build one."""
+
     lr: float = Field(2e-3, gt=0)
     """Peak AdamW learning rate, held until ``decay_start`` of the run."""
 

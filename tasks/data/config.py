@@ -20,6 +20,11 @@ class DataConfig(BaseModel):
     synthetic: bool = True
     """Write the synthetic task files when they are missing."""
 
+    family: str = "single"
+    """Synthetic task family written to missing files (``tasks.data.synthetic.problems.FAMILIES``): ``single`` (one
+    call per prompt) or ``chain`` (2–3 dependent calls, turn budget calls + 1 per prompt; give it its own paths,
+    e.g. ``data/synthetic-chain/*.parquet``)."""
+
     n_train: int = Field(4000, ge=1)
     """Synthetic training prompts to write."""
 
@@ -49,6 +54,15 @@ class DataConfig(BaseModel):
     refill_rounds: int = Field(0, ge=0)
     """DAPO dynamic sampling: extra rollout rounds with fresh prompts while fewer than
     ``prompts_per_step`` groups have unequal rewards (0 = no refill, only filtering)."""
+
+    @model_validator(mode="after")
+    def _family_has_its_own_files(self) -> DataConfig:
+        default = DataConfig.model_fields
+        shared = [f for f in ("train_path", "eval_path") if getattr(self, f) == default[f].default]
+        if self.synthetic and self.family != "single" and shared:
+            raise ValueError(f"data.family={self.family!r} needs its own files: data.{shared[0]} is the single-call "
+                             f"task's ({getattr(self, shared[0])}); set e.g. data/synthetic-{self.family}/…")
+        return self
 
     @model_validator(mode="after")
     def _fresh_is_another_file(self) -> DataConfig:

@@ -191,6 +191,11 @@ def _messages(row: _Row, column: str) -> list[dict]:
     return out
 
 
+UNWRAPPED = ("synthetic/", "synthetic-chain/")
+"""Data sources whose prompts are used as written (the tiny model's synthetic tasks, single-call and chain): no
+reference instruction wrapper."""
+
+
 def _verl_row(row: _Row, *, template: bool) -> TaskRow:
     source = row.get("data_source")
     reward_model = row.json("reward_model")
@@ -203,7 +208,7 @@ def _verl_row(row: _Row, *, template: bool) -> TaskRow:
     if not isinstance(extra, dict):
         raise row.error("extra_info", "expected an object")
     messages = _messages(row, "prompt")
-    if template and not source.startswith("synthetic/"):
+    if template and not source.startswith(UNWRAPPED):
         messages = prompts.wrap_train_prompt(messages, source)
     ability = row.get("ability", default="math")
     return TaskRow(row.row_id(source, extra), source, ability, messages, truth, extra)

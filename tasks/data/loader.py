@@ -11,7 +11,8 @@ epochs — and a rerun of step N sees exactly the prompts it saw before.
 ``data.fresh_path`` is a second held-out file (issue 41) that nothing was ever selected on: synthetic, it is
 written from ``data.fresh_seed`` with ``eval``-split questions only (the split is a hash of the question, so
 never a training one) and none of ``eval_path``'s; any fresh file, a user's too, is checked on every
-``ensure_files``: a question shared with the training or held-out file is an error naming it.
+``ensure_files``: a question shared with the training or held-out file is an error naming it. Synthetic files
+are written from the task family ``data.family`` (``single``, or ``chain``: the multi-call regime's).
 
 ``PromptCursor`` serves partial rollouts, which take a varying number of fresh prompts per step: it walks
 the same seeded epoch permutations from a position the run keeps (``partial_state.json``), skipping prompts
@@ -39,7 +40,7 @@ def ensure_files(cfg: DataConfig) -> None:
         from tasks.data.synthetic import write_task_parquet
 
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        write_task_parquet(Path(path), n, cfg.seed, split)
+        write_task_parquet(Path(path), n, cfg.seed, split, family=cfg.family)
     if cfg.fresh_path is not None:
         ensure_fresh(cfg)
 
@@ -52,7 +53,8 @@ def ensure_fresh(cfg: DataConfig) -> None:
             raise FileNotFoundError(f"data.fresh_path: {path} does not exist")
         from tasks.data.synthetic import write_task_parquet
 
-        write_task_parquet(Path(path), cfg.n_fresh, cfg.fresh_seed, "eval", exclude=frozenset(questions(cfg.eval_path)))
+        write_task_parquet(Path(path), cfg.n_fresh, cfg.fresh_seed, "eval", exclude=frozenset(questions(cfg.eval_path)),
+                           family=cfg.family)
     for field, other in (("train_path", cfg.train_path), ("eval_path", cfg.eval_path)):
         shared = sorted(set(questions(path)) & set(questions(other)))
         if shared:

@@ -305,9 +305,9 @@ def choice_reward(solution_str: str, ground_truth, extra_info: dict, *, sandbox=
 
 
 _LOADED = False
-_PLUGINS = ("tasks.rewards.code",)
-"""Modules whose graders register themselves on import (``livecodebench*`` / ``*code*``), imported by name on
-first use: this module stays light and never imports a grader module back (no import cycle)."""
+_PLUGINS = ("tasks.rewards.code", "tasks.rewards.chain")
+"""Modules whose graders register themselves on import (``livecodebench*`` / ``*code*``; the chain task), imported by name on
+first use (``synthetic-chain/*``: ``tasks.rewards.chain``): this module stays light and never imports a grader module back (no import cycle)."""
 
 
 def _load_builtin_graders() -> None:

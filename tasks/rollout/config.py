@@ -68,7 +68,8 @@ class RolloutConfig(BaseModel):
     """Samples per prompt (one GRPO group)."""
 
     max_turns: int = Field(4, ge=1)
-    """Assistant turns per trajectory (SAAR regenerations do not count)."""
+    """Assistant turns per trajectory (SAAR regenerations do not count); a prompt whose ``extra_info`` has its own
+    ``max_turns`` (the chain task's calls + 1) uses that instead (``tasks.rollout.machine.turn_budget``)."""
 
     max_new_tokens: int = Field(128, ge=1)
     """Token budget of one assistant turn."""

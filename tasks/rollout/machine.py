@@ -23,6 +23,14 @@ Token bookkeeping (ids are appended turn by turn, never re-tokenised)::
     response_mask| 1 1 1 ... 1 <|im_end|>| 0 0 0 ... 0 (injected) | 1 1 ... 1
     logprobs     | engine log-probs      | 0.0                    | engine log-probs
 
+The turn budget is per prompt (``turn_budget``): ``extra_info["max_turns"]`` when the prompt carries one (the
+chain task's calls + 1), else ``rollout.max_turns``. Only the policy's own assistant turns count: a turn that
+makes a call when the budget is spent ends the trajectory unrun (``turn_cap``); SAAR's regenerations replace a
+turn and never count. A chain of 2 calls (budget 3), SAAR off, one failed call::
+
+    turn 1  call ok      | tool | turn 2  call fails | tool (error) | turn 3  call  ──▶ turn_cap, the call never runs
+    mask    1 ... 1      | 0..0 | 1 ... 1            | 0 ... 0      | 1 ... 1       (turn 3 trained, nothing after)
+
 In RETRYING the engine sees ``prompt + response + error tool turn``, but the error tokens are
 kept aside (``Snapshot.retry_suffix``); the accepted regeneration is spliced over the failed
 turn (``tasks.rollout.saar.splice``), so a recovered position carries no error text. The spliced-in
@@ -229,7 +237,7 @@ class Rollout:
             return self._terminate(t, "stop")
         if self._dropped(call):
             return self._terminate(t, "malformed_call")
-        if t.assistant_turns >= self.cfg.max_turns:
+        if t.assistant_turns >= turn_budget(t.item, self.cfg.max_turns):
             return self._terminate(t, "turn_cap")
         t.pending, t.pending_start, t.state = call, turn_start, State.EXECUTING
 
@@ -352,6 +360,17 @@ def sampling_salt(seed: int, step: int, stream: str = "", refill_round: int = 0)
     if refill_round:
         salt += (1_000_003, refill_round)
     return salt
+
+
+def turn_budget(item: PromptItem, default: int) -> int:
+    """Assistant turns ``item`` may take: its ``extra_info["max_turns"]`` (an int ≥ 1) when given, else ``default``
+    (``rollout.max_turns``); anything else there is an error naming the prompt."""
+    budget = item.extra_info.get("max_turns") if item.extra_info else None
+    if budget is None:
+        return default
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"prompt {item.prompt_id}: extra_info.max_turns={budget!r} must be an integer >= 1")
+    return budget
 
 
 def setup_of(t: Trajectory) -> str | None:

@@ -1,5 +1,5 @@
 """Config slices of training: group filters and advantages (``MixConfig``), held-out evaluation (``EvalConfig``),
-the warm-up gate (``GateConfig``).
+the warm-up gate (``GateConfig``) and the multi-call regime's gate (``ChainGateConfig``).
 
 Fields added after results were committed (issue 41: ``mix.failed_turns``, ``eval.fresh_*``) are left out of a
 config's dump while they hold their off value (``OffFieldsOmitted``): the stage cache keys hash the dump
@@ -154,3 +154,35 @@ class GateConfig(BaseModel):
         if self.start >= self.n_prompts:
             raise ValueError(f"gate.start ({self.start}) must be below gate.n_prompts ({self.n_prompts})")
         return self
+
+
+class ChainGateConfig(BaseModel):
+    """The multi-call regime's gate (``tasks.training.chain_gate``): held-out chains the compare never evaluates,
+    SAAR off, each prompt's own turn budget (calls + 1)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    skip: int = Field(128, ge=0)
+    """Held-out prompts skipped: the compare's final evaluation uses the first ``eval.final_prompts`` (128)."""
+
+    prompts: int = Field(72, ge=1)
+    """Held-out prompts rolled out after ``skip`` (72 × 4 = 288 trajectories)."""
+
+    samples: int = Field(4, ge=1)
+    """Samples per prompt."""
+
+    min_trajectories: int = Field(256, ge=1)
+    """Fewest trajectories the gate may pass on."""
+
+    next_step: float = 0.8
+    """Lowest share of clean calls after which the policy takes the next step: the next call while steps remain,
+    the answer in the last turn after the last one."""
+
+    binds: float = 0.9
+    """Lowest share of later calls (after a clean call) that bind the previous call's printed result exactly."""
+
+    call_failure: tuple[float, float] = (0.2, 0.45)
+    """Allowed range of the failure rate per call (failures must happen, and cost)."""
+
+    p_correct_clean: tuple[float, float] = (0.3, 0.7)
+    """Allowed range of P(correct | every call clean): room to learn which program to pick."""

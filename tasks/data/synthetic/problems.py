@@ -13,6 +13,9 @@ one-sentence plan that introduces it in a transcript.
 Kinds register themselves with ``@kind(name, family)``; families live in sibling modules
 (``arith``, ``numbers``, ``lists``, ``sequences``). ``data_source`` is ``synthetic/<family>``.
 
+Task families (``@task_family``: ``single``, one call, here; ``chain``, 2–3 dependent calls,
+``tasks.data.synthetic.chains``) turn (n, seed, split, exclude) into verl rows; ``data.family`` picks one.
+
 Splits are a hash of the question text: ``eval`` (1 bucket in 20), ``rl`` (3 in 20) and
 ``sft`` (the rest). The warm-up corpus draws only ``sft`` questions, RL prompts only ``rl``
 and evaluation only ``eval``, so the three never share a question whatever the seeds.
@@ -158,10 +161,40 @@ def task_rows(problems: list[Problem], split: str) -> list[dict]:
     ]
 
 
-def write_task_parquet(path: Path, n: int, seed: int, split: str, exclude: frozenset[str] = frozenset()) -> Path:
-    """Write ``n`` problems of ``split`` (``rl`` for training prompts, ``eval`` held out), none whose question is in
-    ``exclude``, as verl parquet; written under a temporary name and renamed, so runs started together never read a
-    half-written file."""
+FamilyRows = Callable[[int, int, str, frozenset], list[dict]]
+FAMILIES: dict[str, FamilyRows] = {}
+
+
+def task_family(name: str):
+    """Register a task family ``rows(n, seed, split, exclude) -> verl rows`` under ``name`` (``data.family``)."""
+
+    def deco(rows: FamilyRows) -> FamilyRows:
+        FAMILIES[name] = rows
+        return rows
+
+    return deco
+
+
+@task_family("single")
+def single_rows(n: int, seed: int, split: str, exclude: frozenset[str] = frozenset()) -> list[dict]:
+    """The single-call task: one problem of a registered kind per prompt."""
+    return task_rows(make_problems(n, seed, split, exclude=exclude), split)
+
+
+def family_rows(family: str) -> FamilyRows:
+    """The rows function of ``family``; an unknown name is an error naming ``data.family`` and the valid ones."""
+    import tasks.data.synthetic  # noqa: F401  (registers the families)
+
+    if family not in FAMILIES:
+        raise ValueError(f"data.family: unknown task family {family!r}; valid: {sorted(FAMILIES)}")
+    return FAMILIES[family]
+
+
+def write_task_parquet(path: Path, n: int, seed: int, split: str, exclude: frozenset[str] = frozenset(),
+                       family: str = "single") -> Path:
+    """Write ``n`` prompts of task ``family`` and ``split`` (``rl`` for training prompts, ``eval`` held out), none
+    whose question is in ``exclude``, as verl parquet; written under a temporary name and renamed, so runs started
+    together never read a half-written file."""
     import os
 
     import pyarrow as pa
@@ -172,6 +205,7 @@ def write_task_parquet(path: Path, n: int, seed: int, split: str, exclude: froze
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pq.write_table(pa.Table.from_pylist(task_rows(make_problems(n, seed, split, exclude=exclude), split)), tmp)
+    rows = family_rows(family)(n, seed, split, exclude)
+    pq.write_table(pa.Table.from_pylist(rows), tmp)
     tmp.replace(path)
     return path
