@@ -10,21 +10,17 @@ from __future__ import annotations
 import pytest
 
 from models.chat import render_call
-from sandbox.base import make_sandbox
-from sandbox.config import SandboxConfig
 from tasks.rollout.config import RolloutConfig, SAARConfig
 from tasks.rollout.machine import Rollout
 from tasks.rollout.saar import aggregate_stats
 from tasks.rollout.types import PromptItem
+from tests.local_box import box_fixture
 from tests.scripted import ScriptedEngine
 
 ITEM = PromptItem("p0", [{"role": "user", "content": "What is 6 * 7?"}], "synthetic/arith", "42")
 
 
-@pytest.fixture(scope="module")
-def box():
-    with make_sandbox(SandboxConfig(backend="local", workers=1)) as b:
-        yield b
+box = box_fixture()
 
 
 def roll(chat, box, script, scheduling, enabled):

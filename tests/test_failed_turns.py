@@ -8,11 +8,8 @@ Run: ``pytest tests/test_failed_turns.py``.
 from __future__ import annotations
 
 import polars as pl
-import pytest
 
 from models.chat import render_call
-from sandbox.base import make_sandbox
-from sandbox.config import SandboxConfig
 from tasks.rollout.config import RolloutConfig, SAARConfig
 from tasks.rollout.machine import Rollout
 from tasks.rollout.types import PromptItem
@@ -20,9 +17,13 @@ from tasks.stores.records import trajectory_frames, write_frames
 from tasks.training.config import MixConfig
 from tasks.training.mixing import advantage_step, failed_positions, mask_failed_turns
 from tasks.training.stages import training_rows
+from tests.local_box import box_fixture
 from tests.scripted import ScriptedEngine
 
 ITEM = PromptItem("p0", [{"role": "user", "content": "What is 6 * 7?"}], "synthetic/arith", "42")
+
+
+box = box_fixture()
 
 
 def test_mask_failed_turns_by_hand():
@@ -47,12 +48,6 @@ def test_failed_positions_are_those_whose_last_attempt_failed():
                        "position": [0, 0, 1, 1, 0, 0], "ok": [False, True, False, False, False, True]})
     assert failed_positions(ex) == {"a": {1}, "b": {0}}
     assert failed_positions(ex.sample(fraction=1.0, shuffle=True, seed=3)) == {"a": {1}, "b": {0}}
-
-
-@pytest.fixture(scope="module")
-def box():
-    with make_sandbox(SandboxConfig(backend="local", workers=1)) as b:
-        yield b
 
 
 def test_a_dapo_rollouts_failed_turn_leaves_the_loss(chat, box, tmp_path):

@@ -15,27 +15,19 @@ import pytest
 
 from models.chat import render_call
 from models.engine import GenOutput
-from sandbox.base import make_sandbox
-from sandbox.config import SandboxConfig
 from tasks.rollout.config import RolloutConfig, SAARConfig
 from tasks.rollout.machine import Rollout, sampling_salt
 from tasks.rollout.saar import TrajStats, aggregate_stats, exhausted_note, is_raw, reference_metrics, splice
 from tasks.rollout.types import Carry, PromptItem, State
 from tasks.training.mixing import fill_batch
+from tests.local_box import box_fixture, scheduling_fixture
 from tests.scripted import ScriptedEngine, Turn
 
 ITEM = PromptItem("p0", [{"role": "user", "content": "What is 6 * 7?"}], "synthetic/arith", "42")
 
 
-@pytest.fixture(scope="module")
-def box():
-    with make_sandbox(SandboxConfig(backend="local", workers=1)) as b:
-        yield b
-
-
-@pytest.fixture(params=["rounds", "continuous"])
-def scheduling(request):
-    return request.param
+box = box_fixture()
+scheduling = scheduling_fixture()
 
 
 def roll(chat, box, script, scheduling="rounds", **saar):

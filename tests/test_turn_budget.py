@@ -14,11 +14,10 @@ from __future__ import annotations
 import pytest
 
 from models.chat import render_call
-from sandbox.base import make_sandbox
-from sandbox.config import SandboxConfig
 from tasks.rollout.config import RolloutConfig, SAARConfig
 from tasks.rollout.machine import Rollout, turn_budget
 from tasks.rollout.types import PromptItem
+from tests.local_box import box_fixture, scheduling_fixture
 from tests.scripted import ScriptedEngine
 
 SETUP = "a = 62384\nb = 6509"
@@ -31,15 +30,8 @@ BAD2 = render_call("r = 3803\nprint(sum(int(d) for d in str(rr)))")
 OK2 = render_call("r = 3803\nprint(sum(int(d) for d in str(r)))")
 
 
-@pytest.fixture(scope="module")
-def box():
-    with make_sandbox(SandboxConfig(backend="local", workers=1)) as b:
-        yield b
-
-
-@pytest.fixture(params=["rounds", "continuous"])
-def scheduling(request):
-    return request.param
+box = box_fixture()
+scheduling = scheduling_fixture()
 
 
 def run(chat, box, item, script, scheduling, saar=False, max_turns=4):
