@@ -106,4 +106,4 @@ serve-stop:
 	$(VENV)/bin/cleaner serve stop
 
 clean:
-	rm -rf runs mlflow.db mlartifacts cleaner.duckdb .prefect .serve
+	rm -rf runs mlflow.db mlflow.db.lock mlflow.db.alias.lock mlartifacts cleaner.duckdb .prefect .serve

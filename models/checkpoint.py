@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Callable
@@ -72,6 +73,17 @@ def _swap_in(tmp: Path, out_dir: Path, commit: Commit) -> Path:
                 out_dir.rename(old)
             tmp.rename(out_dir)
             shutil.rmtree(old, ignore_errors=True)
+            _clear_leftovers(out_dir, keep=tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def _clear_leftovers(out_dir: Path, keep: Path) -> None:
+    """Remove the temporary folders of ``out_dir`` that crashed or replaced writers left (``.<name>.tmp`` of older
+    code, ``.<name>.<pid>-<hex>.tmp`` now). Called inside the commit, where this writer holds the run: any other
+    writer of the same folder is dead or fenced, and its half-written copy would never be swapped in."""
+    pattern = re.compile(rf"^\.{re.escape(out_dir.name)}(\.\d+-[0-9a-f]{{8}})?\.tmp$")
+    for p in out_dir.parent.iterdir():
+        if p != keep and pattern.match(p.name):
+            shutil.rmtree(p, ignore_errors=True)

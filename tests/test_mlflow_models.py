@@ -109,3 +109,28 @@ def test_env_runs_rank_by_held_out_success_and_best_moves(store, warm_model_dir)
     assert env_run("c", {0: 0.75, 2: 0.625}) == {"run_best": "3", "final": "4", "best": "3"}  # better: it moves
     assert registry.rank_metric({key: 0.5, PASS: 0.25}) == (PASS, 0.25)  # tool-use pass@1 first
     assert registry.rank_metric({"eval/bandit_test/score": 1.0}) is None
+
+
+def test_best_moves_under_a_lock_beside_the_sqlite_registry(store, warm_model_dir):
+    """Runs that finish together read who holds ``@best`` and move it under one lock (the sqlite store inserted two
+    alias rows at once: 'UNIQUE constraint failed: registered_model_aliases'); a mover waits while it is held."""
+    import threading
+    import time
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(store.mlflow_uri, registry_uri=store.mlflow_uri)
+    assert _run(store, "a", warm_model_dir, {1: 0.5})["best"] == "1"
+    out: dict[str, str] = {}
+    with registry._alias_lock(store):
+        mover = threading.Thread(target=lambda: out.update(_run(store, "b", warm_model_dir, {1: 0.75})))
+        mover.start()
+        deadline = time.monotonic() + 120
+        while not client.search_model_versions("name = 'reg' and tags.`cleaner.run_id` = 'b'"):
+            assert mover.is_alive() and time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(1.0)  # b's version exists: the mover is at the alias, and must still be waiting
+        assert mover.is_alive() and not out
+        assert client.get_model_version_by_alias("reg", "best").version == 1
+    mover.join(timeout=120)
+    assert out["best"] == "2" and client.get_model_version_by_alias("reg", "best").version == 2

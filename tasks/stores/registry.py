@@ -24,8 +24,11 @@ instead of MLflow's inference (which would load the model in a subprocess).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -216,15 +219,39 @@ def register_run(cfg: TrackingConfig, mlrun: str, run_id: str, name: str) -> dic
         out["run_best"] = _version_of(client, name, best)
     out["final"] = _version_of(client, name, final)
     out.setdefault("run_best", out["final"])
-    try:
-        holder = client.get_model_version_by_alias(name, "best")
-        held = _score(holder)
-    except MlflowException:
-        holder, held = None, float("-inf")
-    if holder is None or _score(best) > held:
-        client.set_registered_model_alias(name, "best", out["run_best"])
-    out["best"] = str(client.get_model_version_by_alias(name, "best").version)
+    with _alias_lock(cfg):
+        try:
+            holder = client.get_model_version_by_alias(name, "best")
+            held = _score(holder)
+        except MlflowException:
+            holder, held = None, float("-inf")
+        if holder is None or _score(best) > held:
+            client.set_registered_model_alias(name, "best", out["run_best"])
+        out["best"] = str(client.get_model_version_by_alias(name, "best").version)
     return out
+
+
+def _alias_lock(cfg: TrackingConfig):
+    """Runs that finish together (a compare's parallel runs) each read who holds ``@best`` and move it: under a
+    lock beside a local sqlite registry, so that the read and the move are one step (MLflow's sqlite store inserts
+    a new alias row unguarded: two movers at once fail with a UNIQUE constraint, and the later one could move the
+    alias past a better version). Against a tracking server nothing is locked from here."""
+    uri = cfg.mlflow_uri
+    if not uri.startswith("sqlite:///"):
+        return nullcontext()
+    path = Path(uri.removeprefix("sqlite:///"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _flocked(Path(f"{path}.alias.lock"))
+
+
+@contextmanager
+def _flocked(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def model_id_of(mv) -> str:
