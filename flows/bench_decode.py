@@ -23,7 +23,9 @@ and whether every side sampled the same token ids and log-probs as the first (``
 defaults; any other name = ``SIDES``'s overrides on top). It exits 1 when a side that must be bit for bit differs.
 
 Simplifies: one torch thread; the first repeat warms up and is left out when ``repeats`` > 1; the bound is timed
-once per repeat right after the rollouts. Run: ``python -m flows.bench_decode [n_prompts] [samples] [repeats]``.
+once per repeat right after the rollouts. Run: ``python -m flows.bench_decode [n_prompts] [samples] [repeats]
+[--compile]``; ``--compile`` then times the decode bound's loop at the last rollout's shapes with the eager and a
+``torch.compile``d decode forward (``compile_gain``: is the step Python or arithmetic, and would compiling pay).
 """
 
 from __future__ import annotations
@@ -117,14 +119,16 @@ def prefill_bound(model, prefills: list[tuple[int, int, int, int]]) -> dict:
             "tokens": sum(n * s for n, s, _, _ in prefills)}
 
 
-def bound(model, shapes: list[tuple[int, int]]) -> dict:
-    """Seconds (wall, CPU) of a bare loop of decode forwards at ``shapes`` (rows, cache width), and its row-tokens."""
+def bound(model, shapes: list[tuple[int, int]], forward=None) -> dict:
+    """Seconds (wall, CPU) of a bare loop of decode forwards at ``shapes`` (rows, cache width), and its row-tokens;
+    ``forward``: the decode forward to time (default ``models.lean_decode.decode_forward``)."""
     import torch
 
     from models.decode import gqa_decode_attention
     from models.kv_cache import SlotKV
     from models.lean_decode import decode_forward
 
+    forward = forward or decode_forward
     cfg = model.config
     rows, width = max(n for n, _ in shapes), max(w for _, w in shapes)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -140,11 +144,52 @@ def bound(model, shapes: list[tuple[int, int]]) -> dict:
             ids = torch.randint(3, cfg.vocab_size, (n, 1), generator=gen)
             attn = torch.ones((n, w + 1), dtype=torch.long)
             attn[0, 0] = 0 if w else 1  # a padding column, as a continuous batch almost always has
-            logits = decode_forward(model, ids.to(device), torch.full((n, 1), w, device=device), attn.to(device),
-                                    kv.lean_cache(), gqa_decode_attention)
+            logits = forward(model, ids.to(device), torch.full((n, 1), w, device=device), attn.to(device),
+                             kv.lean_cache(), gqa_decode_attention)
             logits[:, -1].log_softmax(-1)
     return {"wall_s": time.perf_counter() - w0, "cpu_s": time.process_time() - c0,
             "tokens": sum(n for n, _ in shapes)}
+
+
+def compile_gain(model, shapes: list[tuple[int, int]], repeats: int = 2, backend: str = "inductor",
+                 echo=print) -> dict:
+    """Whether ``torch.compile`` pays for the decode forward: the decode bound's loop at ``shapes`` with the eager
+    forward and with ``torch.compile(decode_forward, dynamic=True, backend=backend)``, alternating ``repeats``
+    times after one compiling pass; CPU seconds of each, of the compile, and the largest logit difference of one
+    step (the compiled kernels fuse and reorder, so not bit for bit)."""
+    import torch
+
+    from models.decode import gqa_decode_attention
+    from models.kv_cache import SlotKV
+    from models.lean_decode import decode_forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(decode_forward, dynamic=True, backend=backend)
+    first = bound(model, shapes, compiled)
+    eager_s, compiled_s = [], []
+    for _ in range(repeats):
+        eager_s.append(bound(model, shapes)["cpu_s"])
+        compiled_s.append(bound(model, shapes, compiled)["cpu_s"])
+    cfg, (n, w) = model.config, shapes[0]
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    block = torch.randn(n, cfg.num_key_value_heads, w, head_dim, generator=torch.Generator().manual_seed(2))
+    ids, pos, attn = torch.arange(3, 3 + n)[:, None] % cfg.vocab_size, torch.full((n, 1), w), torch.ones((n, w + 1))
+    logits = []
+    for fwd in (decode_forward, compiled):
+        kv = SlotKV(n, capacity=2 * w + 4)
+        kv.merge([block] * cfg.num_hidden_layers, [block] * cfg.num_hidden_layers)
+        logits.append(fwd(model, ids, pos, attn, kv.lean_cache(), gqa_decode_attention))
+    out = {"eager_cpu_s": statistics.mean(eager_s), "compiled_cpu_s": statistics.mean(compiled_s),
+           "compile_cpu_s": first["cpu_s"] - statistics.mean(compiled_s),
+           "logit_diff": float((logits[0] - logits[1]).abs().max())}
+    out["gain"] = out["eager_cpu_s"] / out["compiled_cpu_s"]
+    out["break_even_forwards"] = (out["compile_cpu_s"] / max(out["eager_cpu_s"] - out["compiled_cpu_s"], 1e-9)
+                                  * len(shapes))
+    echo(f"torch.compile ({backend}) of the decode forward at {len(shapes)} shapes: eager {out['eager_cpu_s']:.2f} s "
+         f"cpu, compiled {out['compiled_cpu_s']:.2f} s cpu (x{out['gain']:.2f}, mean of {repeats}); compiling "
+         f"{out['compile_cpu_s']:.1f} s cpu, repaid after ~{out['break_even_forwards']:.0f} forwards; largest "
+         f"logit difference {out['logit_diff']:.1e}")
+    return out
 
 
 def _differs(a: list, b: list) -> str:
@@ -210,5 +255,11 @@ def bench_decode(model: str = "assets/tiny-warm", n_prompts: int = 16, samples: 
 
 
 if __name__ == "__main__":
-    args = [int(a) for a in sys.argv[1:4]]
-    sys.exit(0 if bench_decode("assets/tiny-warm", *args)["ok"] else 1)
+    args = [int(a) for a in sys.argv[1:] if a != "--compile"][:3]
+    result = bench_decode("assets/tiny-warm", *args)
+    if "--compile" in sys.argv:
+        from transformers import AutoModelForCausalLM
+
+        compile_gain(AutoModelForCausalLM.from_pretrained("assets/tiny-warm").eval(),
+                     result["runs"]["base"][-1]["shapes"])
+    sys.exit(0 if result["ok"] else 1)

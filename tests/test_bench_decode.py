@@ -1,6 +1,7 @@
 """``flows.bench_decode``'s all-forwards bound: the prefill shapes it records are the prefill forwards the stream ran
 (hand-counted on a tiny random Qwen2, and against the engine's own counters on a tiny rollout), and its report
-prints both ratios (rollout / decode bound, rollout / all-forwards bound)."""
+prints both ratios (rollout / decode bound, rollout / all-forwards bound); ``compile_gain`` times a compiled decode
+forward beside the eager one (here with dynamo's ``eager`` backend: the same kernels, so the logits agree exactly)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flows.bench_decode import bench_decode, prefill_bound, record_prefills
+from flows.bench_decode import bench_decode, compile_gain, prefill_bound, record_prefills
 from models.decode import DecodeStream
 
 EOS, PAD, VOCAB = 1, 0, 48
@@ -72,3 +73,12 @@ def test_a_tiny_rollout_reports_both_ratios_over_its_real_prefills(tmp_path, mon
     side = out["sides"]["base"]
     assert side["all_ratio_cpu"] > side["bound_cpu_s"] / side["cpu_s"], "the prefill forwards add to the bound"
     assert side["all_ratio_cpu"] == pytest.approx((side["bound_cpu_s"] + side["prefill_cpu_s"]) / side["cpu_s"])
+
+
+def test_compile_gain_times_the_compiled_forward_beside_the_eager_one(model):
+    lines: list[str] = []
+    out = compile_gain(model, [(3, 4), (2, 6), (3, 5)], repeats=1, backend="eager", echo=lines.append)
+    assert out["logit_diff"] == 0.0, "dynamo's eager backend runs the same kernels: the same logits"
+    assert out["eager_cpu_s"] > 0 and out["compiled_cpu_s"] > 0
+    assert out["gain"] == pytest.approx(out["eager_cpu_s"] / out["compiled_cpu_s"])
+    assert "torch.compile (eager) of the decode forward at 3 shapes" in lines[0]
