@@ -36,13 +36,12 @@ from flows.prefect_home import use_project_home
 use_project_home()
 
 from flows import serve_api  # noqa: E402
+from flows.procs import group_alive, pid_alive  # noqa: E402
 from flows.serve_stack import (  # noqa: E402
     ORDER,
     ServeError,
     StackConfig,
     Supervisor,
-    group_alive,
-    pid_alive,
     read_state,
     wait_http,
 )
@@ -199,7 +198,7 @@ def stop(folder: Path = DirOpt,
         while pid_alive(sup) and time.monotonic() < deadline:
             time.sleep(0.5)
     if pid_alive(sup) or any(group_alive(p) for p in state["pids"].values()):
-        from flows.serve_stack import stop_groups
+        from flows.procs import stop_groups
 
         stop_groups(state["pids"])
     (folder / "pids.json").unlink(missing_ok=True)

@@ -161,8 +161,9 @@ def use_running_stack(folder: Path = STACK_DIR) -> str | None:
 
 def stack_api(folder: Path = STACK_DIR) -> tuple[str, str | None] | None:
     """The Prefect API (and its auth string) of the stack recorded in ``folder`` while its Prefect server runs."""
+    from flows.procs import group_alive
     from flows.serve_auth import prefect_auth_string
-    from flows.serve_stack import group_alive, read_state
+    from flows.serve_stack import read_state
 
     try:
         state = read_state(folder)

@@ -31,6 +31,7 @@ from pathlib import Path
 import httpx
 
 from flows import serve_api
+from flows.procs import descendants, group_alive, pid_alive, proc_table, stop_groups
 from flows.serve_auth import env_for_clients
 
 ORDER = ("prefect", "mlflow", "worker")
@@ -103,69 +104,6 @@ def _bin(name: str) -> str:
     """The console script next to this interpreter (the project's venv), else the one on PATH."""
     local = Path(sys.executable).parent / name
     return str(local) if local.exists() else name
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether the group has a live (non-zombie) process; reaps the leader when it is our child."""
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pgid, os.WNOHANG)
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return any(st[1] == pgid and st[2] != "Z" for st in _proc_table().values())
-
-
-def _proc_table() -> dict[int, tuple[int, int, str]]:
-    """pid → (ppid, pgid, state) of every process, from /proc."""
-    table = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        table[int(stat.parent.name)] = (int(fields[1]), int(fields[2]), fields[0])
-    return table
-
-
-def pid_alive(pid: int | None) -> bool:
-    """Whether ``pid`` is a live (non-zombie) process."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def descendants(root: int) -> dict[int, int]:
-    """pid → pgid of every live process below ``root``."""
-    table, found, frontier = _proc_table(), {}, [root]
-    while frontier:
-        parent = frontier.pop()
-        for pid, (ppid, pgid, state) in table.items():
-            if ppid == parent and pid not in found:
-                if state != "Z":
-                    found[pid] = pgid
-                frontier.append(pid)
-    return found
-
-
-def stop_groups(pids: dict[str, int], grace_s: float = 15.0) -> list[str]:
-    """Stop each process group, last started first: SIGTERM, then SIGKILL after ``grace_s``.
-    Returns the names that were running."""
-    stopped = []
-    for name, pgid in reversed(list(pids.items())):
-        if not group_alive(pgid):
-            continue
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGTERM)
-        stopped.append(name)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and group_alive(pgid):
-            time.sleep(0.2)
-        if group_alive(pgid):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-    return stopped
 
 
 def wait_http(name: str, url: str, alive, log: Path, timeout_s: float, auth_string: str | None = None) -> None:
@@ -321,7 +259,7 @@ class Supervisor:
             return
         servers, ours = {p.pid for p in self.procs.values()}, os.getpgrp()
         if self.subreaper:  # re-parented group leaders below us that are not our servers
-            flows = set(flows) | {pid for pid, (ppid, pgid, state) in _proc_table().items()
+            flows = set(flows) | {pid for pid, (ppid, pgid, state) in proc_table().items()
                                   if ppid == os.getpid() and pid == pgid and state != "Z" and pid not in servers}
         orphans = {pg for pg in flows if pg != ours and pg not in servers and group_alive(pg)}
         if orphans:
@@ -358,7 +296,7 @@ class Supervisor:
     def _reap_orphans(self) -> None:
         """As a subreaper, collect re-parented processes that exited (not our servers: Popen reaps those)."""
         mine = {p.pid for p in self.procs.values()}
-        for pid, (ppid, _, state) in _proc_table().items():
+        for pid, (ppid, _, state) in proc_table().items():
             if ppid == os.getpid() and state == "Z" and pid not in mine:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)

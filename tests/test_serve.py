@@ -60,14 +60,14 @@ def _cli(args: list[str], env: dict, timeout: float) -> subprocess.CompletedProc
 
 
 def _groups_alive(pgids) -> list[int]:
-    from flows.serve_stack import group_alive
+    from flows.procs import group_alive
 
     return [p for p in pgids if group_alive(p)]
 
 
 def test_stop_groups_ends_whole_groups_and_escalates(tmp_path):
-    from flows.serve_stack import group_alive as _group_alive
-    from flows.serve_stack import stop_groups
+    from flows.procs import group_alive as _group_alive
+    from flows.procs import stop_groups
 
     polite = subprocess.Popen(["sh", "-c", "sleep 300 & sleep 300 & wait"], start_new_session=True)
     stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 300 & wait; sleep 300"], start_new_session=True)
@@ -204,7 +204,8 @@ class _WorkerWithAFlow(_Crashing):
 def test_a_worker_restart_ends_the_flow_processes_it_left(tmp_path):
     import threading
 
-    from flows.serve_stack import Supervisor, pid_alive
+    from flows.procs import pid_alive
+    from flows.serve_stack import Supervisor
 
     said: list[str] = []
     # bystanders below this process, in its own group and in a session of their own: never the supervisor's to stop
@@ -238,7 +239,8 @@ def test_a_worker_restart_ends_the_flow_processes_it_left(tmp_path):
 ORPHAN = """
 import os, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-from flows.serve_stack import _become_subreaper, descendants
+from flows.procs import descendants
+from flows.serve_stack import _become_subreaper
 _become_subreaper()
 # a 'worker' that starts a 'flow process' in its own session and dies: the flow process must stay below us
 subprocess.run(["sh", "-c", "setsid sleep 60 & echo $!"], stdout=open(sys.argv[2], "w"))

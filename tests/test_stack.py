@@ -32,7 +32,7 @@ import httpx
 import pytest
 
 from flows import serve_api
-from flows.serve_stack import group_alive, pid_alive
+from flows.procs import group_alive, pid_alive
 from tests import storecheck
 from tests.flowrun import tiny_overrides
 from tests.test_serve import free_port
