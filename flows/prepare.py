@@ -58,7 +58,7 @@ def prepare_run(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run
     run_dir = Path(cfg.output_dir) / run_id
     claim_run(run_dir, run_id, flow_run_id)
     config = cfg.model_dump(mode="json")
-    fence.publish_text(run_dir / "config.json", json.dumps(config, indent=1))
+    write_config(run_dir, config)
     write_origin(run_dir, flow_run_id)
     tags = {"prefect.flow_run_id": flow_run_id, "cleaner.config_hash": cfg.hash(), "git.commit": _git_commit()}
     if parent_mlflow_run:
@@ -66,6 +66,11 @@ def prepare_run(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run
     mlrun = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, run_id, config, tags)
     db.upsert_run(cfg.tracking.duckdb_path, run_id, cfg.name, config, mlrun, "running")
     return RunInfo(run_id, str(run_dir), mlrun, start_policy(cfg, cfg.model.path, run_dir / "start-policy"))
+
+
+def write_config(run_dir: Path, config: dict) -> None:
+    """The run's resolved config, ``config.json`` in its run folder (fenced: a replaced attempt writes nothing)."""
+    fence.publish_text(run_dir / "config.json", json.dumps(config, indent=1))
 
 
 ORIGIN = "prefect.json"

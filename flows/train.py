@@ -298,8 +298,6 @@ def train(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = 
 
 
 def _train(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run: str | None) -> dict:
-    from prefect.runtime import flow_run
-
     with named_stage("prepare-run", 0):
         info = prepare_run(cfg, run_id, flow_run_id, parent_mlflow_run)
     artifacts = links.FlowArtifacts(cfg.name, cfg.train.steps)
@@ -307,13 +305,18 @@ def _train(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run: str
     with system_metrics(cfg.tracking, info.mlflow_run_id):
         ckpt, walls = _steps(cfg, info, artifacts)
         trace_writer.flush()  # every step's traces are in MLflow (or the run fails) before it is finished
-        fence.publish_text(Path(info.run_dir) / f"walltime-{flow_run.get_id() or 'local'}.json", json.dumps(walls))
+        write_walltime(Path(info.run_dir), flow_run_id, walls)
         with named_stage("finish-run", cfg.train.steps, info.run_dir):
             summary = finish_task(cfg, info, ckpt, flow_run_id, parent_mlflow_run)
     artifacts.finish(summary)
     live.close_live()
     png = str(Path(info.run_dir) / "plots" / "summary.png")
     return {**asdict(info), "final_checkpoint": ckpt, "plot": png, "step_wall_s": walls}
+
+
+def write_walltime(run_dir: Path, flow_run_id: str, walls: dict[int, float]) -> None:
+    """The step times of this flow run's attempt, ``walltime-<flow run>.json`` in the run folder (fenced)."""
+    fence.publish_text(run_dir / f"walltime-{flow_run_id or 'local'}.json", json.dumps(walls))
 
 
 def _steps(cfg: RunConfig, info: RunInfo, artifacts: links.FlowArtifacts) -> tuple[str, dict[int, float]]:

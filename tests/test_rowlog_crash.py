@@ -9,7 +9,9 @@ steps of a unit write leaves the store equal to the row log after the next inges
 * the new version's files and folder and its marker are flushed (fsync) before the rename that publishes it, and
   the unit's folder after it, before older versions go;
 * a marker of a write killed before its rename goes with the unit's next write, even one made on a machine whose
-  clock is behind the killed writer's.
+  clock is behind the killed writer's;
+* that next write removes the hidden folders of writers that died (on this host, older than its version), and no
+  other: not a live process's write in progress, not one of another machine, not one of unknown host.
 
 Run: ``pytest tests/test_rowlog_crash.py``.
 """
@@ -17,6 +19,7 @@ Run: ``pytest tests/test_rowlog_crash.py``.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -206,3 +209,30 @@ def test_the_store_check_sees_a_version_the_store_lacks(tmp_path):
     for mark in rowlog.pending(store)[("r", "step-000000")]:
         mark.path.unlink()  # what the old order left after a kill between the rename and the marker
     assert storecheck.differences(store, ["r"]) == {"metrics": (2, 1)}
+
+
+def test_the_next_write_removes_the_hidden_folders_of_dead_writers_only(tmp_path, monkeypatch):
+    store = tmp_path / "s.duckdb"
+    unit = rowlog.write_unit(store, "r", "step", 0, _metrics(1.0)).parent
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    dead, host, old = int(gone.stdout), socket.gethostname(), f"{1:020d}"
+    with pytest.raises(ProcessLookupError):
+        os.kill(dead, 0)  # the writer is gone (and its pid not reused)
+    names = {"dead": f".tmp-{old}-{dead}-0badc0de-{host}", "live": f".tmp-{old}-{os.getpid()}-12345678-{host}",
+             "elsewhere": f".tmp-{old}-{dead}-0badc0de-another-machine", "unknown host": f".tmp-{old}-{dead}-0badc0de"}
+    real_mark = rowlog._mark_pending
+
+    def a_later_writer_dies(store_, run_id, name, version):  # started after this write chose its version
+        names["newer"] = f".tmp-{int(version) + 1:020d}-{dead}-0badc0de-{host}"
+        (unit / names["newer"]).mkdir()
+        real_mark(store_, run_id, name, version)
+
+    for name in names.values():
+        (unit / name).mkdir()
+        _metrics(9.0)["metrics"].write_parquet(unit / name / "metrics.parquet")
+    monkeypatch.setattr(rowlog, "_mark_pending", a_later_writer_dies)
+    written = rowlog.write_unit(store, "r", "step", 0, _metrics(2.0))
+    left = sorted(p.name for p in unit.iterdir())
+    assert left == sorted([written.name, *(names[k] for k in ("live", "elsewhere", "unknown host", "newer"))])
+    assert _log_rows(store) == [("a", 2.0), ("b", 2.5)]

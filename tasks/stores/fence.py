@@ -25,7 +25,6 @@ A writer that never claimed the folder (a test calling a stage directly, a bench
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import socket
@@ -33,9 +32,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from tasks.stores.locks import locked
 
 ATTEMPT = "attempt"
 """The file in a run folder that names the attempt allowed to write it."""
@@ -82,24 +83,10 @@ def new_token(flow_run_id: str | None, run_count: int | None) -> str:
     return f"{flow_run_id or 'local'}#{run_count if run_count is not None else 0}/{uuid.uuid4().hex[:8]}"
 
 
-def _open_locked(path: Path, mode: int, wait_s: float | None = None) -> int:
-    """A descriptor of ``path`` holding ``flock(mode)``; waits at most ``wait_s`` (None: as long as it takes)."""
-    fd = os.open(path, (os.O_RDWR | os.O_CREAT) if mode == fcntl.LOCK_EX else os.O_RDONLY, 0o644)
-    if wait_s is None:
-        fcntl.flock(fd, mode)
-        return fd
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            fcntl.flock(fd, mode | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                raise TimeoutError(f"{path}: still locked by a write of the attempt being replaced after {wait_s:g} s "
-                                   "(a paused process holds it); start this attempt again once it ran on or "
-                                   "ended") from None
-            time.sleep(0.05)
+def _locked(path: Path, exclusive: bool, wait_s: float | None = None) -> AbstractContextManager[int]:
+    """The attempt file's lock (``tasks.stores.locks``), yielding its descriptor."""
+    return locked(path, exclusive, wait_s, holder="a write of the attempt being replaced",
+                  advice="(a paused process holds it); start this attempt again once it ran on or ended")
 
 
 def _read(fd: int) -> dict | None:
@@ -113,8 +100,7 @@ def claim(run_dir: str | Path, run_id: str, token: str, flow_run_id: str | None 
     replaced (None for the first). Written in place under the exclusive lock, flushed to disk."""
     path = Path(run_dir) / ATTEMPT
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = _open_locked(path, fcntl.LOCK_EX, wait_s)
-    try:
+    with _locked(path, True, wait_s) as fd:
         before = _read(fd)
         record = {"attempt": token, "flow_run_id": flow_run_id or None, "pid": os.getpid(),
                   "host": socket.gethostname(), "claimed_at": time.time()}
@@ -122,8 +108,6 @@ def claim(run_dir: str | Path, run_id: str, token: str, flow_run_id: str | None 
         os.ftruncate(fd, 0)
         os.pwrite(fd, data, 0)
         os.fsync(fd)
-    finally:
-        os.close(fd)  # closing drops the lock
     with _REGISTRY:  # one claim per run id in a process: its latest (a run id trained again elsewhere before)
         for folder in [f for f, c in _CLAIMS.items() if c.run_id == run_id]:
             del _CLAIMS[folder]
@@ -158,17 +142,15 @@ def _holding(found: Claim | None) -> Iterator[None]:
     if found is None:
         yield
         return
-    try:
-        fd = _open_locked(Path(found.run_dir) / ATTEMPT, fcntl.LOCK_SH)
-    except FileNotFoundError:
-        raise FencedError(found.run_id, found.token, None) from None
-    try:
+    with ExitStack() as held:
+        try:
+            fd = held.enter_context(_locked(Path(found.run_dir) / ATTEMPT, False))
+        except FileNotFoundError:
+            raise FencedError(found.run_id, found.token, None) from None
         current = _read(fd)
         if current is None or current.get("attempt") != found.token:
             raise FencedError(found.run_id, found.token, current)
         yield
-    finally:
-        os.close(fd)
 
 
 @contextmanager
@@ -204,13 +186,10 @@ def superseded(run_dir: str | Path) -> FencedError | None:
 def holder(run_dir: str | Path) -> dict | None:
     """The attempt that holds ``run_dir`` now (its record), or None when none claimed it."""
     try:
-        fd = _open_locked(Path(run_dir) / ATTEMPT, fcntl.LOCK_SH)
+        with _locked(Path(run_dir) / ATTEMPT, False) as fd:
+            return _read(fd)
     except FileNotFoundError:
         return None
-    try:
-        return _read(fd)
-    finally:
-        os.close(fd)
 
 
 def publish(path: str | Path, write: Callable[[Path], object]) -> Path:

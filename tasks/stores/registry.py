@@ -24,15 +24,14 @@ instead of MLflow's inference (which would load the model in a subprocess).
 
 from __future__ import annotations
 
-import fcntl
 import os
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.stores.config import TrackingConfig
+from tasks.stores.locks import locked
 from tasks.stores.tracking import named_errors
 
 PASS_KEYS = ("eval/saar_off/all/pass_at_1", "eval/saar_on/all/pass_at_1")
@@ -241,17 +240,7 @@ def _alias_lock(cfg: TrackingConfig):
         return nullcontext()
     path = Path(uri.removeprefix("sqlite:///"))
     path.parent.mkdir(parents=True, exist_ok=True)
-    return _flocked(Path(f"{path}.alias.lock"))
-
-
-@contextmanager
-def _flocked(path: Path) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    return locked(Path(f"{path}.alias.lock"))
 
 
 def model_id_of(mv) -> str:

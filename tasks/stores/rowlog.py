@@ -21,6 +21,8 @@ with a marker for every version the store may lack: killed before the rename, th
 row log does; killed after it, the marker makes the next ingest load the new ones. At worst a marker names a
 version already loaded (loading again leaves the store unchanged), or one that never appeared (a write killed
 before its rename: the unit is loaded again at each ingest, unchanged, until the unit is written again).
+A hidden folder is named ``.tmp-<version>-<pid>-<random>-<host>``: the unit's next write removes those of writers
+on its own host that no longer run (a write in progress, or one of another machine sharing the row log, is kept).
 Files are written through an in-memory DuckDB holding the store's schema: types and primary keys are checked in
 the run that wrote them, and every file has exactly its table's columns.
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import time
 import uuid
 from collections.abc import Iterable
@@ -133,7 +136,7 @@ def write_unit(store: str | Path, run_id: str, kind: str, key: int | None, frame
     unit_dir.mkdir(parents=True, exist_ok=True)
     older = _versions(unit_dir)
     version = f"{_next_version(unit_dir, older):020d}"
-    tmp = unit_dir / f".tmp-{version}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = unit_dir / f".tmp-{version}-{os.getpid()}-{uuid.uuid4().hex[:8]}-{socket.gethostname()}"
     tmp.mkdir()
     try:
         for table in frames:
@@ -149,7 +152,33 @@ def write_unit(store: str | Path, run_id: str, kind: str, key: int | None, frame
     _fsync(unit_dir)
     for old in older:
         shutil.rmtree(unit_dir / old, ignore_errors=True)
+    _remove_leftovers(unit_dir, int(version))
     return unit_dir / version
+
+
+def _remove_leftovers(unit_dir: Path, version: int) -> None:
+    """Remove the hidden folders of writes that will never finish: older than ``version`` (the one just renamed
+    into place, so the next version still exceeds any marker they wrote), written on this host (the name says) by
+    a process no longer running. A write in progress is never removed: its process runs, or it is on another
+    machine, whose processes this one cannot see (a row log on a shared folder). Hidden folders of writers before
+    names carried the host (``.tmp-<version>-<pid>-<random>``) are kept: their host is unknown."""
+    host = socket.gethostname()
+    for leftover in unit_dir.glob(".tmp-*"):
+        parts = leftover.name.split("-", 4)  # .tmp, version, pid, random, host
+        if (len(parts) == 5 and parts[4] == host and parts[1].isdigit() and int(parts[1]) < version
+                and parts[2].isdigit() and not _running(int(parts[2]))):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (another user's counts; so does a reused pid: kept, not lost)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _mark_pending(store: str | Path, run_id: str, unit: str, version: str) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 
 from tasks.stores.config import TrackingConfig
+from tasks.stores.locks import locked
 
 RUN_TAG = "cleaner.run_id"
 STEP_SENTINEL = "run/step"
@@ -73,14 +74,11 @@ def _create_once(uri: str):
     """The first client of a sqlite store in this process, made under a lock file beside it: MLflow creates (or
     migrates) the schema of the file then, and runs started together on a new file raced there ('table datasets
     already exists')."""
-    import fcntl
-
     from mlflow.tracking import MlflowClient
 
     path = Path(uri.removeprefix("sqlite:///"))
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{path}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(f"{path}.lock"):
         client = MlflowClient(tracking_uri=uri)
     _CREATED.add(uri)
     return client
