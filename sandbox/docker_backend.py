@@ -34,6 +34,7 @@ from sandbox.base import register
 from sandbox.config import SandboxConfig
 from sandbox.executor import install, launch_argv
 from sandbox.local import LocalSandbox
+from sandbox.pids import pid_running
 from sandbox.pool import WorkerPool
 from sandbox.result import SandboxInfraError
 from sandbox.worker import FramedChannel, Worker, WorkerError
@@ -231,7 +232,7 @@ def remove_leftovers(client) -> int:
     for container in client.containers.list(all=True, filters={"label": LABEL}):
         owner = container.labels.get(f"{LABEL}.owner", "")
         owner_host, _, pid = owner.rpartition(":")
-        if owner_host != host or (pid.isdigit() and _alive(int(pid))):
+        if owner_host != host or (pid.isdigit() and pid_running(int(pid))):
             continue
         try:
             container.remove(force=True)
@@ -241,16 +242,6 @@ def remove_leftovers(client) -> int:
     if removed:
         log.warning("docker sandbox: removed %d containers left by a crashed pool", removed)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @register("auto")

@@ -44,6 +44,7 @@ from typing import NamedTuple
 import duckdb
 import polars as pl
 
+from sandbox.pids import pid_running
 from tasks.stores.schema import SCHEMA, UNITS
 
 
@@ -166,19 +167,8 @@ def _remove_leftovers(unit_dir: Path, version: int) -> None:
     for leftover in unit_dir.glob(".tmp-*"):
         parts = leftover.name.split("-", 4)  # .tmp, version, pid, random, host
         if (len(parts) == 5 and parts[4] == host and parts[1].isdigit() and int(parts[1]) < version
-                and parts[2].isdigit() and not _running(int(parts[2]))):
+                and parts[2].isdigit() and not pid_running(int(parts[2]))):
             shutil.rmtree(leftover, ignore_errors=True)
-
-
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` runs on this host (another user's counts; so does a reused pid: kept, not lost)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _mark_pending(store: str | Path, run_id: str, unit: str, version: str) -> None:
