@@ -82,18 +82,7 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
     every optimizer step (fault injection uses it); ``ref_dir`` is the KL reference policy
     (required when ``cfg.kl_coef > 0``).
     """
-    if cfg.device == "cpu":
-        torch.set_num_threads(cfg.threads)
-    model = trainable_policy(ckpt_dir, cfg.device) if is_adapter(ckpt_dir) else load_causal_lm(ckpt_dir, cfg.device)
-    torch.manual_seed(seed)  # after loading: a first load draws random initial weights, a cached base does not
-    opt = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    opt_path = Path(ckpt_dir) / "optimizer.pt"
-    if opt_path.exists():
-        opt.load_state_dict(torch.load(opt_path, weights_only=True))
-    get_loss(cfg.loss)
-    critic = load_critic(ckpt_dir, model, cfg.critic.lr, cfg.device) if cfg.critic.enabled else None
-    if critic is not None and cfg.opob:
-        raise ValueError("trainer.opob and the critic (mix.advantage: gae) exclude each other")
+    model, opt, critic = _load(ckpt_dir, cfg, seed)
     samples = [s for s in samples if trains(s.response_mask, s.spliced, cfg.splice)]
     if not samples:
         raise ValueError(f"update: no row has a token to train (trainer.splice={cfg.splice!r}); a step with none "
@@ -138,28 +127,64 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
                 on_step()
     model.eval()
     save_checkpoint(model, ckpt_dir, out_dir, opt, state, critic=critic, commit=commit)
+    return {**_ess_metrics(ess_seen), **_critic_metrics(totals, n_steps, samples, targets), **splice_stats,
+            **_train_metrics(totals, n_steps, len(samples), cfg.epochs, ref is not None), "time/old_logprobs_s": t_old}
+
+
+def _train_metrics(totals: dict, n_steps: int, n_samples: int, epochs: int, with_kl: bool) -> dict:
+    """``train/*`` of an update: loss, gradient norm and KL a mini-batch; clip fraction, ratio, entropy and
+    approximate KL a trained token; trained tokens an epoch."""
     tokens = max(totals["tokens"], 1.0)
-    critic_metrics = {}
-    if targets is not None:
-        trained = max(sum(sum(s.response_mask) for s in samples), 1)
-        returns = sum(float((r * torch.tensor(s.response_mask, dtype=r.dtype)).sum()) for s, (_, r) in zip(samples, targets))
-        critic_metrics = {"train/value_loss": totals["value_loss"] / max(n_steps, 1),
-                          "train/value_mean": totals["value"] / tokens, "train/return_mean": returns / trained}
-    ess = ({"train/ess_ratio": sum(r for r, _ in ess_seen) / len(ess_seen), "train/ess_ratio_min": min(r for r, _ in ess_seen),
-            "train/lr_scale": sum(f for _, f in ess_seen) / len(ess_seen)} if ess_seen else {})
-    return {**ess, **critic_metrics, **splice_stats,
+    return {
         "train/loss": totals["loss"] / max(n_steps, 1),
         "train/grad_norm": totals["grad_norm"] / max(n_steps, 1),
         "train/clip_frac": totals["clipped"] / tokens,
         "train/ratio_mean": totals["ratio"] / tokens,
         "train/entropy": totals["entropy"] / tokens,
         "train/approx_kl": totals["approx_kl"] / tokens,
-        "train/tokens": totals["tokens"] / cfg.epochs,
-        **({"train/kl": totals["kl"] / max(n_steps, 1)} if ref is not None else {}),
-        "train/sequences": len(samples),
+        "train/tokens": totals["tokens"] / epochs,
+        **({"train/kl": totals["kl"] / max(n_steps, 1)} if with_kl else {}),
+        "train/sequences": n_samples,
         "train/optimizer_steps": n_steps,
-        "time/old_logprobs_s": t_old,
     }
+
+
+def _load(ckpt_dir: Path, cfg: TrainerConfig, seed: int):
+    """The policy of ``ckpt_dir`` (a LoRA adapter on its frozen base, or a full model), its AdamW with the saved
+    state, and its critic when ``cfg.critic`` is on; torch is seeded after loading (a first load draws random
+    initial weights, a cached base does not)."""
+    if cfg.device == "cpu":
+        torch.set_num_threads(cfg.threads)
+    model = trainable_policy(ckpt_dir, cfg.device) if is_adapter(ckpt_dir) else load_causal_lm(ckpt_dir, cfg.device)
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt_path = Path(ckpt_dir) / "optimizer.pt"
+    if opt_path.exists():
+        opt.load_state_dict(torch.load(opt_path, weights_only=True))
+    get_loss(cfg.loss)
+    critic = load_critic(ckpt_dir, model, cfg.critic.lr, cfg.device) if cfg.critic.enabled else None
+    if critic is not None and cfg.opob:
+        raise ValueError("trainer.opob and the critic (mix.advantage: gae) exclude each other")
+    return model, opt, critic
+
+
+def _ess_metrics(ess_seen: list[tuple[float, float]]) -> dict:
+    """VCPO's mean and smallest ESS ratio over the mini-batches and the mean learning-rate factor it gave."""
+    if not ess_seen:
+        return {}
+    return {"train/ess_ratio": sum(r for r, _ in ess_seen) / len(ess_seen),
+            "train/ess_ratio_min": min(r for r, _ in ess_seen),
+            "train/lr_scale": sum(f for _, f in ess_seen) / len(ess_seen)}
+
+
+def _critic_metrics(totals: dict, n_steps: int, samples: list[Sample], targets) -> dict:
+    """The critic's value loss, mean value and mean return over trained tokens (nothing without a critic)."""
+    if targets is None:
+        return {}
+    trained = max(sum(sum(s.response_mask) for s in samples), 1)
+    returns = sum(float((r * torch.tensor(s.response_mask, dtype=r.dtype)).sum()) for s, (_, r) in zip(samples, targets))
+    return {"train/value_loss": totals["value_loss"] / max(n_steps, 1),
+            "train/value_mean": totals["value"] / max(totals["tokens"], 1.0), "train/return_mean": returns / trained}
 
 
 def _split(order: list, parts: int) -> list[list]:
