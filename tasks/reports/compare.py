@@ -261,6 +261,41 @@ def verdict(s: dict) -> str:
     return words
 
 
+def _settings_lines(s: dict, b: str, acc: str) -> list[str]:
+    """Both evaluation settings (SAAR off and on) paired by seed against the baseline with SAAR off, and the
+    starting policy's two figures."""
+    if not s.get("settings"):
+        return []
+    lines = ["", f"Both evaluation settings, final {acc} paired by seed against `{b}` with SAAR off "
+             "(internalisation: the arm with SAAR off; the paper's headline: the arm with SAAR on):", "",
+             f"| arm | SAAR off | SAAR on | internalisation (off − {b} off) | headline (on − {b} off) |",
+             "| --- | --- | --- | --- | --- |"]
+    for arm, row in s["settings"].items():
+        lines.append(f"| {arm} | {_f(row['saar_off'])} | {_f(row['saar_on'])} | "
+                     f"{_pm(row.get('internalisation', {}))} | {_pm(row.get('headline', {}))} |")
+    start = s.get("initial_settings")
+    if start:
+        lines += ["", f"The starting policy (shared initial evaluation): {acc} {start['saar_off']:.3f} SAAR off, "
+                      f"{start['saar_on']:.3f} SAAR on: rollback alone gives "
+                      f"{start['saar_on'] - start['saar_off']:+.3f} before any training."]
+    return lines
+
+
+def _entropy_lines(s: dict, b: str) -> list[str]:
+    """Fixed-probe entropy of the final checkpoints per arm, its ratio and paired difference to the baseline."""
+    if not s.get("probe_entropy"):
+        return []
+    any_row = next(iter(s["probe_entropy"].values()))
+    lines = ["", f"Fixed-probe entropy of the final checkpoints (nats a token, the same {any_row['tokens']:.0f} "
+             "tokens of the starting policy scored by every checkpoint; replaces `train/entropy`, which is "
+             "measured on each arm's own tokens):", "",
+             f"| arm | entropy (seed mean) | × `{b}` | paired − `{b}` |", "| --- | --- | --- | --- |"]
+    for arm, row in s["probe_entropy"].items():
+        lines.append(f"| {arm} | {_f(row['mean'], '.4f')} | {_f(row.get('ratio_to_baseline'))} | "
+                     f"{_pm(row.get('paired', {}))} |")
+    return lines
+
+
 def markdown(s: dict) -> str:
     b, t = s["baseline"], s["treatment"]
     name = labels(s)
@@ -289,28 +324,7 @@ def markdown(s: dict) -> str:
               f"| arm | pairs | final {acc} | {tool} |", "| --- | --- | --- | --- |"]
     for arm, d in s["paired_pass_at_1"].items():
         lines.append(f"| {arm} − {b} | {d['n']} | {_pm(d)} | {_pm(s['paired_first_attempt_success'][arm])} |")
-    if s.get("settings"):
-        lines += ["", f"Both evaluation settings, final {acc} paired by seed against `{b}` with SAAR off "
-                      "(internalisation: the arm with SAAR off; the paper's headline: the arm with SAAR on):", "",
-                  f"| arm | SAAR off | SAAR on | internalisation (off − {b} off) | headline (on − {b} off) |",
-                  "| --- | --- | --- | --- | --- |"]
-        for arm, row in s["settings"].items():
-            lines.append(f"| {arm} | {_f(row['saar_off'])} | {_f(row['saar_on'])} | "
-                         f"{_pm(row.get('internalisation', {}))} | {_pm(row.get('headline', {}))} |")
-        start = s.get("initial_settings")
-        if start:
-            lines += ["", f"The starting policy (shared initial evaluation): {acc} {start['saar_off']:.3f} SAAR off, "
-                          f"{start['saar_on']:.3f} SAAR on: rollback alone gives "
-                          f"{start['saar_on'] - start['saar_off']:+.3f} before any training."]
-    if s.get("probe_entropy"):
-        any_row = next(iter(s["probe_entropy"].values()))
-        lines += ["", f"Fixed-probe entropy of the final checkpoints (nats a token, the same {any_row['tokens']:.0f} "
-                      "tokens of the starting policy scored by every checkpoint; replaces `train/entropy`, which is "
-                      "measured on each arm's own tokens):", "",
-                  f"| arm | entropy (seed mean) | × `{b}` | paired − `{b}` |", "| --- | --- | --- | --- |"]
-        for arm, row in s["probe_entropy"].items():
-            lines.append(f"| {arm} | {_f(row['mean'], '.4f')} | {_f(row.get('ratio_to_baseline'))} | "
-                         f"{_pm(row.get('paired', {}))} |")
+    lines += _settings_lines(s, b, acc) + _entropy_lines(s, b)
     lines += ["", "Change from the initial evaluation (mean over seeds ± s.e.):", "", f"| arm | {acc} |", "| --- | --- |"]
     lines += [f"| {arm} | {_pm(g)} |" for arm, g in s["gain_pass_at_1"].items()]
     if s.get("trained_by_kind"):
