@@ -31,7 +31,6 @@ API unless ``PREFECT_API_URL`` is set.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -77,11 +76,11 @@ def _before_any_command(ctx: typer.Context) -> None:
     and the temporary Prefect server the process started is stopped on the way out (Prefect stops it at interpreter
     exit, which a default SIGTERM skips) instead of outliving the command; a SIGKILL skips even that, so the server
     is started to die with the command (``guard_temporary_server``). A command that runs flows finds the
-    Prefect database migrated, even when others start beside it on a fresh home (``flows.prefect_home``)."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+    Prefect database migrated, even when others start beside it on a fresh home (``flows.prefect_home``). A SIGTERM
+    whose exception is swallowed (it landed in a finaliser) is delivered again (``flows.termination``)."""
+    from flows.termination import install
 
-    signal.signal(signal.SIGTERM, interrupt)
+    install()
     if ctx.invoked_subcommand in FLOW_COMMANDS:
         from flows.prefect_home import ensure_database, guard_temporary_server
 
