@@ -1,5 +1,5 @@
 """The README is the front door: short, two commands on its first screen, links that resolve, and every result it
-quotes equal to the committed study (``docs/regimes.json``) it comes from."""
+quotes equal to the committed study it comes from (``docs/regimes.json``, the follow-up's ``docs/generalisation/``)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,12 @@ ROWS = {
     ("4 turns, registered confirm on new seeds", "masked CLEANER"): ("t4_confirm", "mask_raw0"),
     ("2 turns: a failed call costs the answer", "CLEANER as published"): ("t2", "cleaner"),
     ("2 turns", "masked CLEANER"): ("t2", "mask_raw0"),
+}
+
+# README out-of-sample table: a row's first two cells -> (follow-up study, arm) in docs/generalisation/<study>.json.
+FRESH_ROWS = {
+    ("4 turns, 72 steps", "masked CLEANER"): ("t4_long", "mask_raw0"),
+    ("4 turns, 72 steps", "DAPO, failed attempts out of the loss"): ("t4_long", "dapo_filter"),
 }
 
 
@@ -55,6 +61,28 @@ def test_the_results_table_is_the_committed_study():
         assert difference == f"{signed(paired['mean'])} [{signed(lo)}, {signed(hi)}]", (task, setting)
         assert int(pairs) == paired["n"]
     assert "+0.051 [+0.028, +0.074]" in README  # the confirm, by hand from docs/regimes.md
+
+
+def interval(row: dict) -> str:
+    lo, hi = row["ci95"]
+    return f"{signed(row['mean'])} [{signed(lo)}, {signed(hi)}]"
+
+
+def test_the_out_of_sample_table_is_every_committed_follow_up():
+    from tasks.reports.results_figure import follow_ups, fresh_rows
+
+    expected = {(row["study"], row["arm"]): row for name, compare in follow_ups(ROOT).items()
+                for row in fresh_rows(name, compare)}
+    assert ("t4_long", "mask_raw0") in expected
+    table = README.split("| study | setting | fresh split | usual split | pairs |")[1].split("\n\n")[0]
+    rows = [[c.strip().strip("*") for c in line.strip("|").split("|")]
+            for line in table.splitlines() if line.startswith("| ") and "[" in line]
+    assert sorted(FRESH_ROWS[study, setting] for study, setting, *_ in rows) == sorted(expected)
+    for study, setting, fresh, usual, pairs in rows:
+        row = expected[FRESH_ROWS[study, setting]]
+        assert (fresh, usual) == (interval(row["fresh"]), interval(row["usual"])), (study, setting)
+        assert int(pairs) == row["fresh"]["pairs"] == row["usual"]["pairs"]
+    assert "+0.022 [+0.007, +0.037]" in README  # Part A's headline, by hand from docs/generalisation.md
 
 
 def test_the_figure_reads_the_same_study():
