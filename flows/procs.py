@@ -36,7 +36,8 @@ def proc_table() -> dict[int, tuple[int, int, str]]:
 
 
 def pid_alive(pid: int | None) -> bool:
-    """Whether ``pid`` is a live (non-zombie) process."""
+    """Whether ``pid`` is a live (non-zombie) process: a process the stack waits for or stops counts as gone once it
+    is a zombie. (``sandbox.pids.pid_running`` counts zombies on purpose: it guards what a writer left behind.)"""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
