@@ -119,22 +119,31 @@ def prefill_bound(model, prefills: list[tuple[int, int, int, int]]) -> dict:
             "tokens": sum(n * s for n, s, _, _ in prefills)}
 
 
+def _filled_cache(model, rows: int, width: int, generator=None):
+    """A ``SlotKV`` of ``rows`` rows whose every layer holds one random block of ``width`` cached positions."""
+    import torch
+
+    from models.kv_cache import SlotKV
+
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv = SlotKV(rows, capacity=2 * width + 4)
+    block = torch.randn(rows, cfg.num_key_value_heads, width, head_dim, generator=generator)
+    kv.merge([block] * cfg.num_hidden_layers, [block] * cfg.num_hidden_layers)
+    return kv
+
+
 def bound(model, shapes: list[tuple[int, int]], forward=None) -> dict:
     """Seconds (wall, CPU) of a bare loop of decode forwards at ``shapes`` (rows, cache width), and its row-tokens;
     ``forward``: the decode forward to time (default ``models.lean_decode.decode_forward``)."""
     import torch
 
     from models.decode import gqa_decode_attention
-    from models.kv_cache import SlotKV
     from models.lean_decode import decode_forward
 
     forward = forward or decode_forward
     cfg = model.config
-    rows, width = max(n for n, _ in shapes), max(w for _, w in shapes)
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    kv = SlotKV(rows, capacity=2 * width + 4)
-    block = torch.randn(rows, cfg.num_key_value_heads, width, head_dim)
-    kv.merge([block] * cfg.num_hidden_layers, [block] * cfg.num_hidden_layers)
+    kv = _filled_cache(model, max(n for n, _ in shapes), max(w for _, w in shapes))
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(0)
     w0, c0 = time.perf_counter(), time.process_time()
@@ -160,7 +169,6 @@ def compile_gain(model, shapes: list[tuple[int, int]], repeats: int = 2, backend
     import torch
 
     from models.decode import gqa_decode_attention
-    from models.kv_cache import SlotKV
     from models.lean_decode import decode_forward
 
     torch._dynamo.reset()
@@ -171,14 +179,9 @@ def compile_gain(model, shapes: list[tuple[int, int]], repeats: int = 2, backend
         eager_s.append(bound(model, shapes)["cpu_s"])
         compiled_s.append(bound(model, shapes, compiled)["cpu_s"])
     cfg, (n, w) = model.config, shapes[0]
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    block = torch.randn(n, cfg.num_key_value_heads, w, head_dim, generator=torch.Generator().manual_seed(2))
     ids, pos, attn = torch.arange(3, 3 + n)[:, None] % cfg.vocab_size, torch.full((n, 1), w), torch.ones((n, w + 1))
-    logits = []
-    for fwd in (decode_forward, compiled):
-        kv = SlotKV(n, capacity=2 * w + 4)
-        kv.merge([block] * cfg.num_hidden_layers, [block] * cfg.num_hidden_layers)
-        logits.append(fwd(model, ids, pos, attn, kv.lean_cache(), gqa_decode_attention))
+    logits = [fwd(model, ids, pos, attn, _filled_cache(model, n, w, torch.Generator().manual_seed(2)).lean_cache(),
+                  gqa_decode_attention) for fwd in (decode_forward, compiled)]
     out = {"eager_cpu_s": statistics.mean(eager_s), "compiled_cpu_s": statistics.mean(compiled_s),
            "compile_cpu_s": first["cpu_s"] - statistics.mean(compiled_s),
            "logit_diff": float((logits[0] - logits[1]).abs().max())}
