@@ -85,6 +85,15 @@ def test_the_out_of_sample_table_is_every_committed_follow_up():
     assert "+0.022 [+0.007, +0.037]" in README  # Part A's headline, by hand from docs/generalisation.md
 
 
+def test_the_recipe_tables_evidence_is_quoted_from_the_results_tables():
+    """Every interval the "which setting" table cites is one of the results tables' own cells."""
+    results, recipe = README.split("### Which setting for which task")
+    recipe = recipe.split("\n\n", 2)[1]
+    pattern = r"[+−]\d\.\d{3} \[[+−]\d\.\d{3}, [+−]\d\.\d{3}\]"
+    cited = re.findall(pattern, recipe)
+    assert len(cited) >= 5 and set(cited) <= set(re.findall(pattern, results))
+
+
 def test_the_figure_reads_the_same_study():
     from tasks.reports.results_figure import results_rows
 
