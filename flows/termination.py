@@ -10,14 +10,14 @@ Prefect's, which a flow run puts in its place (``capture_sigterm``: SIGTERM → 
 (``signal.set_wakeup_fd``) whichever Python handler is in place; a daemon thread reads it. From the first SIGTERM on,
 the thread looks at the main thread every ``POLL_S``: once it is seen handling the termination (an ``except`` or
 ``finally`` block, a context manager's exit: marking the flow run, stopping the temporary Prefect server), the way
-out is under way and the thread stops. If ``grace_s`` passes without that, the exception was lost, and the signal is
-delivered to the current Python handler again (``_thread.interrupt_main``), each ``grace_s`` until it takes.
+out is under way and the thread stops. If ``grace_s`` passes without that, the exception was lost, and SIGTERM is
+sent to the main thread again (``signal.pthread_kill``: a real signal, so it also ends a blocking call and meets
+whichever handler is in place then), each ``grace_s`` until it takes.
 
 Used by the ``cleaner`` command line's callback (``flows.cli``); tests: ``tests/test_termination.py``.
 """
 from __future__ import annotations
 
-import _thread
 import os
 import signal
 import sys
@@ -64,7 +64,7 @@ def _watch(read_fd: int, grace_s: float, main_ident: int) -> None:
             if _terminating(main_ident):
                 return
             time.sleep(POLL_S)
-        _thread.interrupt_main(signal.SIGTERM)
+        signal.pthread_kill(main_ident, signal.SIGTERM)
 
 
 def _terminating(main_ident: int) -> bool:
