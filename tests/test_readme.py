@@ -23,6 +23,8 @@ ROWS = {
 FRESH_ROWS = {
     ("4 turns, 72 steps", "masked CLEANER"): ("t4_long", "mask_raw0"),
     ("4 turns, 72 steps", "DAPO, failed attempts out of the loss"): ("t4_long", "dapo_filter"),
+    ("chains of 2–3 calls, 24 steps", "masked CLEANER"): ("multicall", "mask_raw0"),
+    ("chains of 2–3 calls, 24 steps", "CLEANER as published"): ("multicall", "cleaner"),
 }
 
 

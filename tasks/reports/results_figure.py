@@ -97,7 +97,7 @@ def _intervals(ax, later: dict[str, dict]) -> None:
     ax.set_yticks(range(len(rows)), [f"{SHORT[row['study']]}:\n{SHORT[row['arm']]}" for row in reversed(rows)],
                   fontsize=8)
     ax.set_ylim(-0.6, len(rows) - 0.4)
-    ax.set_title("final pass@1 − DAPO on the fresh split (95 % interval)", fontsize=10)
+    ax.set_title("final pass@1 − DAPO, fresh split (95 % CI)", fontsize=10)
     ax.set_xlabel("paired difference over seeds")
     ax.grid(alpha=0.3, axis="x")
 
