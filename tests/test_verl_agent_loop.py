@@ -433,6 +433,29 @@ def test_draw_tags_follow_step_group_and_validation():
     assert all(t["validate"] for t in val.non_tensor_batch[DRAW_KEY])
 
 
+def test_v1_tags_carry_the_step_and_validation_and_the_sample_is_the_session():
+    """V1 batches are one row per prompt and V1's worker drops ``validate``: the batch's tag keeps it, and each
+    of a prompt's sessions draws with its ``session_id`` as the sample index."""
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+
+    from tasks.training.verl_draws import DRAW_KEY, draw_of, tag_draws_v1
+
+    batch = TensorDict({}, batch_size=[2])
+    tu.assign_non_tensor_data(batch, "global_steps", 7)
+    tu.assign_non_tensor_data(batch, "validate", True)
+    tag_draws_v1(batch)
+    tag = tu.get_non_tensor_data(batch, DRAW_KEY, None)
+    assert tag == {"step": 7, "validate": True}
+    assert draw_of({DRAW_KEY: tag, "session_id": 3}) == {"step": 7, "validate": True, "sample": 3}
+    train = TensorDict({}, batch_size=[1])
+    tu.assign_non_tensor_data(train, "global_steps", 2)
+    tag_draws_v1(train)
+    assert tu.get_non_tensor_data(train, DRAW_KEY, None) == {"step": 2, "validate": False}
+    with pytest.raises(ValueError, match="without global_steps"):
+        tag_draws_v1(TensorDict({}, batch_size=[1]))
+
+
 def test_manager_tags_rows_before_verl_splits_them(monkeypatch):
     import numpy as np
     from verl.experimental.agent_loop.agent_loop import AgentLoopManager
