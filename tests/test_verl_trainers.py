@@ -61,9 +61,9 @@ def rows_file(tmp_path_factory):
     return write_rows(tmp_path_factory.mktemp("verl") / "train.parquet", rows)
 
 
-def config(warm_model_dir, rows_file, use_v1: bool):
-    return compose(warm_model_dir, rows_file, f"trainer.use_v1={str(use_v1).lower()}", f"cleaner.seed={SEED}",
-                   f"cleaner.saar.raw_share={RAW_SHARE}")
+def config(warm_model_dir, rows_file, *trainer: str):
+    """The paper's config for these rows; ``trainer`` overrides (none: verl's default trainer, V1)."""
+    return compose(warm_model_dir, rows_file, f"cleaner.seed={SEED}", f"cleaner.saar.raw_share={RAW_SHARE}", *trainer)
 
 
 def v1_rows(out: dict) -> list[dict]:
@@ -95,13 +95,16 @@ def legacy_rows(out) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def v1(ray_session, warm_model_dir, rows_file):
-    out = run_v1(config(warm_model_dir, rows_file, True), ScriptClient(warm_model_dir, SCRIPTS))
+    cfg = config(warm_model_dir, rows_file)
+    assert cfg.trainer.use_v1 is True  # verl's default, which the paper config keeps
+    out = run_v1(cfg, ScriptClient(warm_model_dir, SCRIPTS))
     return {"manager": out["manager"], "rows": v1_rows(out)}
 
 
 @pytest.fixture(scope="module")
 def legacy(ray_session, warm_model_dir, rows_file):
-    manager, out = run_legacy(config(warm_model_dir, rows_file, False), ScriptClient(warm_model_dir, SCRIPTS))
+    manager, out = run_legacy(config(warm_model_dir, rows_file, "trainer.use_v1=false"),
+                              ScriptClient(warm_model_dir, SCRIPTS))
     return {"manager": manager, "out": out, "rows": legacy_rows(out)}
 
 

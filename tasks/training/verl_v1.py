@@ -7,6 +7,12 @@ the row's fields, and puts the outputs into TransferQueue, where the trainer's r
 ``CleanerAgentLoopManagerTQ`` tags the batch first (``tasks.training.verl_draws.tag_draws_v1``).
 ``CleanerAgentLoopManager.create`` (``tasks.training.verl_loop``) builds it when the trainer is V1; importing
 this module needs ``transfer_queue``.
+
+Errors: V1's worker catches a session's error (a prompt over ``rollout.prompt_length``, an aborted generation, a
+sandbox failure), logs it and marks the prompt's group ``failure``; verl 0.9.1's replay buffer (its docstring) keeps
+such a group sampleable and pads its missing trajectories (``trainer.v1.sampler.sync_refill_failed_groups`` replaces
+a group left with none), where the legacy trainer stops on the error. Watch the workers' log for ``Error in
+_run_prompt``.
 """
 
 from __future__ import annotations
