@@ -551,6 +551,13 @@ def test_paper_config_composes_with_verl_defaults():
     assert dict(cfg.reward.custom_reward_function.reward_kwargs.sandbox) == dict(cfg.cleaner.sandbox)
     ours = rollout_config(cfg)
     assert (ours.max_turns, ours.max_response_tokens, ours.saar.raw_share) == (16, 20480, 0.3)
+    assert ours.tool_response_truncate_side == "right"  # the paper's: the head kept, as in the pipeline
+    # what verl's main_ppo.main checks before it starts its (default, V1) task runner
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    assert cfg.trainer.use_v1 is True
+    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
 
 
 def test_paper_reward_applies_the_overlong_penalty(chat):
