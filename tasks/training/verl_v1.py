@@ -10,9 +10,9 @@ this module needs ``transfer_queue``.
 
 Errors: V1's worker catches a session's error (a prompt over ``rollout.prompt_length``, an aborted generation, a
 sandbox failure), logs it and marks the prompt's group ``failure``; verl 0.9.1's replay buffer (its docstring) keeps
-such a group sampleable and pads its missing trajectories (``trainer.v1.sampler.sync_refill_failed_groups`` replaces
-a group left with none), where the legacy trainer stops on the error. Watch the workers' log for ``Error in
-_run_prompt``.
+such a group sampleable and pads its missing trajectories with no-op ones, mask 0 (``trainer.v1.sampler.
+sync_refill_failed_groups`` replaces a group left with none), where the legacy trainer stops on the error. Watch
+the workers' log for ``Error in _run_prompt``.
 """
 
 from __future__ import annotations
