@@ -5,8 +5,9 @@
     python infra/lock.py installed requirements.lock [--exact]   # this interpreter holds exactly that lock
 
 Two environments, two locks (``LOCKS``): ``.venv`` (base + test) and ``.venv-verl`` (base + test + verl). They
-differ where verl forces it (``SPLIT``: verl pins antlr4 4.9, which breaks math-verify's LaTeX parser); every other
-package has the same version in both. ``make setup`` installs a lock with pip, then the project with ``--no-deps``.
+differ where verl forces it (``SPLIT``: verl pins antlr4 4.9, which breaks math-verify's LaTeX parser; its V1
+trainer's TransferQueue pulls packaging below 26); every other package has the same version in both. ``make setup``
+installs a lock with pip, then the project with ``--no-deps``.
 
 What it simplifies: the locks are ``uv pip compile`` output for CPython 3.11.7 (this machine's) on x86_64 Linux, with torch taken
 from the local CPU wheel folder (``--find-links``, default ``/opt/wheels``), never PyPI's CUDA build. Each lock
@@ -32,7 +33,9 @@ from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCKS = {"requirements.lock": ("test",), "requirements-verl.lock": ("test", "verl")}
-SPLIT = {"antlr4-python3-runtime": "verl pins 4.9 (through hydra/omegaconf); math-verify's LaTeX parser needs 4.13"}
+SPLIT = {"antlr4-python3-runtime": "verl pins 4.9 (through hydra/omegaconf); math-verify's LaTeX parser needs 4.13",
+         "packaging": "verl's V1 trainer needs TransferQueue (tensordict>=0.10) and verl tensordict<=0.10.0; tensordict "
+                      "0.10.0 needs pyvers 0.1, which pins packaging<26"}
 TARGET = {"python_version": "3.11", "python_full_version": "3.11.7", "sys_platform": "linux",
           "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
           "implementation_name": "cpython", "platform_python_implementation": "CPython"}

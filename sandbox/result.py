@@ -11,6 +11,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+TRUNCATE = {
+    "right": lambda text, n: text[:n] + "...(truncated)",
+    "left": lambda text, n: "(truncated)..." + text[-n:],
+    "middle": lambda text, n: text[: n // 2] + "...(truncated)..." + text[-(n // 2):],
+}
+"""How a tool response longer than ``n`` characters is cut, by the side that goes (verl's
+``multi_turn.tool_response_truncate_side``, with verl's markers)."""
+
 
 class SandboxInfraError(RuntimeError):
     """The sandbox itself failed (not the user's code) and retries did not help."""
@@ -41,18 +49,19 @@ class ExecutionResult:
     stdout_truncated: bool = False
     stderr_truncated: bool = False
 
-    def model_text(self, max_chars: int = 1024) -> str:
+    def model_text(self, max_chars: int = 1024, side: str = "right") -> str:
         """The tool response the model sees: stdout, then the error's last line on failure.
 
-        Truncated to ``max_chars`` keeping the head (the reference truncates tool responses
-        the same way). The full stderr stays in the record for people.
+        Longer than ``max_chars``, it is cut on ``side`` (``TRUNCATE``, verl's ``tool_response_truncate_side``
+        names and marks): ``right`` keeps the head (the reference's way, the default), ``left`` the tail,
+        ``middle`` half of each. The full stderr stays in the record for people.
         """
+        if side not in TRUNCATE:
+            raise ValueError(f"unknown truncation side {side!r}; known: {', '.join(TRUNCATE)}")
         out = self.stdout.rstrip("\n")
         if not self.ok:
             out = f"{out}\n{self.error_line()}" if out else self.error_line()
-        if len(out) > max_chars:
-            out = out[:max_chars] + "...(truncated)"
-        return out
+        return TRUNCATE[side](out, max_chars) if len(out) > max_chars else out
 
     def error_line(self) -> str:
         """One line naming the failure, as the last traceback line or a limit message."""

@@ -52,11 +52,21 @@ def test_the_locks_differ_only_where_verl_forces_it(copy):
     _, base = lock.read_lock(copy / "requirements.lock")
     _, verl = lock.read_lock(copy / "requirements-verl.lock")
     assert base["antlr4-python3-runtime"].startswith("4.13") and verl["antlr4-python3-runtime"].startswith("4.9")
-    assert {p for p in base.keys() & verl.keys() if base[p] != verl[p]} == {"antlr4-python3-runtime"}
+    assert Version(base["packaging"]) >= Version("26") > Version(verl["packaging"])
+    assert {p for p in base.keys() & verl.keys() if base[p] != verl[p]} == {"antlr4-python3-runtime", "packaging"}
     path = copy / "requirements-verl.lock"
     path.write_text(path.read_text().replace(f"\nzipp=={verl['zipp']}\n", "\nzipp==0.0.1\n"))
-    expected = f"zipp: {base['zipp']} vs 0.0.1 between the locks (only ['antlr4-python3-runtime'] may differ)"
+    expected = (f"zipp: {base['zipp']} vs 0.0.1 between the locks "
+                "(only ['antlr4-python3-runtime', 'packaging'] may differ)")
     assert lock.lock_problems(copy) == [expected]
+
+
+def test_the_verl_lock_holds_what_verls_default_trainer_imports():
+    """verl 0.9.1's V1 trainer (its default) imports ``transfer_queue``: TransferQueue >= 0.1.10 (verl's own
+    ``verl-core`` extra), which needs tensordict >= 0.10 where verl allows <= 0.10.0."""
+    _, verl = lock.read_lock(ROOT / "requirements-verl.lock")
+    assert Version(verl["transferqueue"]) >= Version("0.1.10") and verl["tensordict"] == "0.10.0"
+    assert "transferqueue" not in lock.read_lock(ROOT / "requirements.lock")[1]
 
 
 @pytest.mark.parametrize("name", sorted(lock.LOCKS))

@@ -302,3 +302,20 @@ def test_idle_workers_go_to_waiting_callers_in_arrival_order():
         gap = max(gap, pos - last.get(i, pos))
         last[i] = pos
     assert streak <= 2 and gap <= 2 * callers, (streak, gap)
+
+
+@pytest.mark.parametrize("side, expected", [
+    ("right", "A" * 10 + "...(truncated)"),
+    ("left", "(truncated)..." + "B" * 10),
+    ("middle", "A" * 5 + "...(truncated)..." + "B" * 5),
+])
+def test_a_long_tool_response_is_cut_on_the_side_asked(side, expected):
+    """verl's ``tool_response_truncate_side`` names and markers; the pipeline's default keeps the head."""
+    from sandbox.result import ExecutionResult
+    from tasks.rollout.config import RolloutConfig
+
+    r = ExecutionResult(True, 0, "A" * 12 + "B" * 12 + "\n", "", None, False, False, 0.0)
+    assert r.model_text(10, side) == expected and r.model_text(24, side) == "A" * 12 + "B" * 12
+    assert r.model_text(10) == r.model_text(10, RolloutConfig().tool_response_truncate_side) == "A" * 10 + "...(truncated)"
+    with pytest.raises(ValueError, match="unknown truncation side 'top'; known: right, left, middle"):
+        r.model_text(10, "top")

@@ -1,10 +1,13 @@
 """Parity: the verl agent loop ``cleaner_agent`` and the pipeline's ``Rollout`` give the same trajectories.
 
-verl's real ``AgentLoopWorker`` (config composed from verl's own ``ppo_trainer.yaml``, our loop
-registered through ``configs/verl/agent_loops.yaml``) runs a batch through
+The same rows, one verl parquet file, go through both paths: the pipeline's loader
+(``tasks.data.loader.load_prompts``) and verl's own dataset (``RLHFDataset``, the trainers' collate), so the
+paper's prompt wrapper and the raw-share draw's prompt id must come out the same. verl's real
+``AgentLoopWorker`` (config composed from verl's own ``ppo_trainer.yaml``, our loop
+registered through ``configs/verl/agent_loops.yaml``) runs the batch through
 ``generate_sequences``; its server manager and the pipeline's engine answer from the same
 per-prompt scripts (real tokenizer, real end-of-turn id), and code runs in the local sandbox on
-both sides. Prompt ids, response ids, response masks, rollout log-probs and the SAAR decisions
+both sides. (``tests/test_verl_trainers.py`` drives verl's trainers themselves, V1 and legacy, through Ray.) Prompt ids, response ids, response masks, rollout log-probs and the SAAR decisions
 must be identical, scenario by scenario — with half the samples drawn raw, and with the servers'
 awkward stops: a turn ending on ``<|endoftext|>`` (SGLang ``stop``), a turn the server cut short
 (``length`` below ``max_new_tokens``) and vLLM's ``completed`` for both. No token the policy did
@@ -25,15 +28,17 @@ import asyncio
 import os
 import re
 
+import pandas as pd
 import pytest
 
 from models.chat import render_call
 from models.engine import GenOutput, GenRequest
 from sandbox.base import make_sandbox
 from sandbox.config import SandboxConfig
+from tasks.data.loader import load_prompts
+from tasks.data.prompts import NO_UNITS
 from tasks.rollout.machine import Rollout
 from tasks.rollout.saar import is_raw
-from tasks.rollout.types import PromptItem
 from tests.scripted import Turn, scripted_turn
 from tests.test_saar_rollout import LONG_FIX
 
@@ -54,16 +59,29 @@ SCRIPTS = {
     "malformed": ["Go. " + render_call("print(6 * 7)")[: -len("}</tool_call>")] + "</tool_call>",
                   "Go. " + render_call("print(6 * 7)"), "\\boxed{42}"],
     "fix_a": FIX, "fix_b": FIX, "fix_c": FIX, "fix_d": FIX,
+    "long": ["Print. " + render_call("print('A' * 300 + 'B' * 300)"), "\\boxed{0}"],
 }
 SAAR_CASES = ("shallow", "deep", "exhausted", "no_call", "malformed")
 FIX_CASES = ("fix_a", "fix_b", "fix_c", "fix_d")
 RAW_SHARE = 0.5
+SOURCE = "math_dapo"  # the paper's wrapper appends its no-units rule to these prompts
+SERVER_STEP = 3
+"""The weights version the scripted server reports on a trajectory's first turn (one more on each later turn)."""
+
+
+def pid(case: str) -> str:
+    """The pipeline's prompt id of a case's row (``{data_source}/{extra_info.index}``): the raw draw's key."""
+    return f"{SOURCE}/{case}"
+
+
+def question(case: str) -> str:
+    return f"case {case}: what is 6 * 7?"
 
 
 def pick_step() -> int:
     """A step whose draws leave the SAAR scenarios on and draw some, not all, fix cases raw."""
     for step in range(1, 1000):
-        raw = {c: is_raw(0, step, c, 0, RAW_SHARE) for c in SCRIPTS}
+        raw = {c: is_raw(0, step, pid(c), 0, RAW_SHARE) for c in SCRIPTS}
         if not any(raw[c] for c in SAAR_CASES) and 0 < sum(raw[c] for c in FIX_CASES) < len(FIX_CASES):
             return step
     raise AssertionError("no step fits")
@@ -109,6 +127,7 @@ class ScriptServerManager:
     def __init__(self, script: KeyedScript):
         self.script = script
         self.params: list[dict] = []
+        self.turns: dict[str, int] = {}
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
         from verl.workers.rollout.replica import TokenOutput
@@ -117,12 +136,36 @@ class ScriptServerManager:
         self.params.append(dict(sampling_params))
         case, ids, lps, finish = self.script.answer(prompt_ids)
         reason = server_reason(case, finish, ids, sampling_params["max_new_tokens"])
-        return TokenOutput(token_ids=ids, log_probs=lps, stop_reason=reason)
+        version = SERVER_STEP + self.turns.get(request_id, 0)  # as verl's client tags it: min = max = the server's
+        self.turns[request_id] = self.turns.get(request_id, 0) + 1
+        fields = {"global_steps": version, "min_global_steps": version, "max_global_steps": version}
+        return TokenOutput(token_ids=ids, log_probs=lps, stop_reason=reason, extra_fields=fields)
 
 
-def item(case: str) -> PromptItem:
-    return PromptItem(case, [{"role": "user", "content": f"case {case}: what is 6 * 7?"}], "synthetic/arith", "42",
-                      {"index": case})
+def write_rows(path, rows: list[dict]):
+    pd.DataFrame(rows).to_parquet(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def rows_file(tmp_path_factory):
+    """Every case as one verl RL row; both paths read this file."""
+    rows = [{"data_source": SOURCE, "prompt": [{"role": "user", "content": question(c)}], "ability": "math",
+             "reward_model": {"ground_truth": "42", "style": "rule"}, "extra_info": {"index": c}} for c in SCRIPTS]
+    return write_rows(tmp_path_factory.mktemp("verl_rows") / "rows.parquet", rows)
+
+
+def dataset_rows(config, path, tokenizer) -> list[dict]:
+    """The rows of ``path`` as verl's own dataset reads them (``data.*`` of ``config``)."""
+    from verl.trainer.ppo.utils import create_rl_dataset
+
+    dataset = create_rl_dataset(str(path), config.data, tokenizer, None, is_train=True)
+    return [dataset[i] for i in range(len(dataset))]
+
+
+@pytest.fixture(scope="module")
+def verl_rows(verl_config, rows_file, tokenizer) -> dict:
+    return {row["extra_info"]["index"]: row for row in dataset_rows(verl_config, rows_file, tokenizer)}
 
 
 def verl_overrides(model_dir, *extra: str) -> list[str]:
@@ -151,22 +194,20 @@ def verl_config(warm_model_dir):
     return compose_verl(warm_model_dir)
 
 
-def verl_batch(cases: list[str], step: int, validate: bool = False):
-    import numpy as np
+def verl_batch(rows: dict, cases: list[str], step: int, validate: bool = False):
+    """A legacy trainer's batch of these cases' dataset rows (its collate), tagged as our manager tags it."""
     from verl.protocol import DataProto
+    from verl.utils.dataset.rl_dataset import collate_fn
 
-    from tasks.training.verl_loop import annotate_draws
+    from tasks.training.verl_draws import annotate_draws
 
-    rows = np.empty(len(cases), dtype=object)
-    rows[:] = [[{"role": "user", "content": f"case {c}: what is 6 * 7?"}] for c in cases]
-    extra = np.array([{"index": c} for c in cases], dtype=object)
-    batch = DataProto.from_dict(non_tensors={"raw_prompt": rows, "extra_info": extra},
-                                meta_info={"global_steps": step, "validate": validate})
+    batch = DataProto.from_single_dict(collate_fn([rows[c] for c in cases]),
+                                       meta_info={"global_steps": step, "validate": validate})
     annotate_draws(batch)  # what CleanerAgentLoopManager does before verl splits the batch over workers
     return batch
 
 
-def run_verl(config, chat, cases: list[str], step: int, validate: bool = False):
+def run_verl(config, chat, batch):
     import torch
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
@@ -176,21 +217,22 @@ def run_verl(config, chat, cases: list[str], step: int, validate: bool = False):
     manager = ScriptServerManager(KeyedScript(chat))
     worker = AgentLoopWorker(config, manager)
     try:
-        return asyncio.run(worker.generate_sequences(verl_batch(cases, step, validate))), manager
+        return asyncio.run(worker.generate_sequences(batch)), manager
     finally:
         close_sandboxes()
 
 
 @pytest.fixture(scope="module")
-def both_paths(verl_config, chat):
+def both_paths(verl_config, verl_rows, rows_file, chat):
     from tasks.training.verl_loop import rollout_config
 
     cases = list(SCRIPTS)
     cfg = rollout_config(verl_config)
+    items = {item.prompt_id: item for item in load_prompts(str(rows_file))}
     with make_sandbox(SandboxConfig(backend="local", workers=1)) as box:
-        pipeline = Rollout(cfg, ScriptEngine(KeyedScript(chat)), chat, box).run([item(c) for c in cases], 0, STEP,
-                                                                               False)
-    out, manager = run_verl(verl_config, chat, cases, STEP)
+        pipeline = Rollout(cfg, ScriptEngine(KeyedScript(chat)), chat, box).run([items[pid(c)] for c in cases], 0,
+                                                                               STEP, False)
+    out, manager = run_verl(verl_config, chat, verl_batch(verl_rows, cases, STEP))
     return cases, cfg, pipeline, out, manager
 
 
@@ -224,7 +266,7 @@ def test_same_tokens_masks_and_logprobs(both_paths):
 def test_same_raw_draws_keyed_by_step_and_sample(both_paths):
     cases, _, pipeline, out, _ = both_paths
     raw = [bool(r) for r in out.non_tensor_batch["cleaner_raw"]]
-    assert raw == [t.raw for t in pipeline] == [is_raw(0, STEP, c, 0, RAW_SHARE) for c in cases]
+    assert raw == [t.raw for t in pipeline] == [is_raw(0, STEP, pid(c), 0, RAW_SHARE) for c in cases]
     assert 0 < sum(raw[cases.index(c)] for c in FIX_CASES) < len(FIX_CASES)
 
 
@@ -283,12 +325,92 @@ def test_servers_are_asked_to_stop_on_every_end_id(both_paths, chat):
     assert all(set(p["stop_token_ids"]) == {chat.eos_id, eot} for p in manager.params)
 
 
-def test_validation_draws_nothing_raw_and_runs_saar_as_configured(warm_model_dir, chat):
+@pytest.mark.parametrize("source", ["math_dapo", "openai/gsm8k", "code_contests", "synthetic/arith"])
+def test_a_verl_row_becomes_the_pipelines_item(source, verl_config, tokenizer, tmp_path):
+    """``prompt_item`` of a row verl's dataset read = ``load_prompts``' item of the same row: the id the raw draw is
+    keyed on (``{data_source}/{extra_info.index}``), the paper's wrapper by source (none on synthetic rows), the
+    ground truth and extra info."""
+    from tasks.data.prompts import AGENT_NOTE, MATH_INTRO
+    from tasks.training.verl_loop import prompt_item
+
+    rows = [{"data_source": source, "prompt": [{"role": "user", "content": "What is 6 * 7?"}], "ability": "math",
+             "reward_model": {"ground_truth": "42", "style": "rule"}, "extra_info": {"index": 7, "split": "train"}}]
+    path = write_rows(tmp_path / "one.parquet", rows)
+    item = prompt_item(dataset_rows(verl_config, path, tokenizer)[0])
+    assert item == load_prompts(str(path))[0]
+    assert item.prompt_id == f"{source}/7" and item.extra_info == {"index": 7, "split": "train"}
+    content = item.messages[-1]["content"]
+    wrapped = {"math_dapo": content == "What is 6 * 7?" + NO_UNITS, "code_contests": AGENT_NOTE in content,
+               "openai/gsm8k": content.startswith(MATH_INTRO + "What is 6 * 7?"),
+               "synthetic/arith": content == "What is 6 * 7?"}
+    assert wrapped[source] and prompt_item(dataset_rows(verl_config, path, tokenizer)[0], template=False).messages == \
+        [{"role": "user", "content": "What is 6 * 7?"}]
+
+
+def test_a_verl_row_without_an_id_is_an_error_naming_it():
+    from tasks.training.verl_loop import prompt_item
+
+    row = {"data_source": "math_dapo", "uid": "u-1", "raw_prompt": [{"role": "user", "content": "6 * 7?"}]}
+    with pytest.raises(ValueError, match="data_source 'math_dapo' \\(uid 'u-1'\\) has no id: give it extra_info.index"):
+        prompt_item(row)
+
+
+def test_the_loops_timings_fill_verls_metrics(both_paths):
+    """``AgentLoopMetrics``: seconds waiting on the server (every row) and in the sandbox (rows that ran code);
+    verl's ``agent_loop/generate_sequences/*`` and ``tool_calls/*`` timings are made from these."""
+    cases, *_ = both_paths
+    out = both_paths[3]
+    metrics = dict(zip(cases, out.meta_info["metrics"]))
+    assert all(m["generate_sequences"] > 0 for m in metrics.values())
+    assert all(m["tool_calls"] > 0 for c, m in metrics.items() if c != "cut") and metrics["cut"]["tool_calls"] == 0
+
+
+def test_the_servers_extra_fields_reach_verl(both_paths):
+    """``TokenOutput.extra_fields`` merged as verl's tool loop does: the first turn's whole, then the newest
+    ``max_global_steps`` (V1's staleness tags read min and max)."""
+    cases, _, _, out, _ = both_paths
+    rows = out.non_tensor_batch
+    assert all(v == SERVER_STEP for v in rows["min_global_steps"]) and all(v == SERVER_STEP for v in rows["global_steps"])
+    newest = dict(zip(cases, rows["max_global_steps"]))
+    assert (newest["clean"], newest["cut"]) == (SERVER_STEP + 1, SERVER_STEP)  # two server turns, one
+
+
+def test_merge_extra_fields_keeps_the_first_and_the_newest_max():
+    from tasks.training.verl_loop import merge_extra_fields
+
+    acc: dict = {}
+    merge_extra_fields(acc, {"global_steps": 4, "min_global_steps": 4, "max_global_steps": 4, "spec_num_draft_tokens": 2})
+    merge_extra_fields(acc, {"global_steps": 6, "min_global_steps": 6, "max_global_steps": 6, "spec_num_draft_tokens": 3})
+    assert acc == {"global_steps": 4, "min_global_steps": 4, "max_global_steps": 6, "spec_num_draft_tokens": 5}
+
+
+def test_tool_responses_are_cut_on_verls_side(both_paths, warm_model_dir, verl_rows, chat):
+    """verl's ``multi_turn.tool_response_truncate_side`` (default ``middle``), with verl's markers; 600 characters
+    printed, 256 kept."""
+    cases, _, pipeline, out, _ = both_paths
+    text = chat.decode(unpadded(out, cases.index("long"))[1])
+    assert "A" * 128 + "...(truncated)..." + "B" * 128 in text and "A" * 129 not in text
+    assert chat.decode(pipeline[cases.index("long")].response_ids) == text
+    config = compose_verl(warm_model_dir, "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=left")
+    left, _ = run_verl(config, chat, verl_batch(verl_rows, ["long"], STEP))
+    text = chat.decode(unpadded(left, 0)[1])
+    assert "(truncated)..." + "B" * 256 in text and "AA" not in text
+
+
+def test_a_prompt_over_the_rollouts_prompt_length_is_an_error_naming_the_row(warm_model_dir, verl_rows, chat):
+    config = compose_verl(warm_model_dir)
+    config.actor_rollout_ref.rollout.prompt_length = 64
+    with pytest.raises(Exception, match=r"'math_dapo/clean' is \d+ tokens.*rollout\.prompt_length=64"):
+        run_verl(config, chat, verl_batch(verl_rows, ["clean"], STEP))
+
+
+def test_validation_draws_nothing_raw_and_runs_saar_as_configured(warm_model_dir, verl_rows, chat):
     cases = ["shallow", *FIX_CASES]
-    on, _ = run_verl(compose_verl(warm_model_dir), chat, cases, STEP, validate=True)
+    on, _ = run_verl(compose_verl(warm_model_dir), chat, verl_batch(verl_rows, cases, STEP, validate=True))
     assert not any(on.non_tensor_batch["cleaner_raw"])
     assert all(s["rollbacks_recovered"] == 1 for s in on.non_tensor_batch["cleaner_stats"])
-    off, _ = run_verl(compose_verl(warm_model_dir, "+cleaner.validation_saar=false"), chat, cases, STEP, validate=True)
+    off, _ = run_verl(compose_verl(warm_model_dir, "+cleaner.validation_saar=false"), chat,
+                      verl_batch(verl_rows, cases, STEP, validate=True))
     assert not any(off.non_tensor_batch["cleaner_raw"])
     assert all(s["rollbacks_triggered"] == 0 for s in off.non_tensor_batch["cleaner_stats"])
     assert all(not events for events in off.non_tensor_batch["cleaner_events"])
@@ -298,7 +420,7 @@ def test_draw_tags_follow_step_group_and_validation():
     import numpy as np
     from verl.protocol import DataProto
 
-    from tasks.training.verl_loop import DRAW_KEY, annotate_draws
+    from tasks.training.verl_draws import DRAW_KEY, annotate_draws
 
     uids = np.array(["u1", "u1", "u2", "u1", "u2"], dtype=object)
     batch = DataProto.from_dict(non_tensors={"uid": uids}, meta_info={"global_steps": 7})
@@ -311,12 +433,36 @@ def test_draw_tags_follow_step_group_and_validation():
     assert all(t["validate"] for t in val.non_tensor_batch[DRAW_KEY])
 
 
+def test_v1_tags_carry_the_step_and_validation_and_the_sample_is_the_session():
+    """V1 batches are one row per prompt and V1's worker drops ``validate``: the batch's tag keeps it, and each
+    of a prompt's sessions draws with its ``session_id`` as the sample index."""
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+
+    from tasks.training.verl_draws import DRAW_KEY, draw_of, tag_draws_v1
+
+    batch = TensorDict({}, batch_size=[2])
+    tu.assign_non_tensor_data(batch, "global_steps", 7)
+    tu.assign_non_tensor_data(batch, "validate", True)
+    tag_draws_v1(batch)
+    tag = tu.get_non_tensor_data(batch, DRAW_KEY, None)
+    assert tag == {"step": 7, "validate": True}
+    assert draw_of({DRAW_KEY: tag, "session_id": 3}) == {"step": 7, "validate": True, "sample": 3}
+    train = TensorDict({}, batch_size=[1])
+    tu.assign_non_tensor_data(train, "global_steps", 2)
+    tag_draws_v1(train)
+    assert tu.get_non_tensor_data(train, DRAW_KEY, None) == {"step": 2, "validate": False}
+    with pytest.raises(ValueError, match="without global_steps"):
+        tag_draws_v1(TensorDict({}, batch_size=[1]))
+
+
 def test_manager_tags_rows_before_verl_splits_them(monkeypatch):
     import numpy as np
     from verl.experimental.agent_loop.agent_loop import AgentLoopManager
     from verl.protocol import DataProto
 
-    from tasks.training.verl_loop import DRAW_KEY, CleanerAgentLoopManager
+    from tasks.training.verl_draws import DRAW_KEY
+    from tasks.training.verl_loop import CleanerAgentLoopManager
 
     seen = []
 
@@ -405,6 +551,13 @@ def test_paper_config_composes_with_verl_defaults():
     assert dict(cfg.reward.custom_reward_function.reward_kwargs.sandbox) == dict(cfg.cleaner.sandbox)
     ours = rollout_config(cfg)
     assert (ours.max_turns, ours.max_response_tokens, ours.saar.raw_share) == (16, 20480, 0.3)
+    assert ours.tool_response_truncate_side == "right"  # the paper's: the head kept, as in the pipeline
+    # what verl's main_ppo.main checks before it starts its (default, V1) task runner
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    assert cfg.trainer.use_v1 is True
+    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
 
 
 def test_paper_reward_applies_the_overlong_penalty(chat):
@@ -551,7 +704,7 @@ def test_verl_rows_equal_the_hand_built_goldens(both_paths, goldens, chat, case)
     cases, _, _, out, _ = both_paths
     prompt, resp, mask, lps = unpadded(out, cases.index(case))
     g = goldens[case]
-    assert prompt == chat.prompt_ids([{"role": "user", "content": f"case {case}: what is 6 * 7?"}])
+    assert prompt == chat.prompt_ids([{"role": "user", "content": question(case) + NO_UNITS}])
     assert chat.decode(resp) == chat.decode(g.ids)
     assert (resp, mask) == (g.ids, g.mask)
     assert lps == pytest.approx(g.lps, abs=1e-6)

@@ -165,12 +165,23 @@ class _Row:
             raise self.error(column, f"invalid JSON ({err.msg} at char {err.pos})") from None
 
     def row_id(self, data_source: str, extra: dict) -> str:
-        for key in ("id", "index", "question_id", "task_id"):
-            if extra.get(key) is not None:
-                return f"{data_source}/{extra[key]}"
-        if self.raw.get("id") is not None:
-            return f"{data_source}/{self.raw['id']}"
-        return f"{data_source}/{self.index}"
+        return task_id(data_source, extra, self.raw.get("id"), self.index)
+
+
+ID_KEYS = ("id", "index", "question_id", "task_id")
+"""``extra_info`` keys that name a row, in the order ``task_id`` looks for them."""
+
+
+def task_id(data_source: str, extra: dict, row_id: Any = None, position: int | None = None) -> str | None:
+    """A row's task id, ``{data_source}/{key}``: the first of ``extra_info``'s ``ID_KEYS``, else the row's own
+    ``id`` column, else its position in the file (``None`` when that is unknown too). The raw-share draw is keyed on
+    it, so the verl agent loop (``tasks.training.verl_loop.prompt_item``) names its rows with this same function."""
+    for key in ID_KEYS:
+        if extra.get(key) is not None:
+            return f"{data_source}/{extra[key]}"
+    if row_id is not None:
+        return f"{data_source}/{row_id}"
+    return None if position is None else f"{data_source}/{position}"
 
 
 def _kind_name(kind) -> str:

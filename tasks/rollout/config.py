@@ -78,7 +78,12 @@ class RolloutConfig(BaseModel):
     """Token budget of the whole response (assistant + tool tokens); the response is cut there."""
 
     max_tool_response_chars: int = Field(256, ge=16)
-    """Characters of a tool response the model sees (head kept, rest marked truncated)."""
+    """Characters of a tool response the model sees (the rest cut on ``tool_response_truncate_side``, marked)."""
+
+    tool_response_truncate_side: Literal["right", "left", "middle"] = "right"
+    """Where a long tool response is cut (``sandbox.result.TRUNCATE``): ``right`` keeps the head (the
+    reference's way), ``left`` the tail, ``middle`` both ends; the verl loop takes verl's
+    ``multi_turn.tool_response_truncate_side``."""
 
     scheduling: Literal["continuous", "rounds"] = "continuous"
     """``continuous``: turns join the engine's decoding batch as soon as their trajectory is ready

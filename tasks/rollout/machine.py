@@ -264,7 +264,7 @@ class Rollout:
         if attempt == 0:
             s.first_attempt_total += 1
             s.first_attempt_success += int(res.ok)
-        text = res.model_text(self.cfg.max_tool_response_chars)
+        text = res.model_text(self.cfg.max_tool_response_chars, self.cfg.tool_response_truncate_side)
         if res.ok:
             s.tool_success += 1
             if snap is not None:

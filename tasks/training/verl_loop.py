@@ -1,4 +1,4 @@
-"""SAAR as a verl agent loop: ``@register("cleaner_agent")`` for verl's Ray + FSDP trainer.
+"""SAAR as a verl agent loop: ``@register("cleaner_agent")`` for verl's Ray + FSDP trainer, V1 or legacy.
 
 What: ``CleanerAgentLoop.run`` rolls out one sample with the pipeline's own rollout — the
 handlers of ``tasks.rollout.machine.Rollout`` driven one trajectory at a time (``Rollout.drive``) and the
@@ -6,24 +6,31 @@ rules of ``tasks.rollout.saar`` — so both paths share one SAAR implementation.
 verl's server manager (``server_manager.generate(request_id, prompt_ids=..., sampling_params=...)``,
 SGLang or vLLM behind it); code runs in our sandbox (one pool per worker process, closed at exit).
 The output is verl's ``AgentLoopOutput`` (prompt_ids, response_ids, response_mask 1 = policy
-tokens, rollout log-probs); SAAR statistics and events ride in ``extra_fields``.
+tokens, rollout log-probs, ``AgentLoopMetrics``: seconds in the server and in the sandbox); SAAR statistics
+and events ride in ``extra_fields``, beside the server's own ``TokenOutput.extra_fields`` (``min_global_steps`` /
+``max_global_steps``, which V1's staleness tags read), merged over the turns as verl's tool agent loop does.
+
+Rows, as the pipeline's loader makes them (``prompt_item``): the id is ``tasks.data.formats.task_id``'s
+(``{data_source}/{extra_info.index}``, ...), the paper's prompt wrapper (``tasks.data.prompts.wrap_train_prompt``)
+is applied unless the source is one of ``UNWRAPPED`` or ``cleaner.prompt_template`` is off, and a prompt longer than
+``rollout.prompt_length`` after our chat template is an error naming the row (verl would pad it to a ragged row).
 
 Config: verl's own keys under ``actor_rollout_ref.rollout.multi_turn`` are honoured
-(``max_assistant_turns`` → turns, ``max_tool_response_length`` → tool text chars) and
+(``max_assistant_turns`` → turns, ``max_tool_response_length`` → tool text chars,
+``tool_response_truncate_side`` → the side of a long tool text that is cut) and
 ``rollout.response_length`` is the response budget; ours live in a top-level ``cleaner:`` section
 (``cleaner.saar`` = ``SAARConfig``, ``cleaner.sandbox`` = ``SandboxConfig``,
-``cleaner.max_new_tokens``, ``cleaner.system_prompt``, ``cleaner.seed``, ``cleaner.validation_saar``),
-see ``configs/verl/cleaner_grpo.yaml``. verl imports this module through
+``cleaner.max_new_tokens``, ``cleaner.system_prompt``, ``cleaner.seed``, ``cleaner.validation_saar``,
+``cleaner.prompt_template``), see ``configs/verl/cleaner_grpo.yaml``. verl imports this module through
 ``configs/verl/agent_loops.yaml`` (``rollout.agent.agent_loop_config_path``); the reward function
 ``compute_score`` gets ``cleaner.sandbox`` through ``reward.custom_reward_function.reward_kwargs``.
 
-Raw draws: verl does not hand an agent loop its step or its sample index within the group, so
-``CleanerAgentLoopManager`` (``rollout.agent.agent_loop_manager_class``) tags every row of a batch
-before verl splits it over workers (``annotate_draws``: verl's global step, the row's index among the
-rows of its prompt, validation or not); the draw is then the pipeline's, ``is_raw(seed, step,
-prompt id = extra_info.index, sample index)``. A validation batch draws nothing raw and runs SAAR
-only when ``cleaner.validation_saar`` is on (default, as the reference's evaluation does); it
-touches no training state.
+Raw draws: ``CleanerAgentLoopManager`` (``rollout.agent.agent_loop_manager_class``) tags the batch before verl
+splits it over workers with what each row's draw is keyed on (``tasks.training.verl_draws``), and its ``create``
+builds the manager the trainer needs: this one under the legacy trainer (``trainer.use_v1=false``), V1's
+TransferQueue one (``tasks.training.verl_v1``) under V1, verl's default. The draw is then the pipeline's,
+``is_raw(seed, step, prompt id, sample index)``. A validation batch draws nothing raw and runs SAAR only when
+``cleaner.validation_saar`` is on (default, as the reference's evaluation does).
 
 Stops: the server's stop reason is mapped explicitly (``gen_output``): ``stop`` (SGLang) and
 ``completed`` ending on a stop id (vLLM says ``completed`` for stops and cuts alike) are stops — the
@@ -39,12 +46,12 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-from collections import Counter
+import json
+import time
 from dataclasses import asdict
 from typing import Any
 from uuid import uuid4
 
-import numpy as np
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopBase,
@@ -53,18 +60,20 @@ from verl.experimental.agent_loop.agent_loop import (
     AgentLoopOutput,
     register,
 )
+from verl.experimental.agent_loop.tool_agent_loop import SPEC_DECODE_EXTRA_KEYS
 from verl.utils.ray_utils import auto_await
 
 from models.chat import ChatFormat
 from models.engine import GenOutput, GenRequest
 from sandbox.config import SandboxConfig
+from tasks.data.formats import UNWRAPPED, task_id
+from tasks.data.prompts import wrap_train_prompt
 from tasks.rollout.config import RolloutConfig, SAARConfig
 from tasks.rollout.machine import Rollout
 from tasks.rollout.types import PromptItem, Trajectory
+from tasks.training.verl_draws import annotate_draws, draw_of
 
 _sandboxes: dict[str, Any] = {}
-DRAW_KEY = "cleaner_draw"
-"""Non-tensor column that ``annotate_draws`` adds: ``{"step", "sample", "validate"}`` per row."""
 
 
 def cleaner_settings(trainer_config) -> dict:
@@ -74,7 +83,7 @@ def cleaner_settings(trainer_config) -> dict:
 
 
 def rollout_config(trainer_config) -> RolloutConfig:
-    """Our ``RolloutConfig`` from verl's rollout / multi_turn keys plus the ``cleaner:`` section."""
+    """Our ``RolloutConfig`` from verl's rollout / multi_turn keys (verl's defaults where absent) plus ``cleaner:``."""
     rollout = trainer_config.actor_rollout_ref.rollout
     ours = cleaner_settings(trainer_config)
     response_length = int(rollout.response_length)
@@ -85,6 +94,7 @@ def rollout_config(trainer_config) -> RolloutConfig:
         max_new_tokens=int(ours.get("max_new_tokens") or response_length),
         max_response_tokens=response_length,
         max_tool_response_chars=int(multi_turn.get("max_tool_response_length") or 256),
+        tool_response_truncate_side=str(multi_turn.get("tool_response_truncate_side") or "middle"),
         saar=SAARConfig(**(ours.get("saar") or {})),
     )
 
@@ -122,31 +132,18 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, sand
     return {"score": float(res.reward), "acc": float(bool(res.correct))}
 
 
-def annotate_draws(batch) -> None:
-    """Tag each row of a verl batch with what its raw draw is keyed on (column ``DRAW_KEY``).
-
-    ``step`` = ``meta_info["global_steps"]``, ``validate`` = ``meta_info["validate"]``, ``sample`` = the
-    row's index among the rows of its prompt (same ``uid``, else same ``extra_info.index``) in batch
-    order. Done once per batch, before verl splits it over workers, so a group split across two
-    workers keeps distinct sample indices.
-    """
-    rows, n = batch.non_tensor_batch, len(batch)
-    step, validate = int(batch.meta_info.get("global_steps", -1)), bool(batch.meta_info.get("validate", False))
-    if "uid" in rows:
-        keys = [str(u) for u in rows["uid"]]
-    else:
-        extra = rows.get("extra_info", [None] * n)
-        keys = [str(dict(e or {}).get("index", i)) for i, e in enumerate(extra)]
-    seen: Counter = Counter()
-    tags = np.empty(n, dtype=object)
-    for i, key in enumerate(keys):
-        tags[i] = {"step": step, "sample": seen[key], "validate": validate}
-        seen[key] += 1
-    rows[DRAW_KEY] = tags
-
-
 class CleanerAgentLoopManager(AgentLoopManager):
-    """verl's agent-loop manager, plus ``annotate_draws`` before the batch is split over workers."""
+    """verl's agent-loop manager plus the draw tags; ``create`` builds the one the trainer's kind needs."""
+
+    @classmethod
+    def create(cls, *args, **kwargs):
+        """Legacy trainer: this class. V1 (``trainer.use_v1``, verl's default): ``CleanerAgentLoopManagerTQ``."""
+        config = kwargs["config"] if "config" in kwargs else args[0]
+        if cls is CleanerAgentLoopManager and config.trainer.get("use_v1", False):
+            from tasks.training.verl_v1 import CleanerAgentLoopManagerTQ
+
+            return CleanerAgentLoopManagerTQ.create(*args, **kwargs)
+        return super().create(*args, **kwargs)
 
     @auto_await
     async def generate_sequences(self, prompts):
@@ -154,25 +151,49 @@ class CleanerAgentLoopManager(AgentLoopManager):
         return await AgentLoopManager.generate_sequences(self, prompts)
 
 
-def prompt_item(kwargs: dict) -> PromptItem:
-    """A verl dataset row (``raw_prompt``, ``extra_info``, ``reward_model``, ``data_source``) as our item."""
+def prompt_item(kwargs: dict, template: bool = True) -> PromptItem:
+    """A verl dataset row (``raw_prompt``, ``extra_info``, ``reward_model``, ``data_source``) as our item, made as
+    ``tasks.data.loader.load_prompts`` makes it from the same row: its id (``task_id``; the raw-share draw is keyed
+    on it), its messages (role and content) with the paper's wrapper unless ``template`` is off or the source is
+    ``UNWRAPPED``, its ground truth as text (JSON when structured)."""
     extra = dict(kwargs.get("extra_info") or {})
-    reward = kwargs.get("reward_model") or {}
-    pid = extra.get("index", kwargs.get("index", kwargs.get("uid", uuid4().hex)))
-    return PromptItem(str(pid), [dict(m) for m in kwargs["raw_prompt"]], str(kwargs.get("data_source", "")),
-                      str(reward.get("ground_truth", "")), extra)
+    source = str(kwargs.get("data_source", ""))
+    pid = task_id(source, extra, kwargs.get("id"))
+    if pid is None:
+        raise ValueError(f"cleaner_agent: the verl row of data_source {source!r} (uid {kwargs.get('uid')!r}) has no "
+                         "id: give it extra_info.index (or id, question_id, task_id); its raw-share draw is keyed on it")
+    messages = [{"role": m["role"], "content": m["content"]} for m in kwargs["raw_prompt"]]
+    if template and not source.startswith(UNWRAPPED):
+        messages = wrap_train_prompt(messages, source)
+    truth = (kwargs.get("reward_model") or {}).get("ground_truth", "")
+    return PromptItem(pid, messages, source, truth if isinstance(truth, str) else json.dumps(truth), extra)
 
 
-def to_output(t: Trajectory) -> AgentLoopOutput:
-    """verl's output of one finished trajectory; SAAR statistics and events in ``extra_fields``."""
+def merge_extra_fields(into: dict, new: dict) -> None:
+    """One turn's ``TokenOutput.extra_fields`` into the trajectory's, as verl's tool agent loop merges them: the
+    first non-empty set whole, then only a newer ``max_global_steps`` and the sums of speculative-decoding counts."""
+    if not into:
+        into.update(new)
+        return
+    if new.get("max_global_steps"):
+        into["max_global_steps"] = new["max_global_steps"]
+    for key in SPEC_DECODE_EXTRA_KEYS:
+        if key in new and key in into:
+            into[key] = int(into[key]) + int(new[key])
+
+
+def to_output(t: Trajectory, metrics: AgentLoopMetrics, server_fields: dict) -> AgentLoopOutput:
+    """verl's output of one finished trajectory; SAAR statistics and events in ``extra_fields``, beside the
+    server's."""
     return AgentLoopOutput(
         prompt_ids=list(t.prompt_ids),
         response_ids=list(t.response_ids),
         response_mask=list(t.response_mask),
         response_logprobs=list(t.logprobs),
         num_turns=len(t.messages),
-        metrics=AgentLoopMetrics(),
+        metrics=metrics,
         extra_fields={
+            **server_fields,
             "cleaner_raw": t.raw,
             "cleaner_finish_reason": t.finish_reason,
             "cleaner_stats": {**t.stats.scalars(), "failure_reasons": dict(t.stats.failure_reasons),
@@ -192,36 +213,52 @@ class CleanerAgentLoop(AgentLoopBase):
         self.cfg = rollout_config(self.config)
         self.seed = int(ours.get("seed", 0))
         self.validation_saar = bool(ours.get("validation_saar", True))
+        self.template = bool(ours.get("prompt_template", True))
         self.sandbox_cfg = SandboxConfig(**(ours.get("sandbox") or {}))
         self.chat = ChatFormat(self.tokenizer, ours.get("system_prompt"))
         self.stop_ids = stop_ids(self.chat)
         self.rollout = Rollout(self.cfg, engine=None, chat=self.chat, sandbox=None)
 
     def new_trajectory(self, item: PromptItem, draw: dict) -> Trajectory:
-        """One row's trajectory: the pipeline's raw draw in training; validation draws nothing raw."""
+        """One row's trajectory: the pipeline's raw draw in training; validation draws nothing raw. A prompt over
+        ``rollout.prompt_length`` tokens is an error naming the row."""
         traj = self.rollout.new_trajectory(item, self.seed, draw["step"], draw["sample"])
+        limit = int(self.rollout_config.prompt_length)
+        if len(traj.prompt_ids) > limit:
+            raise ValueError(f"cleaner_agent: prompt {item.prompt_id!r} is {len(traj.prompt_ids)} tokens in our chat "
+                             f"template, over actor_rollout_ref.rollout.prompt_length={limit}: raise it "
+                             "(data.max_prompt_length) or drop the row")
         if draw["validate"]:
             traj.raw, traj.saar_on = False, self.cfg.saar.enabled and self.validation_saar
         return traj
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
-        if DRAW_KEY not in kwargs:
-            raise RuntimeError("cleaner_agent: the rows carry no raw-draw key; set actor_rollout_ref.rollout.agent."
-                               "agent_loop_manager_class=tasks.training.verl_loop.CleanerAgentLoopManager")
-        traj = self.new_trajectory(prompt_item(kwargs), kwargs[DRAW_KEY])
+        draw = draw_of(kwargs)
+        traj = self.new_trajectory(prompt_item(kwargs, self.template), draw)
         request_id = uuid4().hex
+        metrics, server_fields, preempted = AgentLoopMetrics(), {}, []
 
         async def agenerate(req: GenRequest) -> GenOutput:
             params = {**sampling_params, "max_new_tokens": req.max_new_tokens, "logprobs": True,
                       "stop_token_ids": sorted(self.stop_ids)}
+            start = time.perf_counter()
             out = await self.server_manager.generate(request_id, prompt_ids=req.input_ids, sampling_params=params)
+            metrics.generate_sequences += time.perf_counter() - start
+            preempted.append(getattr(out, "num_preempted", None))
+            merge_extra_fields(server_fields, dict(getattr(out, "extra_fields", None) or {}))
             return self.gen_output(out, req)
 
         async def aexecute(code: str, setup: str | None = None):
             box = shared_sandbox(self.sandbox_cfg)
-            return (await asyncio.to_thread(box.run_many, [code], [setup]))[0]
+            start = time.perf_counter()
+            res = (await asyncio.to_thread(box.run_many, [code], [setup]))[0]
+            metrics.tool_calls += time.perf_counter() - start
+            return res
 
-        return to_output(await self.rollout.drive(traj, agenerate, aexecute))
+        traj = await self.rollout.drive(traj, agenerate, aexecute)
+        if any(p is not None for p in preempted):  # verl's -1 (not reported) otherwise
+            metrics.num_preempted = sum(p or 0 for p in preempted)
+        return to_output(traj, metrics, server_fields)
 
     def gen_output(self, out, req: GenRequest) -> GenOutput:
         """verl ``TokenOutput`` → our ``GenOutput``, every stop reason explicit (see module docstring)."""
