@@ -9,7 +9,9 @@
   worker resumes it (step 0 not recomputed) and the compare completes;
 * the same compare in-process (``cleaner compare`` without ``--dispatch``), run meanwhile on the same stores, gives
   the same per-run numbers: the same trajectories (token ids), rewards, losses and final pass@1; the store holds
-  every row once.
+  every row once;
+* one DuckDB writer: no process a worker started ever has the DuckDB file open (sampled from ``/proc`` every
+  0.2 s while the runs go on); the dispatching compare ingests their rows.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -153,6 +156,32 @@ def _ended(proc: subprocess.Popen) -> None:
             proc.wait(timeout=30)
 
 
+class StoreWatch(threading.Thread):
+    """Every 0.2 s, the pids under the workers that have ``store`` (or its WAL) open, until ``stop``."""
+
+    def __init__(self, f: Fanout, store: Path):
+        super().__init__(daemon=True)
+        self.f, self.names, self.seen, self.samples = f, {str(store), f"{store}.wal"}, set(), 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.2):
+            for proc in list(self.f.workers.values()):
+                for pid in [proc.pid, *_descendants(proc.pid)]:
+                    try:
+                        targets = {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()}
+                    except OSError:
+                        continue
+                    if targets & self.names:
+                        self.seen.add(pid)
+            self.samples += 1
+
+    def stop(self) -> set[int]:
+        self.done.set()
+        self.join(timeout=10)
+        return self.seen
+
+
 def _first_logged(f: Fanout, compare_id: str, deadline_s: float = 900) -> str:
     deadline = time.time() + deadline_s
     while time.time() < deadline:
@@ -202,6 +231,9 @@ def test_a_dispatched_compare_survives_a_lost_worker_and_matches_in_process(fano
     request.addfinalizer(lambda: _ended(reference))
     for name in ("w1", "w2"):
         f.start_worker(name)
+    watch = StoreWatch(f, f.tmp / "cleaner.duckdb")
+    watch.start()
+    request.addfinalizer(watch.stop)
     compare = f.compare("cmp-d", "--dispatch", DEPLOYMENT)
     victim = _first_logged(f, "cmp-d")
     [run] = f.flow_runs(victim)
@@ -212,6 +244,8 @@ def test_a_dispatched_compare_survives_a_lost_worker_and_matches_in_process(fano
     killed = f.kill_worker(owner)
     assert killed, f"{owner} had no flow process"
     assert compare.wait(timeout=1800) == 0, (f.tmp / "cmp-d.log").read_text()[-4000:]
+    assert watch.stop() == set() and watch.samples > 100, "a dispatched run opened the DuckDB file"
+    assert (f.tmp / "runs" / "cmp-d" / "dispatch-token.json").exists()
     log = (f.tmp / "cmp-d.log").read_text()
     assert f"{victim}: Crashed (no heartbeat for 60 s" in log and "rescheduled, retry 1 of 2" in log, log[-4000:]
     [again] = f.flow_runs(victim)
