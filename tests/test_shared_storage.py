@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import polars as pl
@@ -128,3 +130,30 @@ def test_a_rows_only_process_never_opens_the_store_for_writing(tmp_path, monkeyp
     assert rows.to_dicts() == [{"run_id": "r1", "status": "running"}]
     evals = db.query(store, "SELECT key, value FROM evaluations")
     assert evals.equals(pl.DataFrame({"key": ["eval/x"], "value": [0.5]}))
+
+
+def test_the_stacks_postgres_urls_and_a_folder_the_postgres_user_cannot_reach(tmp_path):
+    from flows.serve_db import DatabaseError, Postgres, _check_reachable
+
+    pg = Postgres(tmp_path / "postgres", 6543)
+    (tmp_path / "postgres").mkdir()
+    (tmp_path / "postgres" / "password").write_text("p@ss/word\n")
+    assert pg.base_url() == "postgresql://cleaner:p%40ss%2Fword@127.0.0.1:6543"
+    assert pg.database_url("prefect", "asyncpg") == "postgresql+asyncpg://cleaner:p%40ss%2Fword@127.0.0.1:6543/prefect"
+    assert pg.argv()[1:7] == ["-D", str(tmp_path / "postgres" / "data"), "-p", "6543", "-h", "127.0.0.1"]
+    yours = Postgres(tmp_path / "unused", url="postgresql://u:p@db:5432/")
+    assert not yours.managed and yours.database_url("mlflow", "psycopg2") == "postgresql+psycopg2://u:p@db:5432/mlflow"
+    with pytest.raises(DatabaseError, match="is mode 700"):  # pytest's own folders are 0700: the stack tests avoid them
+        _check_reachable(tmp_path, uid=654321, gid=654321)
+    base = Path(tempfile.mkdtemp())
+    base.chmod(0o755)
+    locked = base / "locked"
+    (locked / "inner").mkdir(parents=True)
+    locked.chmod(0o700)
+    try:
+        _check_reachable(base, uid=654321, gid=654321)
+        with pytest.raises(DatabaseError, match=f"the postgres user cannot reach {locked / 'inner'}: {locked} is mode "
+                                                f"700 \\(owner uid {os.getuid()}\\); .*chmod o\\+x {locked}$"):
+            _check_reachable(locked / "inner", uid=654321, gid=654321)
+    finally:
+        shutil.rmtree(base)
