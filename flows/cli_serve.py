@@ -6,6 +6,7 @@ restarted with back-off, the others keep running), and stops them without leavin
 process behind.
 
     cleaner serve start [--detach]      # foreground (Ctrl-C stops everything) or a background supervisor
+    cleaner serve start --database postgres   # a team stack: Prefect's and MLflow's stores on PostgreSQL
     cleaner serve status                # servers, restarts, scheduler errors, the active flow runs it owns
     cleaner serve restart mlflow        # or prefect / worker
     cleaner serve stop [--force]        # refuses while its flow runs are active; --force cancels them and waits
@@ -71,7 +72,13 @@ def start(folder: Path = DirOpt,
           prefect_port: int = typer.Option(4200, help="Prefect server port."),
           mlflow_port: int = typer.Option(5000, help="MLflow server port."),
           pool: str = typer.Option("cleaner-process", help="Work pool (type process) the worker polls."),
-          mlflow_store: str = typer.Option("sqlite:///mlflow.db", help="MLflow backend store URI."),
+          mlflow_store: str | None = typer.Option(None, help="MLflow backend store URI (default sqlite:///mlflow.db; "
+                                                  "with --database postgres: the stack's database mlflow)."),
+          database: str = typer.Option("sqlite", help="Prefect's database and MLflow's backend store: sqlite (one "
+                                       "user) or postgres (a team; flows/serve_db.py)."),
+          postgres_port: int = typer.Option(5432, help="Port of the stack's own PostgreSQL (loopback only)."),
+          database_url: str | None = typer.Option(None, help="With --database postgres: a PostgreSQL server of yours, "
+                                                  "postgresql://user:password@host:port, instead of the stack's own."),
           artifacts: Path = typer.Option(Path("mlartifacts"), help="MLflow artifacts folder."),
           host: str = typer.Option("127.0.0.1", help="Address the servers listen on; other than loopback needs --auth."),
           auth: bool = typer.Option(False, help="Team stack: MLflow basic auth + Prefect API auth (see docs/team.md)."),
@@ -80,6 +87,17 @@ def start(folder: Path = DirOpt,
           cancel_timeout: float = typer.Option(120.0, help="At stop, seconds active flow runs get to end once cancelled.")) -> None:
     """Start a Prefect server, a process worker and an MLflow server, and keep them running."""
     from flows.serve_auth import AuthError, prepare_auth
+    from flows.serve_db import Postgres
+
+    if database not in ("sqlite", "postgres"):
+        typer.echo(f"unknown --database {database!r}; one of: sqlite, postgres")
+        raise typer.Exit(2)
+    if database == "postgres" and mlflow_store is not None:
+        typer.echo("--mlflow-store is for --database sqlite; with postgres MLflow uses the stack's database mlflow")
+        raise typer.Exit(2)
+    if database_url is not None and database != "postgres":
+        typer.echo("--database-url needs --database postgres")
+        raise typer.Exit(2)
 
     if _running(folder):
         typer.echo(f"a stack is already running (see {folder / 'pids.json'}); `cleaner serve stop --dir {folder}` first")
@@ -90,8 +108,9 @@ def start(folder: Path = DirOpt,
     except AuthError as err:
         typer.echo(f"serve refused: {err}")
         raise typer.Exit(2) from None
-    cfg = StackConfig(folder, prefect_port, mlflow_port, pool, mlflow_store, artifacts.resolve(), host, timeout,
-                      cancel_timeout, creds)
+    pg = Postgres(folder.resolve() / "postgres", postgres_port, database_url) if database == "postgres" else None
+    cfg = StackConfig(folder, prefect_port, mlflow_port, pool, mlflow_store or "sqlite:///mlflow.db",
+                      artifacts.resolve(), host, timeout, cancel_timeout, creds, pg)
     if detach:
         _start_detached(cfg, auth)
         return
@@ -123,9 +142,12 @@ def _run_foreground(cfg: StackConfig) -> None:
 
 
 def _start_detached(cfg: StackConfig, auth: bool) -> None:
+    pg = cfg.database
+    store = ["--database", "postgres", "--postgres-port", str(pg.port), *(["--database-url", pg.url] if pg.url else [])
+             ] if pg is not None else ["--mlflow-store", cfg.mlflow_store]
     argv = [sys.executable, "-m", "flows.cli_serve", "start", "--dir", str(cfg.folder), "--prefect-port",
-            str(cfg.prefect_port), "--mlflow-port", str(cfg.mlflow_port), "--pool", cfg.pool, "--mlflow-store",
-            cfg.mlflow_store, "--artifacts", str(cfg.artifacts), "--host", cfg.host, "--timeout", str(cfg.timeout_s),
+            str(cfg.prefect_port), "--mlflow-port", str(cfg.mlflow_port), "--pool", cfg.pool, *store,
+            "--artifacts", str(cfg.artifacts), "--host", cfg.host, "--timeout", str(cfg.timeout_s),
             "--cancel-timeout", str(cfg.cancel_timeout_s), *(["--auth"] if auth else [])]
     (cfg.folder / "pids.json").unlink(missing_ok=True)
     logs = cfg.folder / "logs"
@@ -206,13 +228,14 @@ def stop(folder: Path = DirOpt,
 
 
 @app.command()
-def restart(name: str = typer.Argument(..., help=f"One of: {', '.join(ORDER)}."), folder: Path = DirOpt,
+def restart(name: str = typer.Argument(..., help=f"One of: {', '.join(ORDER)} (and postgres on a stack with its "
+                                          "own)."), folder: Path = DirOpt,
             timeout: float = typer.Option(300.0, help="Seconds the server may take to answer again.")) -> None:
     """Restart one server of a running stack (the others keep running)."""
-    if name not in ORDER:
-        typer.echo(f"unknown server {name!r}; one of: {', '.join(ORDER)}")
-        raise typer.Exit(2)
     state = _state_or_exit(folder)
+    if name not in state["pids"]:
+        typer.echo(f"unknown server {name!r}; one of: {', '.join(state['pids'])}")
+        raise typer.Exit(2)
     if not pid_alive(state.get("supervisor")):
         typer.echo(f"no supervisor is running for {folder} (start the stack with `cleaner serve start`)")
         raise typer.Exit(1)
@@ -264,7 +287,7 @@ def status(folder: Path = DirOpt) -> None:
         runs = _owned_runs(state)
         typer.echo(f"flow runs  {len(runs)} active on pool {pool!r}{': ' + _names(runs) if runs else ''}")
     typer.echo(f"PREFECT_API_URL={state['prefect_api']}  MLflow {state['mlflow_uri']}  "
-               f"PREFECT_HOME={state.get('prefect_home', '?')}")
+               f"PREFECT_HOME={state.get('prefect_home', '?')}  database {state.get('database', 'sqlite')}")
     if not healthy:
         raise typer.Exit(1)
 

@@ -140,15 +140,28 @@ def probe_task(cfg: RunConfig, folder: str, run_ids: list[str]) -> dict[str, dic
 
 
 @task(name="compare-dispatch", cache_policy=NO_CACHE)
-def dispatch_task(cmp: CompareConfig, config_path: str, jobs: list[tuple[str, str, list[str]]], parent: str) -> list[str]:
-    """Run every (arm, run id, overrides) job as a flow run of the ``compare.dispatch`` deployment on its workers."""
+def dispatch_task(cmp: CompareConfig, config_path: str, jobs: list[tuple[str, str, list[str]]], parent: str,
+                  token: dict[str, str], duckdb_path: str) -> list[str]:
+    """Run every (arm, run id, overrides) job as a flow run of the ``compare.dispatch`` deployment on its workers,
+    ingesting their rows into ``duckdb_path`` from this process as they come (the runs never open it)."""
     from flows import dispatch
 
     dispatch.ensure_lost_run_automation(cmp.lost_after_s)
     todo = [dispatch.Job(run_id, {"config_path": config_path, "overrides": ov, "run_id": run_id,
-                                  "parent_mlflow_run": parent}) for _, run_id, ov in jobs]
-    done = dispatch.run_all(cmp.dispatch, todo, cmp.parallel, cmp.retries, cmp.heartbeat_s)
+                                  "parent_mlflow_run": parent, "store_token": token}) for _, run_id, ov in jobs]
+    done = dispatch.run_all(cmp.dispatch, todo, cmp.parallel, cmp.retries, cmp.heartbeat_s,
+                            on_poll=lambda: db.try_ingest(duckdb_path))
     return [j.run_id for j in done]
+
+
+def _store_token(cfg: RunConfig, folder: Path) -> dict[str, str]:
+    """The token files each dispatched run must see before it trains (``tasks.stores.shared``)."""
+    from flows.dispatch import shared_files
+    from tasks.data.loader import ensure_files
+    from tasks.stores.shared import token_paths, write_token
+
+    ensure_files(cfg.data)  # the data files' sizes go into the token: each run checks it sees the same ones
+    return write_token(token_paths(folder, cfg.tracking.duckdb_path), shared_files(cfg))
 
 
 def _check_dispatch(deployment: str) -> None:
@@ -179,9 +192,13 @@ def compare_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | 
     cfg = load_config(config_path, overrides)
     cmp = cfg.compare
     compare_id = compare_id or f"compare-{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if cmp.dispatch:
-        _check_dispatch(cmp.dispatch)
     folder = Path(cfg.output_dir) / compare_id
+    if cmp.dispatch:
+        from flows.dispatch import check_storage
+
+        check_storage(cfg, f"compare.dispatch ({cmp.dispatch})")  # before any run starts, or any server is asked
+        _check_dispatch(cmp.dispatch)
+        token = _store_token(cfg, folder)
     shared_initial = cmp.shared_initial_eval and cfg.env is None  # environment runs evaluate their own start
     jobs = [(arm, run_id, ov) for arm, _, run_id, ov in compare_jobs(cfg, overrides, compare_id)]
     for _, _, ov in jobs:
@@ -197,7 +214,7 @@ def compare_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | 
         eval_cfg = load_config(config_path, [*(overrides or []), *cmp.shared])
         initial = initial_eval_task(eval_cfg, f"{compare_id}-initial", parent, str(folder))
     if cmp.dispatch:
-        dispatch_task(cmp, config_path, jobs, parent)
+        dispatch_task(cmp, config_path, jobs, parent, token, cfg.tracking.duckdb_path)
     else:
         runs_task(config_path, jobs, parent, str(folder), cmp.parallel)
     db.try_ingest(cfg.tracking.duckdb_path)

@@ -127,6 +127,12 @@ class CompareConfig(BaseModel):
     """A train deployment (``flow/deployment``, e.g. ``train/train-tiny-fanout``) to run each arm × seed as a flow run
     of, on its work pool's workers (any machine; docs/team.md); None: child processes of the compare."""
 
+    local_storage: bool = False
+    """Let ``dispatch`` use relative paths (``output_dir``, the data files, ``tracking.duckdb_path``) and a
+    machine-local MLflow store (``sqlite:``): only when every worker runs on this machine in this folder. False
+    (default): the compare refuses them before any run starts (``tasks.stores.shared``). Each dispatched run checks
+    that it sees the compare's store (a token file) either way."""
+
     retries: int = Field(2, ge=0)
     """Times a dispatched run that ended Crashed or Failed (its worker lost) is rescheduled; it resumes its run."""
 

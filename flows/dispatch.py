@@ -19,7 +19,10 @@ we only keep ``parallel`` runs submitted at a time, show progress, and handle lo
   the flow runs it made before instead of making new ones.
 
 Runs must see the same files wherever they run: the project at the path the deployment was made from, and
-``output_dir``, the data files and ``tracking.duckdb_path`` on a shared folder (docs/team.md).
+``output_dir``, the data files and ``tracking.duckdb_path`` on a shared folder (docs/team.md); the compare checks
+the paths and each run checks a token file before it trains (``tasks.stores.shared``). Each dispatched run gets
+``CLEANER_ROWS_ONLY=1`` (``tasks.stores.db.ROWS_ONLY_ENV``): it writes row-log units only, and the dispatcher
+ingests them into the DuckDB file (``on_poll``), so the file has one writer.
 """
 
 from __future__ import annotations
@@ -106,12 +109,46 @@ def ensure_lost_run_automation(lost_after_s: float) -> str:
     return str(wanted.create().id)
 
 
+def shared_files(cfg) -> dict[str, str | None]:
+    """The files of a run config (``flows.config.RunConfig``) that every worker must share: config field → path."""
+    return {"output_dir": cfg.output_dir, "data.train_path": cfg.data.train_path,
+            "data.eval_path": cfg.data.eval_path, "data.fresh_path": cfg.data.fresh_path,
+            "tracking.duckdb_path": cfg.tracking.duckdb_path}
+
+
+def check_storage(cfg, where: str) -> None:
+    """Raise ``StorageError`` listing every relative or machine-local store of ``cfg`` (unless
+    ``compare.local_storage``); ``where`` names who checks (the compare, or a dispatched run and its host)."""
+    from tasks.stores.shared import StorageError, local_storage
+
+    problems = [] if cfg.compare.local_storage else local_storage(shared_files(cfg), cfg.tracking.mlflow_uri)
+    if problems:
+        raise StorageError(f"{where}: a dispatched run must share its stores with the compare, and these are not "
+                           "shared: " + "; ".join(problems) + ". Set them to a folder every worker mounts at the "
+                           "same path (docs/team.md), or set compare.local_storage=true when every worker runs on "
+                           "this machine in this folder")
+
+
+def check_worker(cfg, run_id: str, token: dict[str, str]) -> None:
+    """A dispatched run's own check, on its worker, before it trains: the same storage contract as the compare's,
+    then the compare's token files and data files seen at their paths (``tasks.stores.shared.verify_token``)."""
+    import socket
+
+    from tasks.stores.shared import verify_token
+
+    check_storage(cfg, f"dispatched run {run_id} on host {socket.gethostname()}")
+    verify_token(run_id, token)
+
+
 def _submit(deployment: str, job: Job, heartbeat_s: int) -> None:
     from prefect.deployments import run_deployment
 
+    from tasks.stores.db import ROWS_ONLY_ENV
+
     run = run_deployment(deployment, parameters=job.parameters, timeout=0, flow_run_name=job.run_id, tags=[TAG],
                          idempotency_key=idempotency_key(job),
-                         job_variables={"env": {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(heartbeat_s)}})
+                         job_variables={"env": {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(heartbeat_s),
+                                                ROWS_ONLY_ENV: "1"}})
     job.flow_run_id, job.state = str(run.id), run.state.type.value if run.state else "SCHEDULED"
 
 
@@ -124,9 +161,10 @@ def _reschedule(client, job: Job, message: str) -> None:
 
 
 def run_all(deployment: str, jobs: list[Job], parallel: int, retries: int, heartbeat_s: int,
-            echo: Callable[[str], None] = print) -> list[Job]:
+            echo: Callable[[str], None] = print, on_poll: Callable[[], object] = lambda: None) -> list[Job]:
     """Dispatch ``jobs`` (``parallel`` unfinished at a time), wait for all; raise ``DispatchError`` naming the runs
-    that did not complete after ``retries`` reschedules each."""
+    that did not complete after ``retries`` reschedules each. ``on_poll`` runs after every poll (the compare
+    ingests the runs' rows there)."""
     from prefect import get_client
 
     waiting, active, ended = list(jobs), [], []
@@ -138,6 +176,7 @@ def run_all(deployment: str, jobs: list[Job], parallel: int, retries: int, heart
                 _submit(deployment, job, heartbeat_s)
                 active.append(job)
             time.sleep(POLL_S)
+            on_poll()
             for job in list(active):
                 run = client.read_flow_run(job.flow_run_id)
                 job.state = run.state.type.value if run.state else "SCHEDULED"

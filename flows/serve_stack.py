@@ -9,6 +9,9 @@ alone) through the Prefect API (the worker kills their processes, hooks run, slo
 released), waits, kills what is left below it, marks runs whose process is gone Cancelled, then stops the
 worker, MLflow and Prefect. State (process groups, ports, restarts, log offsets) is in ``pids.json``.
 
+With ``--database postgres`` (``flows/serve_db.py``) a PostgreSQL server of its own — or one you run — holds
+Prefect's database and MLflow's backend store; it starts first and stops last. SQLite is the default.
+
 MLflow is sized for a small machine: one uvicorn worker and no job-execution consumers
 (``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``: 2 processes / ~0.5 GB instead of 10 / ~2 GB here); telemetry is
 off for both servers.
@@ -33,6 +36,7 @@ import httpx
 from flows import serve_api
 from flows.procs import descendants, group_alive, pid_alive, proc_table, stop_groups
 from flows.serve_auth import env_for_clients
+from flows.serve_db import DatabaseError, Postgres
 
 ORDER = ("prefect", "mlflow", "worker")
 BACKOFF_S = (1, 2, 4, 8, 16, 30, 60)
@@ -60,6 +64,12 @@ class StackConfig:
     timeout_s: float = 300.0
     cancel_timeout_s: float = 120.0
     auth: dict = field(default_factory=dict)
+    database: Postgres | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The servers this stack starts, in start order (a PostgreSQL server of its own first)."""
+        return (("postgres",) if self.database is not None and self.database.managed else ()) + ORDER
 
     @property
     def prefect_api(self) -> str:
@@ -74,6 +84,9 @@ class StackConfig:
                "PREFECT_SERVER_API_HOST": self.host}
         if name == "mlflow":
             env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
+            env["MLFLOW_BACKEND_STORE_URI"] = self.backend_store  # in the environment: no password on a command line
+        if name == "prefect" and self.database is not None:
+            env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = self.database.database_url("prefect", "asyncpg")
         env.update(env_for_clients(self.auth))
         if self.auth and name == "prefect":
             env["PREFECT_SERVER_API_AUTH_STRING"] = self.auth["prefect"]
@@ -83,12 +96,18 @@ class StackConfig:
             env["MLFLOW_FLASK_SERVER_SECRET_KEY"] = self.auth["mlflow_secret"]
         return env
 
+    @property
+    def backend_store(self) -> str:
+        """MLflow's backend store: the stack's PostgreSQL database ``mlflow``, else ``mlflow_store``."""
+        return self.database.database_url("mlflow", "psycopg2") if self.database is not None else self.mlflow_store
+
     def argv(self, name: str) -> list[str]:
+        if name == "postgres":
+            return self.database.argv()
         if name == "prefect":
             return [_bin("prefect"), "server", "start", "--host", self.host, "--port", str(self.prefect_port)]
         if name == "mlflow":
-            argv = [_bin("mlflow"), "server", "--backend-store-uri", self.mlflow_store, "--artifacts-destination",
-                    str(self.artifacts), "--host", self.host, "--port", str(self.mlflow_port), "--workers", "1"]
+            argv = [_bin("mlflow"), "server", "--artifacts-destination", str(self.artifacts), "--host", self.host, "--port", str(self.mlflow_port), "--workers", "1"]
             return argv + (["--app-name", "basic-auth"] if self.auth else [])
         return [_bin("prefect"), "worker", "start", "--pool", self.pool, "--type", "process"]
 
@@ -141,6 +160,8 @@ class Supervisor:
         self.next_reconcile = 0.0
         self.subreaper = False
         self.state = {"supervisor": os.getpid(), "pids": {}, "prefect_api": cfg.prefect_api,
+                      "database": "postgres" if cfg.database is not None else "sqlite",
+                      "postgres_port": cfg.database.port if cfg.database is not None else None,
                       "mlflow_uri": cfg.mlflow_uri, "pool": cfg.pool, "host": cfg.host, "ready": False,
                       "restarts": {}, "log_offsets": {}, "auth_file": cfg.auth.get("file"),
                       "prefect_home": os.environ.get("PREFECT_HOME")}
@@ -151,9 +172,10 @@ class Supervisor:
         log_path = self.logs / f"{name}.log"
         with open(log_path, "ab") as log:
             self.state["log_offsets"][name] = log.tell()
+            extra = self.cfg.database.popen_kwargs() if name == "postgres" else {}
             self.procs[name] = subprocess.Popen(self.cfg.argv(name), stdout=log, stderr=subprocess.STDOUT,
                                                 stdin=subprocess.DEVNULL, env=self.cfg.env(name),
-                                                start_new_session=True)
+                                                start_new_session=True, **extra)
         self.started[name] = time.monotonic()
         self.state["pids"][name] = self.procs[name].pid
         self.write_state()
@@ -163,6 +185,13 @@ class Supervisor:
         return proc is not None and proc.poll() is None
 
     def wait_ready(self, name: str) -> None:
+        if name == "postgres":
+            alive = (lambda: self.alive(name)) if self.cfg.database.managed else (lambda: True)
+            try:
+                self.cfg.database.wait_ready(alive, self.logs / "postgres.log", self.cfg.timeout_s)
+            except DatabaseError as err:
+                raise ServeError(str(err)) from None
+            return
         url = self.cfg.health_url(name)
         if url:
             wait_http(name, url, lambda: self.alive(name), self.logs / f"{name}.log", self.cfg.timeout_s,
@@ -177,6 +206,8 @@ class Supervisor:
         """Start Prefect, create the work pool, start MLflow and the worker; raise ServeError if one fails."""
         self.subreaper = _become_subreaper()
         try:
+            if self.cfg.database is not None:
+                self._start_database()
             self.spawn("prefect")
             self.spawn("mlflow")
             self.wait_ready("prefect")
@@ -189,6 +220,16 @@ class Supervisor:
             raise
         self.state["ready"] = True
         self.write_state()
+
+    def _start_database(self) -> None:
+        """Initialise and start the stack's PostgreSQL (or reach yours), then make Prefect's and MLflow's databases."""
+        try:
+            self.cfg.database.init()
+        except DatabaseError as err:
+            raise ServeError(str(err)) from None
+        if self.cfg.database.managed:
+            self.spawn("postgres")
+        self.wait_ready("postgres")
 
     def _create_pool(self) -> None:
         argv = [_bin("prefect"), "work-pool", "create", self.cfg.pool, "--type", "process", "--overwrite"]
@@ -204,7 +245,7 @@ class Supervisor:
         """Until asked to stop: restart requested servers now and crashed ones after their back-off."""
         while not self.stopping.is_set():
             now = time.monotonic()
-            for name in [n for n in ORDER if n in self.procs]:
+            for name in [n for n in self.cfg.names if n in self.procs]:
                 request = self.cfg.folder / f"restart-{name}"
                 if request.exists():
                     request.unlink(missing_ok=True)
@@ -329,7 +370,7 @@ class Supervisor:
         return stopped
 
     def stop_servers(self, grace_s: float = 15.0) -> list[str]:
-        return stop_groups({n: self.procs[n].pid for n in ORDER if n in self.procs}, grace_s)
+        return stop_groups({n: self.procs[n].pid for n in self.cfg.names if n in self.procs}, grace_s)
 
     def _kill_descendants(self, grace_s: float = 10.0) -> None:
         """Flow processes (and what they started) left below us: SIGTERM their groups, then SIGKILL."""

@@ -41,6 +41,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.attempts import fenced_end, newer_attempt, retry_unless_fenced
 from flows.config import RunConfig, load_config
+from flows.dispatch import check_worker
 from flows.prepare import ORIGIN, RunInfo, ckpt_dir, default_run_id, prepare_run, step_dir
 from tasks.stores import db, fence, links, registry, trace_writer, tracking
 from tasks.stores.registry import ModelRef
@@ -281,13 +282,17 @@ def _ended(mlflow_status: str, db_status: str):
 @flow(name="train", log_prints=True, on_crashed=[_ended("FAILED", "crashed")],
       on_cancellation=[_ended("KILLED", "cancelled")], on_failure=[_ended("FAILED", "failed")])
 def train(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = None, run_id: str | None = None,
-          parent_mlflow_run: str | None = None) -> dict:
-    """Train a policy with CLEANER; returns the run id, MLflow run id and final checkpoint."""
+          parent_mlflow_run: str | None = None, store_token: dict[str, str] | None = None) -> dict:
+    """Train a policy with CLEANER; returns the run id, MLflow run id and final checkpoint. ``store_token`` (set by
+    a dispatching compare: token file → token) makes the run check, before anything else, that it shares the
+    compare's stores (``flows.dispatch.check_worker``)."""
     from prefect.runtime import flow_run
 
     cfg = load_config(config_path, overrides)
     run_id = run_id or default_run_id(cfg.name, flow_run.get_id(), flow_run.get_name())
     flow_run_id = str(flow_run.get_id() or "")
+    if store_token is not None:
+        check_worker(cfg, run_id, store_token)
     try:
         return _train(cfg, run_id, flow_run_id, parent_mlflow_run)
     except fence.FencedError as err:

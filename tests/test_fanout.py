@@ -1,6 +1,12 @@
-"""A compare dispatched over Prefect workers (``cleaner compare --dispatch``), as a team would run it:
+"""A compare dispatched over Prefect workers on other hosts (``cleaner compare --dispatch``), as a team would run it:
 
-* a served stack (``cleaner serve start``: Prefect server + MLflow server; its own worker polls another pool), the
+* three hosts on one machine: the dispatching compare and two workers each run in a UTS + mount namespace of
+  their own (``unshare``), with a host name of their own and the shared folder (``nfs``) bind-mounted at the same
+  path (``shared``), which on the machine itself is an empty folder; they share nothing else on disk but the
+  project checkout (at the same path on every machine, as docs/team.md asks); the network is the machine's
+  (loopback), so they reach the stack's servers on 127.0.0.1;
+* a served stack (``cleaner serve start --database postgres``: Prefect server + MLflow server, both on the stack's
+  PostgreSQL; its own worker polls another pool), the
   ``train-tiny-fanout`` deployment from ``prefect.yaml`` on pool ``cleaner-process``, and two workers
   (``--limit 1``) each with its own working directory and ``PREFECT_HOME``: they share only the Prefect API, the
   MLflow server and the folder of runs (``tmp``);
@@ -9,16 +15,25 @@
   worker resumes it (step 0 not recomputed) and the compare completes;
 * the same compare in-process (``cleaner compare`` without ``--dispatch``), run meanwhile on the same stores, gives
   the same per-run numbers: the same trajectories (token ids), rewards, losses and final pass@1; the store holds
-  every row once.
+  every row once;
+* one DuckDB writer: no process a worker started ever has the DuckDB file open (sampled from ``/proc`` every
+  0.2 s while the runs go on); the dispatching compare ingests their rows;
+* a worker on a host whose shared path holds another folder is refused: its run fails naming the token file and
+  its host, and the compare says so.
+
+Needs root (``unshare``); skipped otherwise.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -33,13 +48,20 @@ from tests.test_stack import PREFECT, serve
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL, DEPLOYMENT = "cleaner-process", "train/train-tiny-fanout"
+HOSTS = os.geteuid() == 0 and shutil.which("unshare") is not None
+"""Whether hosts of their own can be made here (a UTS + mount namespace needs root)."""
+ON_HOST = 'hostname "$1" && mount --bind "$2" "$3" && shift 3 && exec "$@"'
 
 
 class Fanout:
-    """A served stack, the fanout deployment and workers of its pool, in ``tmp``."""
+    """A served stack, the fanout deployment and workers of its pool, in ``tmp``; ``nfs`` is the shared folder, seen
+    at ``shared`` by every host made with ``on_host``."""
 
     def __init__(self, tmp: Path, warm: Path):
         self.tmp, self.warm, self.workers = tmp, warm, {}
+        self.nfs, self.shared = tmp / "nfs", tmp / "shared"
+        for folder in (self.nfs, self.shared, self.folder(False)):
+            folder.mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                     "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
         for key in ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING"):
@@ -47,8 +69,8 @@ class Fanout:
 
     def start(self) -> None:
         started = serve("start", "--detach", "--dir", str(self.tmp / "serve"), "--pool", "cleaner-stack",
-                        "--prefect-port", str(free_port()), "--mlflow-port", str(free_port()), "--mlflow-store",
-                        f"sqlite:///{self.tmp / 'mlflow-server.db'}", "--artifacts", str(self.tmp / "artifacts"),
+                        "--prefect-port", str(free_port()), "--mlflow-port", str(free_port()), "--database",
+                        "postgres", "--postgres-port", str(free_port()), "--artifacts", str(self.tmp / "artifacts"),
                         env=self.env, timeout=600)
         assert started.returncode == 0, started.stdout + started.stderr
         state = json.loads((self.tmp / "serve" / "pids.json").read_text())
@@ -63,15 +85,21 @@ class Fanout:
             self.kill_worker(name)
         serve("stop", "--force", "--dir", str(self.tmp / "serve"), env=self.env, timeout=400)
 
-    def start_worker(self, name: str) -> subprocess.Popen:
-        """A worker in a folder of its own, with its own PREFECT_HOME: it shares only the API and the runs folder."""
+    def on_host(self, host: str, argv: list[str], backing: Path | None = None) -> list[str]:
+        """``argv`` on a host of its own: named ``host``, ``backing`` (default the shared folder) mounted at ``shared``."""
+        return ["unshare", "--uts", "--mount", "--fork", "--kill-child", "--", "sh", "-c", ON_HOST, "sh", host,
+                str(backing or self.nfs), str(self.shared), *argv]
+
+    def start_worker(self, name: str, backing: Path | None = None) -> subprocess.Popen:
+        """A worker on host ``host-<name>``, in a folder of its own with its own PREFECT_HOME: it shares only the API
+        and the shared folder (``backing``: another folder at the same path, for a host that mounts the wrong one)."""
         home = self.tmp / "workers" / name
         home.mkdir(parents=True, exist_ok=True)
         env = {**self.env, "PREFECT_HOME": str(home / "prefect-home")}
         log = open(home / "worker.log", "a")
-        proc = subprocess.Popen([PREFECT, "worker", "start", "--pool", POOL, "--type", "process", "--limit", "1",
-                                 "--name", name], cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        argv = [PREFECT, "worker", "start", "--pool", POOL, "--type", "process", "--limit", "1", "--name", name]
+        proc = subprocess.Popen(self.on_host(f"host-{name}", argv, backing), cwd=home, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
         self.workers[name] = proc
         return proc
 
@@ -98,21 +126,30 @@ class Fanout:
     def flow_runs(self, name: str) -> list[dict]:
         return self.api("POST", "/flow_runs/filter", json={"flow_runs": {"name": {"any_": [name]}}}).json()
 
+    def folder(self, dispatched: bool) -> Path:
+        """Where the files of a compare are, seen from this machine: the shared folder, or the reference's own."""
+        return self.nfs if dispatched else self.tmp / "ref"
+
     def compare(self, compare_id: str, *extra: str) -> subprocess.Popen:
+        """A compare; with ``--dispatch`` on host ``dispatcher`` with every file in the shared folder, else (the
+        in-process reference) on this machine in a folder of its own."""
+        dispatched = "--dispatch" in extra
         arms = json.dumps({"cleaner": ["rollout.saar.enabled=true", "rollout.saar.raw_share=0.3"],
                            "dapo": ["rollout.saar.enabled=false"]})
-        overrides = [*tiny_overrides(self.tmp, self.warm, steps=2), "data.prompts_per_step=2", "rollout.n_samples=2",
+        work = self.shared if dispatched else self.folder(False)
+        overrides = [*tiny_overrides(work, self.warm, steps=2), "data.prompts_per_step=2", "rollout.n_samples=2",
                      f"compare.arms={arms}", "compare.shared=[]", "compare.seeds=[0,1]", "compare.arm_seeds={}", "compare.steps=2",
                      "compare.eval_every=2", "compare.parallel=2", "compare.lost_after_s=60", "eval.n_prompts=4",
                      "eval.samples=2", "eval.ks=[1,2]", "tracking.log_models=false",
                      f"tracking.mlflow_uri={self.mlflow}"]
         env = {**self.env, "PREFECT_HOME": str(self.tmp / f"{compare_id}-home")}
-        if "--dispatch" not in extra:
+        if not dispatched:
             env.pop("PREFECT_API_URL")  # in-process: the compare's own temporary Prefect server
         log = open(self.tmp / f"{compare_id}.log", "w")
-        return subprocess.Popen([sys.executable, "-m", "flows.cli", "compare", "--config", "configs/tiny.yaml",
-                                 "--compare-id", compare_id, *[a for o in overrides for a in ("--set", o)], *extra],
-                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        argv = [sys.executable, "-m", "flows.cli", "compare", "--config", "configs/tiny.yaml", "--compare-id",
+                compare_id, *[a for o in overrides for a in ("--set", o)], *extra]
+        return subprocess.Popen(self.on_host("dispatcher", argv) if dispatched else argv, cwd=ROOT, env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
 
 
 def _descendants(root: int) -> list[int]:
@@ -135,11 +172,16 @@ def _parents() -> dict[int, int]:
 
 
 @pytest.fixture(scope="module")
-def fanout(warm_model_dir, tmp_path_factory):
-    f = Fanout(tmp_path_factory.mktemp("fanout"), warm_model_dir)
+def fanout(warm_model_dir):
+    if not HOSTS:
+        pytest.skip("hosts of their own need root and unshare (util-linux)")
+    tmp = Path(tempfile.mkdtemp(prefix="cleaner-fanout-"))
+    tmp.chmod(0o755)  # the stack's PostgreSQL runs as the postgres user, which must reach its folder
+    f = Fanout(tmp, warm_model_dir)
     f.start()
     yield f
     f.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _ended(proc: subprocess.Popen) -> None:
@@ -153,14 +195,64 @@ def _ended(proc: subprocess.Popen) -> None:
             proc.wait(timeout=30)
 
 
+class StoreWatch(threading.Thread):
+    """Every 0.2 s, the pids under the workers that have ``store`` (or its WAL) open, until ``stop``."""
+
+    def __init__(self, f: Fanout, *stores: Path):
+        super().__init__(daemon=True)
+        self.f, self.seen, self.samples = f, set(), 0
+        self.names = {name for store in stores for name in (str(store), f"{store}.wal")}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.2):
+            for proc in list(self.f.workers.values()):
+                for pid in [proc.pid, *_descendants(proc.pid)]:
+                    try:
+                        targets = {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()}
+                    except OSError:
+                        continue
+                    if targets & self.names:
+                        self.seen.add(pid)
+            self.samples += 1
+
+    def stop(self) -> set[int]:
+        self.done.set()
+        self.join(timeout=10)
+        return self.seen
+
+
 def _first_logged(f: Fanout, compare_id: str, deadline_s: float = 900) -> str:
     deadline = time.time() + deadline_s
     while time.time() < deadline:
-        for run in (f.tmp / "runs").glob(f"{compare_id}-*"):
+        for run in (f.nfs / "runs").glob(f"{compare_id}-*"):
             if (run / "steps" / "000000" / "logged.json").exists():
                 return run.name
         time.sleep(0.5)
     pytest.fail(f"no run of {compare_id} logged a step within {deadline_s} s")
+
+
+def _flow_pid(run: dict) -> int:
+    return int(run["infrastructure_pid"].rsplit(":", 1)[-1])
+
+
+def _hostname(pid: int) -> str:
+    """The host name a process sees (its UTS namespace's), read through ``nsenter``."""
+    done = subprocess.run(["nsenter", "--uts", "-t", str(pid), "hostname"], capture_output=True, text=True, timeout=30)
+    return done.stdout.strip()
+
+
+def _mlflow_runs(f: Fanout) -> int:
+    """Runs in the MLflow server's backend store, read from the stack's PostgreSQL database ``mlflow``."""
+    import psycopg2
+
+    from flows.serve_db import Postgres
+
+    state = json.loads((f.tmp / "serve" / "pids.json").read_text())
+    pg = Postgres(f.tmp / "serve" / "postgres", int(state["postgres_port"]))
+    with psycopg2.connect(pg.base_url() + "/mlflow") as con, con.cursor() as cur:
+        cur.execute("SELECT count(*) FROM runs")
+        return cur.fetchone()[0]
 
 
 def _rows(store: Path, compare_id: str) -> dict[tuple, tuple]:
@@ -202,16 +294,24 @@ def test_a_dispatched_compare_survives_a_lost_worker_and_matches_in_process(fano
     request.addfinalizer(lambda: _ended(reference))
     for name in ("w1", "w2"):
         f.start_worker(name)
+    watch = StoreWatch(f, f.nfs / "cleaner.duckdb", f.shared / "cleaner.duckdb")
+    watch.start()
+    request.addfinalizer(watch.stop)
     compare = f.compare("cmp-d", "--dispatch", DEPLOYMENT)
+    request.addfinalizer(lambda: _ended(compare))
     victim = _first_logged(f, "cmp-d")
     [run] = f.flow_runs(victim)
-    flow_pid = int(run["infrastructure_pid"].rsplit(":", 1)[-1])
+    assert _hostname(_flow_pid(run)) in ("host-w1", "host-w2")
+    flow_pid = _flow_pid(run)
     owner = next(name for name, proc in f.workers.items() if flow_pid in _descendants(proc.pid))
-    step0 = f.tmp / "runs" / victim / "steps" / "000000"
+    step0 = f.nfs / "runs" / victim / "steps" / "000000"
     before = {p.name: p.stat().st_mtime_ns for p in step0.iterdir()}
     killed = f.kill_worker(owner)
     assert killed, f"{owner} had no flow process"
     assert compare.wait(timeout=1800) == 0, (f.tmp / "cmp-d.log").read_text()[-4000:]
+    assert watch.stop() == set() and watch.samples > 100, "a dispatched run opened the DuckDB file"
+    assert not list(f.shared.iterdir()), "the shared folder leaked out of the hosts' mount namespaces"
+    assert json.loads((f.nfs / "runs" / "cmp-d" / "dispatch-token.json").read_text())["host"] == "dispatcher"
     log = (f.tmp / "cmp-d.log").read_text()
     assert f"{victim}: Crashed (no heartbeat for 60 s" in log and "rescheduled, retry 1 of 2" in log, log[-4000:]
     [again] = f.flow_runs(victim)
@@ -220,15 +320,41 @@ def test_a_dispatched_compare_survives_a_lost_worker_and_matches_in_process(fano
         "a finished stage of step 0 was recomputed"
 
     assert reference.wait(timeout=1800) == 0, (f.tmp / "cmp-i.log").read_text()[-4000:]
-    store = f.tmp / "cleaner.duckdb"
-    dispatched, in_process = _rows(store, "cmp-d"), _rows(store, "cmp-i")
+    stores = {c: f.folder(c == "cmp-d") / "cleaner.duckdb" for c in ("cmp-d", "cmp-i")}
+    dispatched, in_process = _rows(stores["cmp-d"], "cmp-d"), _rows(stores["cmp-i"], "cmp-i")
     assert len(dispatched) == 2 * 2 * 2 * 4 and dispatched == in_process  # arms × seeds × steps × 4 trajectories
-    losses = db.query(store, "SELECT regexp_replace(run_id, '^cmp-[di]-', '') AS run, step, list(value ORDER BY run_id) "
-                             "AS v FROM metrics WHERE key = 'train/loss' GROUP BY ALL")
-    assert losses.height == 8 and all(a == b for a, b in losses["v"].to_list())
-    reports = [json.loads((f.tmp / "runs" / c / "report" / "compare.json").read_text()) for c in ("cmp-d", "cmp-i")]
+    losses = [dict(((r, step), v) for r, step, v in db.query(
+        store, "SELECT regexp_replace(run_id, '^cmp-[di]-', '') AS run, step, value FROM metrics "
+               "WHERE key = 'train/loss'").rows()) for store in stores.values()]
+    assert len(losses[0]) == 8 and losses[0] == losses[1]
+    reports = [json.loads((f.folder(c == "cmp-d") / "runs" / c / "report" / "compare.json").read_text())
+               for c in ("cmp-d", "cmp-i")]
     finals = [{arm: [r["final_pass_at_1"] for r in rows] for arm, rows in rep["per_seed"].items()} for rep in reports]
     assert finals[0] == finals[1]
-    assert storecheck.differences(store, db.query(store, "SELECT run_id FROM runs")["run_id"].to_list()) == {}
-    status = dict(db.query(store, "SELECT run_id, status FROM runs WHERE starts_with(run_id, 'cmp-d')").rows())
+    for store in stores.values():
+        assert storecheck.differences(store, db.query(store, "SELECT run_id FROM runs")["run_id"].to_list()) == {}
+    assert _mlflow_runs(f) >= 2 * (2 * 2 + 1), "the MLflow server's runs are not in its PostgreSQL store"
+    status = dict(db.query(stores["cmp-d"], "SELECT run_id, status FROM runs WHERE starts_with(run_id, 'cmp-d')").rows())
     assert status == {f"cmp-d-{arm}-s{seed}": "finished" for arm in ("cleaner", "dapo") for seed in (0, 1)}
+
+
+def test_a_worker_that_mounts_another_folder_is_refused_naming_the_path_and_its_host(fanout, request):
+    """The only worker left mounts a folder of its own at the shared path (a copy of the data, not the store): its
+    run stops before training with the token error, and the compare (no retries) names the run, path and host."""
+    f = fanout
+    for name in list(f.workers):
+        f.kill_worker(name)
+    elsewhere = f.tmp / "elsewhere"
+    elsewhere.mkdir()
+    f.start_worker("wx", backing=elsewhere)
+    compare = f.compare("cmp-x", "--dispatch", DEPLOYMENT, "--set", "compare.seeds=[0]", "--set", "compare.retries=0",
+                        "--set", "compare.shared_initial_eval=false")
+    request.addfinalizer(lambda: _ended(compare))
+    assert compare.wait(timeout=900) != 0
+    log = (f.tmp / "cmp-x.log").read_text()
+    token = f.shared / "runs" / "cmp-x" / "dispatch-token.json"
+    assert f"dispatched run cmp-x-dapo-s0 on host host-wx: {token} is missing: this worker does not see the " \
+           "dispatcher's store" in log, log[-4000:]
+    assert "2 of 2 dispatched runs did not complete" in log
+    for run in ("cmp-x-cleaner-s0", "cmp-x-dapo-s0"):
+        assert not (f.nfs / "runs" / run).exists() and not (elsewhere / "runs" / run).exists()

@@ -1,5 +1,6 @@
-"""A served stack as a user runs it (``cleaner serve start --detach``, real Prefect server + process worker + MLflow
-server, the ``train-tiny`` deployment from ``prefect.yaml``), on free ports in a temporary folder:
+"""A served stack as a team runs it (``cleaner serve start --detach --database postgres``, real Prefect server +
+process worker + MLflow server, both on the stack's own PostgreSQL; the ``train-tiny`` deployment from
+``prefect.yaml``), on free ports in a temporary folder (the SQLite stack: ``tests/test_team_stack.py``):
 
 * an interval schedule with its own parameters (``cleaner serve schedule``) produces runs that complete, and
   ``serve status`` sees no scheduler errors;
@@ -12,19 +13,22 @@ server, the ``train-tiny`` deployment from ``prefect.yaml``), on free ports in a
 * ``serve stop`` refuses during a run; ``--force`` cancels it through Prefect: no run of the stack stays Running, the
   deployment's concurrency slot is free, and the flow process is gone; a foreign flow run in the same Prefect
   history (a flow started from a shell against the stack's API) is neither listed nor waited for nor cancelled: it
-  is still Running, its process alive, after ``serve stop --force``.
+  is still Running, its process alive, after ``serve stop --force``; PostgreSQL is stopped last, and its database
+  (started again, read-only use) holds every flow run's final state.
 
 The tests share one stack (module scope) and run in file order; the last one stops it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,8 +56,8 @@ def serve(*args: str, env: dict, timeout: float = 300) -> subprocess.CompletedPr
 
 
 class Stack:
-    def __init__(self, tmp: Path, env: dict):
-        self.tmp, self.env, self.folder = tmp, env, tmp / "serve"
+    def __init__(self, tmp: Path, env: dict, folder: Path | None = None):
+        self.tmp, self.env, self.folder = tmp, env, folder or tmp / "serve"
 
     @property
     def state(self) -> dict:
@@ -95,19 +99,29 @@ class Stack:
                 self.api("DELETE", f"/flow_runs/{run['id']}")
 
 
+def reachable_folder(request) -> Path:
+    """A stack folder the ``postgres`` user can reach (pytest's own temporary folders are 0700 root's; PostgreSQL
+    runs as ``postgres`` when the tests run as root), removed after the module."""
+    folder = Path(tempfile.mkdtemp(prefix="cleaner-stack-"))
+    folder.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(folder, ignore_errors=True))
+    return folder / "serve"
+
+
 @pytest.fixture(scope="module")
-def stack(warm_model_dir, tmp_path_factory):
+def stack(warm_model_dir, tmp_path_factory, request):
     tmp = tmp_path_factory.mktemp("stack")
     env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            # the scheduler looks for due schedules every 10 s instead of 60 s: the test waits less
            "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "10", "PYTHONPATH": str(ROOT)}
     env.pop("PREFECT_API_URL", None)
-    s = Stack(tmp, env)
+    s = Stack(tmp, env, reachable_folder(request))
     s.warm = warm_model_dir
     started = serve("start", "--detach", "--dir", str(s.folder), "--prefect-port", str(free_port()), "--mlflow-port",
-                    str(free_port()), "--mlflow-store", f"sqlite:///{tmp / 'mlflow-ui.db'}", "--artifacts",
+                    str(free_port()), "--database", "postgres", "--postgres-port", str(free_port()), "--artifacts",
                     str(tmp / "ui-artifacts"), "--cancel-timeout", "90", env=env, timeout=600)
     assert started.returncode == 0, started.stdout + started.stderr
+    assert s.state["database"] == "postgres" and list(s.state["pids"]) == ["postgres", "prefect", "mlflow", "worker"]
     env["PREFECT_API_URL"] = s.state["prefect_api"]
     yield s
     if (s.folder / "pids.json").exists():
@@ -195,7 +209,7 @@ def test_killed_mlflow_is_restarted_and_the_rest_stays_up(stack):
 def test_restart_replaces_only_the_named_server(stack):
     before = stack.state["pids"]
     bad = serve("restart", "nginx", "--dir", str(stack.folder), env=stack.env)
-    assert bad.returncode == 2 and "unknown server 'nginx'; one of: prefect, mlflow, worker" in bad.stdout
+    assert bad.returncode == 2 and "unknown server 'nginx'; one of: postgres, prefect, mlflow, worker" in bad.stdout
     dep = stack.deployment()
     run = stack.api("POST", f"/deployments/{dep['id']}/create_flow_run",
                     json={"parameters": stack.params(steps=5, run_id="cut-short")}).json()
@@ -211,7 +225,7 @@ def test_restart_replaces_only_the_named_server(stack):
     assert all(s["active_slots"] == 0 for s in slots), slots
     after = stack.state["pids"]
     assert after["worker"] != before["worker"] and not _alive(before["worker"]) and _alive(after["worker"])
-    assert {k: after[k] for k in ("prefect", "mlflow")} == {k: before[k] for k in ("prefect", "mlflow")}
+    assert {k: after[k] for k in ("postgres", "prefect", "mlflow")} == {k: before[k] for k in ("postgres", "prefect", "mlflow")}
     assert f"worker restarted: pgid {before['worker']} -> {after['worker']}" in done.stdout
 
 
@@ -364,18 +378,21 @@ def _stop_only_the_stacks_runs(stack: Stack, foreign: subprocess.Popen, other: d
     stopped = serve("stop", "--force", "--dir", str(stack.folder), env=stack.env, timeout=400)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     print(f"serve stop --force took {time.time() - t0:.0f} s")
-    assert stopped.stdout.strip() == "stopped: worker, mlflow, prefect"
+    assert stopped.stdout.strip() == "stopped: worker, mlflow, prefect, postgres"
     assert not (stack.folder / "pids.json").exists()
     assert {p.name for p in (stack.folder / "logs").iterdir()} == {"prefect.log", "worker.log", "mlflow.log",
-                                                                    "supervisor.log"}
+                                                                    "postgres.log", "supervisor.log"}
     assert not [n for n, p in pids.items() if _alive(p)]
     assert not _pid_alive(pid), f"flow process {pid} survived the stack"
-    db = sqlite3.connect(f"file:{stack.tmp / 'prefect-home' / 'prefect.db'}?mode=ro", uri=True)
-    states = dict(db.execute("SELECT id, state_type FROM flow_run").fetchall())
-    assert states[run["id"]] == "CANCELLED", states
-    assert states.pop(other["id"]) == "RUNNING" and foreign.poll() is None and _pid_alive(foreign.pid)
-    assert "RUNNING" not in states.values() and "PENDING" not in states.values()
-    slots = db.execute("SELECT name, active_slots FROM concurrency_limit_v2").fetchall()
+    assert not (stack.tmp / "prefect-home" / "prefect.db").exists()  # Prefect never fell back to SQLite
+    with _prefect_database(stack) as db:
+        db.execute("SELECT id::text, state_type::text FROM flow_run")
+        states = dict(db.fetchall())
+        assert states[run["id"]] == "CANCELLED", states
+        assert states.pop(other["id"]) == "RUNNING" and foreign.poll() is None and _pid_alive(foreign.pid)
+        assert "RUNNING" not in states.values() and "PENDING" not in states.values()
+        db.execute("SELECT name, active_slots FROM concurrency_limit_v2")
+        slots = db.fetchall()
     assert slots and all(n == 0 for _, n in slots), slots
     from mlflow.tracking import MlflowClient
 
@@ -387,6 +404,30 @@ def _stop_only_the_stacks_runs(stack: Stack, foreign: subprocess.Popen, other: d
 
     assert store_db.query(stack.tmp / "cleaner.duckdb", "SELECT status FROM runs WHERE run_id = 'long'").item() == \
         "cancelled"
+
+
+@contextlib.contextmanager
+def _prefect_database(stack: Stack):
+    """A cursor on the stopped stack's Prefect database: its PostgreSQL started again on a free port, then stopped."""
+    import psycopg2
+
+    from flows.procs import stop_groups
+    from flows.serve_db import Postgres
+
+    pg = Postgres(stack.folder / "postgres", free_port())
+    server = subprocess.Popen(pg.argv(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                              **pg.popen_kwargs())
+    try:
+        pg.wait_ready(lambda: server.poll() is None, stack.folder / "logs" / "postgres.log", 60)
+        con = psycopg2.connect(pg.base_url() + "/prefect")
+        try:
+            with con.cursor() as cur:
+                yield cur
+        finally:
+            con.close()
+    finally:
+        stop_groups({"postgres": server.pid})
+        server.wait(timeout=30)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -4,9 +4,11 @@ Tables and keys: ``tasks.stores.schema``. Runs never open the DuckDB file: ``ups
 ``replace_step`` and ``replace_eval`` write a unit of rows to the row log beside the store
 (``tasks.stores.rowlog``), then try to ``ingest`` without waiting; ``ingest`` loads every pending unit in one
 process at a time (DuckDB's lock), replacing the unit's rows by key in one transaction, so any number of runs
-write at once, none waits or fails on the store, and a unit loaded twice (after a crash) is loaded once.
-``query`` (``cleaner query``) ingests first, waiting up to ``LOCK_WAIT_S`` for another ingest or reader; a file
-still held then, even read-only, fails with a one-line error naming that process. The named readers of some
+write at once, none waits or fails on the store, and a unit loaded twice (after a crash) is loaded once. A
+dispatched run (``ROWS_ONLY_ENV`` set in its environment by ``flows.dispatch``) writes its units and nothing else:
+it never opens the file for writing, and the compare that dispatched it ingests them from one process
+(docs/team.md). ``query`` (``cleaner query``) ingests first, waiting up to ``LOCK_WAIT_S`` for another ingest or
+reader; a file still held then, even read-only, fails with a one-line error naming that process. The named readers of some
 runs' rows (``run_metrics``, ``eval_pass_at_1``, ``evaluation_rows``, ``kept_kinds``) read those runs' row-log
 files, not the store. Why this design: docs/store.md.
 
@@ -17,6 +19,7 @@ into the text). Rows go in as Arrow batches or Parquet files, never one by one.
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -50,13 +53,33 @@ def _holder(message: str) -> str:
     return f"PID {pid}" + (f" ({' '.join(short)[:240]})" if short else "")
 
 
+ROWS_ONLY_ENV = "CLEANER_ROWS_ONLY"
+"""Environment variable that makes a process a row-log writer only (``1``): ``connect`` refuses to open the file
+for writing there and ``_write`` does not ingest. ``flows.dispatch`` sets it for every dispatched run, so the file
+has one writer, the compare, wherever the runs go."""
+
+
+class NotTheWriterError(RuntimeError):
+    """A process with ``ROWS_ONLY_ENV`` set tried to open the DuckDB file for writing."""
+
+
+def rows_only() -> bool:
+    """Whether this process writes row-log units only (``ROWS_ONLY_ENV``)."""
+    return os.environ.get(ROWS_ONLY_ENV, "") not in ("", "0")
+
+
 LOCK_WAIT_S = 5.0
 """How long ``connect`` retries a file another process holds: longer than any ingest takes."""
 
 
 def connect(path: str | Path, wait_s: float = LOCK_WAIT_S, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """Open (and create, unless ``read_only``) the store, retrying for ``wait_s`` while another process holds it; a
-    file still held then is a one-line error naming that process."""
+    file still held then is a one-line error naming that process. A rows-only process (``rows_only``) may open it
+    read-only, never for writing."""
+    if not read_only and rows_only():
+        raise NotTheWriterError(
+            f"tracking.duckdb_path: {path} is not opened for writing in this process ({ROWS_ONLY_ENV} is set: a "
+            "dispatched run writes its row-log units only; the compare that dispatched it ingests them)")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + wait_s
     while True:
@@ -164,10 +187,11 @@ def _load_unit(con: duckdb.DuckDBPyConnection, path: str | Path, run_id: str, un
 
 def _write(path: str | Path, run_id: str, kind: str, key: int | None, frames: dict[str, pl.DataFrame]) -> None:
     """A new version of one unit of ``run_id`` (fenced: an attempt of the run that a newer one replaced writes none,
-    ``tasks.stores.fence``), then an ingest if the store is free."""
+    ``tasks.stores.fence``), then an ingest if the store is free (none in a rows-only process)."""
     with fence.guarded_run(run_id):
         rowlog.write_unit(path, run_id, kind, key, frames)
-    try_ingest(path)
+    if not rows_only():
+        try_ingest(path)
 
 
 def upsert_run(path: str | Path, run_id: str, name: str, config: dict, mlflow_run_id: str, status: str) -> None:
