@@ -3,7 +3,8 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Each virtualenv installs exactly its lock (pinned versions for CPython 3.11 on x86_64 Linux), then the project
-# with --no-deps. `make lock` refreshes the locks after a pyproject change (infra/lock.py says how).
+# with --no-deps. `make lock` refreshes the locks after a pyproject change (infra/lock.py says how), the CUDA
+# node's requirements-gpu.lock included (docs/run_at_scale.md installs it; nothing here does).
 LOCK := requirements.lock
 VERL_LOCK := requirements-verl.lock
 # The CPU torch wheel lives here (a bare `torch` from PyPI is the multi-GB CUDA build).
@@ -57,9 +58,11 @@ lock: $(LOCK_VENV)/bin/uv
 lock-upgrade: $(LOCK_VENV)/bin/uv
 	$(LOCK_VENV)/bin/python infra/lock.py compile --uv $(LOCK_VENV)/bin/uv --find-links $(WHEELS) --upgrade
 
-# CI: pyproject and the locks agree, and each venv holds exactly its lock (nothing more, nothing else).
-lock-check: setup setup-verl
+# CI: pyproject and the locks agree, each venv holds exactly its lock (nothing more, nothing else), and the GPU
+# lock (requirements-gpu.lock, a CUDA node's: never installed here) still resolves for its platform, to the same pins.
+lock-check: setup setup-verl $(LOCK_VENV)/bin/uv
 	$(PY) infra/lock.py check
+	$(LOCK_VENV)/bin/python infra/lock.py resolves --uv $(LOCK_VENV)/bin/uv
 	$(PY) infra/lock.py installed $(LOCK) --exact
 	$(VERL_VENV)/bin/python infra/lock.py installed $(VERL_LOCK) --exact
 	$(PY) -m pip check
