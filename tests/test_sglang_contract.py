@@ -147,9 +147,10 @@ def test_the_clients_requests_are_valid_for_sglangs_own_types(own, types, tokeni
 
 
 def test_the_server_stops_where_sglang_does(server, own, types, two_eos, prompt, chat, tokenizer):
-    """Greedy turns of the two-eos model: ``ignore_eos`` runs to the budget (length first, as SGLang checks it);
-    otherwise SGLang's own rule over those ids, with the eos ids it derives from the model, says where the turn
-    stops and on which id — the other eos, third — and the server stops there; a stop string (the second token's
+    """Greedy turns of the two-eos model: ``ignore_eos`` runs to the budget; otherwise SGLang's own rule over those
+    ids, with the eos ids it derives from the model, says where the turn stops and on which id — the other eos,
+    third — and the server stops there (a budget of 3 ends on it as ``length``: SGLang checks length first); a stop
+    string (the second token's
     text) stops after the first token whose text completes it, before any eos, ``ignore_eos`` or not."""
     url, _ = server
     folder, other = two_eos
@@ -173,6 +174,10 @@ def test_the_server_stops_where_sglang_does(server, own, types, two_eos, prompt,
     stopped = _decoded(types, _generate(url, prompt, max_new_tokens=BUDGET, stop_token_ids=[chat.eos_id]))
     assert stopped["output_ids"] == ids[:3]
     assert stopped["meta_info"]["finish_reason"] == req.finished_reason.to_json() == {"type": "stop", "matched": other}
+
+    at_budget = _decoded(types, _generate(url, prompt, max_new_tokens=3))
+    assert at_budget["output_ids"] == ids[:3], "the other eos is the budget's last token"
+    assert at_budget["meta_info"]["finish_reason"] == own.FINISH_LENGTH(length=3).to_json(), "SGLang checks length first"
 
     text = tokenizer.decode(ids[1:2])
     assert text and text not in tokenizer.decode(ids[:1])
