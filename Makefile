@@ -3,9 +3,11 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Each virtualenv installs exactly its lock (pinned versions for CPython 3.11 on x86_64 Linux), then the project
-# with --no-deps. `make lock` refreshes the locks after a pyproject change (infra/lock.py says how).
+# with --no-deps. `make lock` refreshes the locks after a pyproject change (infra/lock.py says how), the CUDA
+# node's requirements-gpu.lock included (docs/run_at_scale.md installs it; nothing here does).
 LOCK := requirements.lock
 VERL_LOCK := requirements-verl.lock
+GPU_LOCK := requirements-gpu.lock
 # The CPU torch wheel lives here (a bare `torch` from PyPI is the multi-GB CUDA build).
 WHEELS ?= /opt/wheels
 PIP_VERSION := 26.3
@@ -22,7 +24,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup setup-verl lock lock-upgrade lock-check demo lint test test-fast docs docs-serve mutation sandbox-image serve serve-stop clean
+.PHONY: setup setup-verl lock lock-upgrade lock-check gpu-transformers-check demo lint test test-fast docs docs-serve mutation sandbox-image serve serve-stop clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	@echo "== setting up $(VENV) from $(LOCK) (first time: about 5-8 minutes; later runs skip this)"
@@ -57,12 +59,26 @@ lock: $(LOCK_VENV)/bin/uv
 lock-upgrade: $(LOCK_VENV)/bin/uv
 	$(LOCK_VENV)/bin/python infra/lock.py compile --uv $(LOCK_VENV)/bin/uv --find-links $(WHEELS) --upgrade
 
-# CI: pyproject and the locks agree, and each venv holds exactly its lock (nothing more, nothing else).
-lock-check: setup setup-verl
+# CI: pyproject and the locks agree, each venv holds exactly its lock (nothing more, nothing else), and the GPU
+# lock (requirements-gpu.lock, a CUDA node's: never installed here) still resolves for its platform, to the same pins.
+lock-check: setup setup-verl $(LOCK_VENV)/bin/uv
 	$(PY) infra/lock.py check
+	$(LOCK_VENV)/bin/python infra/lock.py resolves --uv $(LOCK_VENV)/bin/uv
 	$(PY) infra/lock.py installed $(LOCK) --exact
 	$(VERL_VENV)/bin/python infra/lock.py installed $(VERL_LOCK) --exact
 	$(PY) -m pip check
+
+# The GPU lock pins another transformers than the CPU locks: the code it runs there (the decode stream, the lean
+# decode step checked against transformers' own forward, updates with the critic, gpu_check, the decode bounds)
+# is tested with that transformers (pure Python, installed --no-deps beside .venv) over the CPU torch 2.13.0:
+# the GPU lock's torch 2.11.0 exists on PyPI only as the CUDA build.
+GPU_TRANSFORMERS := $(shell sed -n 's/^transformers==//p' $(GPU_LOCK))
+gpu-transformers-check: setup
+	rm -rf .venv-gpu-tf
+	$(PY) -m pip install -q --no-deps --target .venv-gpu-tf transformers==$(GPU_TRANSFORMERS)
+	PYTHONPATH=$(CURDIR)/.venv-gpu-tf:$(CURDIR) $(PY) -c "import sys, transformers as t; sys.exit(t.__version__ != '$(GPU_TRANSFORMERS)')"
+	PYTHONPATH=$(CURDIR)/.venv-gpu-tf:$(CURDIR) $(VENV)/bin/pytest -q -p no:cacheprovider tests/test_decode.py \
+		tests/test_gpu_check.py tests/test_critic.py tests/test_bench_decode.py
 
 demo: setup
 	$(VENV)/bin/cleaner demo --config configs/tiny.yaml

@@ -23,7 +23,8 @@ and whether every side sampled the same token ids and log-probs as the first (``
 defaults; any other name = ``SIDES``'s overrides on top). It exits 1 when a side that must be bit for bit differs.
 
 Simplifies: one torch thread; the first repeat warms up and is left out when ``repeats`` > 1; the bound is timed
-once per repeat right after the rollouts. Run: ``python -m flows.bench_decode [n_prompts] [samples] [repeats]
+once per repeat right after the rollouts. On an accelerator the bounds build their caches and inputs on the model's
+device and synchronise it before each clock read (``synchronize``), so they time the kernels, not their launches. Run: ``python -m flows.bench_decode [n_prompts] [samples] [repeats]
 [--compile]``; ``--compile`` then times the decode bound's loop at the last rollout's shapes with the eager and a
 ``torch.compile``d decode forward (``compile_gain``: is the step Python or arithmetic, and would compiling pay).
 """
@@ -89,38 +90,53 @@ def record_prefills(stream):
     return stream
 
 
-def prefill_bound(model, prefills: list[tuple[int, int, int, int]]) -> dict:
-    """Seconds (wall, CPU) of a bare loop of prefill forwards at ``prefills``' (rows, new tokens, cache width)."""
+def synchronize(device) -> None:
+    """Wait for ``device``'s queued kernels (nothing on the CPU and the ``meta`` device): a clock read after it
+    times the work, not its launch."""
+    import torch
+
+    if device.type not in ("cpu", "meta"):
+        torch.accelerator.synchronize(device)
+
+
+def prefill_bound(model, prefills: list[tuple[int, int, int, int]], forward=None) -> dict:
+    """Seconds (wall, CPU) of a bare loop of prefill forwards at ``prefills``' (rows, new tokens, cache width);
+    ``forward``: the prefill forward to time (default ``models.lean_decode.prefill_forward``)."""
     import torch
     from transformers import DynamicCache
 
     from models.decode import gqa_decode_attention
     from models.lean_decode import prefill_forward
 
+    forward = forward or prefill_forward
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     rows, width = max((p[0] for p in prefills), default=1), max((p[2] for p in prefills), default=0)
-    block = torch.randn(rows, cfg.num_key_value_heads, width, head_dim)
     device = next(model.parameters()).device
+    block = torch.randn(rows, cfg.num_key_value_heads, width, head_dim).to(device)
     gen = torch.Generator().manual_seed(1)
     caches = [DynamicCache([(block[:n, :, :w], block[:n, :, :w])] * cfg.num_hidden_layers) if w else DynamicCache()
               for n, _, w, _ in prefills]
+    inputs = []
+    for n, s, w, _ in prefills:
+        attn = torch.ones((n, w + s), dtype=torch.long)
+        attn[0, 0] = 0 if w + s > 1 else 1  # a padding column, as a left-padded prefill almost always has
+        inputs.append((torch.randint(3, cfg.vocab_size, (n, s), generator=gen).to(device),
+                       torch.arange(w, w + s).expand(n, s).to(device), attn.to(device)))
+    synchronize(device)
     w0, c0 = time.perf_counter(), time.process_time()
     with torch.no_grad():
-        for (n, s, w, _), cache in zip(prefills, caches):
-            ids = torch.randint(3, cfg.vocab_size, (n, s), generator=gen)
-            pos = torch.arange(w, w + s).expand(n, s)
-            attn = torch.ones((n, w + s), dtype=torch.long)
-            attn[0, 0] = 0 if w + s > 1 else 1  # a padding column, as a left-padded prefill almost always has
-            logits = prefill_forward(model, ids.to(device), pos.to(device), attn.to(device), cache,
-                                     gqa_decode_attention)
+        for (ids, pos, attn), cache in zip(inputs, caches):
+            logits = forward(model, ids, pos, attn, cache, gqa_decode_attention)
             logits[:, -1].log_softmax(-1)
+    synchronize(device)
     return {"wall_s": time.perf_counter() - w0, "cpu_s": time.process_time() - c0, "forwards": len(prefills),
             "tokens": sum(n * s for n, s, _, _ in prefills)}
 
 
 def _filled_cache(model, rows: int, width: int, generator=None):
-    """A ``SlotKV`` of ``rows`` rows whose every layer holds one random block of ``width`` cached positions."""
+    """A ``SlotKV`` of ``rows`` rows on the model's device whose every layer holds one random block of ``width``
+    cached positions (drawn on the CPU, so a seeded ``generator`` gives the same block on every device)."""
     import torch
 
     from models.kv_cache import SlotKV
@@ -128,7 +144,8 @@ def _filled_cache(model, rows: int, width: int, generator=None):
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     kv = SlotKV(rows, capacity=2 * width + 4)
-    block = torch.randn(rows, cfg.num_key_value_heads, width, head_dim, generator=generator)
+    device = next(model.parameters()).device
+    block = torch.randn(rows, cfg.num_key_value_heads, width, head_dim, generator=generator).to(device)
     kv.merge([block] * cfg.num_hidden_layers, [block] * cfg.num_hidden_layers)
     return kv
 
@@ -146,16 +163,20 @@ def bound(model, shapes: list[tuple[int, int]], forward=None) -> dict:
     kv = _filled_cache(model, max(n for n, _ in shapes), max(w for _, w in shapes))
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(0)
+    inputs = []
+    for n, w in shapes:
+        attn = torch.ones((n, w + 1), dtype=torch.long)
+        attn[0, 0] = 0 if w else 1  # a padding column, as a continuous batch almost always has
+        inputs.append((torch.randint(3, cfg.vocab_size, (n, 1), generator=gen).to(device),
+                       torch.full((n, 1), w, device=device), attn.to(device)))
+    synchronize(device)
     w0, c0 = time.perf_counter(), time.process_time()
     with torch.no_grad():
-        for n, w in shapes:
+        for (n, w), (ids, pos, attn) in zip(shapes, inputs):
             kv.rows, kv.lo = n, kv.hi - w
-            ids = torch.randint(3, cfg.vocab_size, (n, 1), generator=gen)
-            attn = torch.ones((n, w + 1), dtype=torch.long)
-            attn[0, 0] = 0 if w else 1  # a padding column, as a continuous batch almost always has
-            logits = forward(model, ids.to(device), torch.full((n, 1), w, device=device), attn.to(device),
-                             kv.lean_cache(), gqa_decode_attention)
+            logits = forward(model, ids, pos, attn, kv.lean_cache(), gqa_decode_attention)
             logits[:, -1].log_softmax(-1)
+    synchronize(device)
     return {"wall_s": time.perf_counter() - w0, "cpu_s": time.process_time() - c0,
             "tokens": sum(n for n, _ in shapes)}
 
@@ -178,8 +199,9 @@ def compile_gain(model, shapes: list[tuple[int, int]], repeats: int = 2, backend
     for _ in range(repeats):
         eager_s.append(bound(model, shapes)["cpu_s"])
         compiled_s.append(bound(model, shapes, compiled)["cpu_s"])
-    cfg, (n, w) = model.config, shapes[0]
-    ids, pos, attn = torch.arange(3, 3 + n)[:, None] % cfg.vocab_size, torch.full((n, 1), w), torch.ones((n, w + 1))
+    cfg, (n, w), device = model.config, shapes[0], next(model.parameters()).device
+    ids = (torch.arange(3, 3 + n)[:, None] % cfg.vocab_size).to(device)
+    pos, attn = torch.full((n, 1), w, device=device), torch.ones((n, w + 1), device=device)
     logits = [fwd(model, ids, pos, attn, _filled_cache(model, n, w, torch.Generator().manual_seed(2)).lean_cache(),
                   gqa_decode_attention) for fwd in (decode_forward, compiled)]
     out = {"eager_cpu_s": statistics.mean(eager_s), "compiled_cpu_s": statistics.mean(compiled_s),

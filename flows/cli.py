@@ -304,7 +304,7 @@ def prefect_line(run_dir: Path) -> str:
 for _module in (cli_eval, cli_bench, cli_browse):
     _module.register(app)
 _mount_optional("sandbox", "flows.cli_sandbox", "Sandbox tools (benchmark).")
-_mount_optional("data", "flows.cli_data", "Dataset tools (inspect, grading benchmark).")
+_mount_optional("data", "flows.cli_data", "Dataset tools (inspect, verl parquet export, grading benchmark).")
 _mount_optional("serve", "flows.cli_serve", "Local Prefect server + worker + MLflow server.")
 _mount_optional("runs", "flows.cli_runs", "Flow runs: how one ended and why (state message, failing stage's logs).")
 

@@ -4,6 +4,9 @@
   source, the raw columns and a sample of normalised tasks (id, source, ability, ground
   truth, prompt head) as rich tables. Malformed files end with the loader's error (file,
   row, column) and exit code 1.
+- ``cleaner data to-verl FILE... --out OUT.parquet [--format F]``: task files of any supported
+  format as one verl RL parquet (``tasks.data.verl_export``: what verl's ``main_ppo`` reads, the
+  same tasks when the pipeline reads it back); errors name file, row and column, exit code 1.
 - ``cleaner data bench-code [--pairs 100] [--backend local|docker]``: code-grading
   throughput (tests/s) through the sandbox, printed.
 
@@ -18,7 +21,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-app = typer.Typer(rich_markup_mode=None, help="Inspect task files and benchmark code grading.",
+app = typer.Typer(rich_markup_mode=None, help="Inspect task files, write verl parquet, benchmark code grading.",
                   no_args_is_help=True)
 
 
@@ -55,6 +58,27 @@ def inspect(
         for task in tasks[:rows]:
             sample.add_row(task.id, task.data_source, _short(task.ground_truth, 40), _short(task.prompt[-1]["content"], 80))
         console.print(sample)
+
+
+@app.command("to-verl")
+def to_verl(
+    files: list[Path] = typer.Argument(..., help="Task files: verl RL / AIME / GPQA / LiveCodeBench / HumanEval."),
+    out: Path = typer.Option(..., "--out", "-o", help="The verl parquet to write (data.train_files / val_files)."),
+    fmt: str | None = typer.Option(None, "--format", help="Override format detection for every file."),
+) -> None:
+    """Write task files as one verl RL parquet (prompt, data_source, ability, reward_model, extra_info)."""
+    from flows.cli_common import make_console
+    from tasks.data.formats import DatasetError
+    from tasks.data.verl_export import export_verl
+
+    console = make_console()
+    try:
+        result = export_verl(files, out, fmt)
+    except (DatasetError, ValueError) as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(1) from None
+    kinds = ", ".join(f"{Path(f).name} ({k})" for f, k in result["formats"].items())
+    console.print(f"wrote {out}: {result['rows']} rows from {kinds}")
 
 
 @app.command("bench-code")

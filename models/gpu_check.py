@@ -14,8 +14,12 @@ the CPU and once on ``--device``, and checks:
    how many rows sampled the same ids as the CPU's is printed (a near-tie of the cumulative distribution may
    flip a token; not checked).
 3. **one update** from the model on the CPU's greedy rows (advantages ±1, the rollout log-probs attached): every
-   ``train/*`` figure within ``metric_rtol`` (relative) + ``metric_atol``, and no weight of the two new
-   checkpoints further apart than Adam's step bound, 2 × lr × optimizer steps.
+   ``train/*`` figure within ``metric_rtol`` (relative) + ``metric_atol``; the device **applied the CPU's update**:
+   its weight change (new − start, every tensor) is within ``update_rtol`` of the CPU's in L2 norm, relative to the
+   CPU's, and the CPU's is not zero — a skipped update is 1 away, a negated one 2, a doubled one 1 (Adam moves every
+   weight by ≈ lr whatever its gradient, so comparing the new weights alone, whose gap a skipped update keeps
+   within 2 × lr, cannot tell); and no weight of the two new checkpoints further apart than Adam's step bound,
+   2 × lr × optimizer steps.
 
 It prints tokens/s of both decodes and the update's wall time on each side, and exits 1 when a check fails.
 With ``--device cpu`` (``tests/test_gpu_check.py``, in ``make test``) both sides are the CPU: the code path cannot
@@ -61,6 +65,9 @@ class GpuCheckConfig(BaseModel):
     """Relative tolerance of the update's ``train/*`` figures."""
     metric_atol: float = Field(1e-5, gt=0)
     """Absolute tolerance of the update's ``train/*`` figures (for figures near 0)."""
+    update_rtol: float = Field(0.25, gt=0)
+    """Largest L2 distance between the device's and the CPU's weight changes, relative to the CPU's (a skipped
+    update is 1, a negated one 2; float rounding flips Adam's step only on weights with a near-zero gradient)."""
     lr: float = Field(1e-4, gt=0)
     """The update's learning rate."""
     seed: int = 0
@@ -198,6 +205,17 @@ def weight_gap(a: Path, b: Path) -> float:
     return max(float((wa[k] - wb[k]).abs().max()) for k in wa)
 
 
+def update_distance(start: Path, a: Path, b: Path) -> tuple[float, float]:
+    """(‖Δb − Δa‖ / ‖Δa‖, ‖Δa‖) over all weights, Δx = the weights of checkpoint ``x`` − those of ``start``: how far
+    update ``b`` is from update ``a`` (0 the same, 1 skipped, 2 negated), and how far ``a`` moved (inf when it did not)."""
+    from safetensors.torch import load_file
+
+    w0, wa, wb = (load_file(str(Path(d) / "model.safetensors")) for d in (start, a, b))
+    moved = sum(float((wa[k].double() - w0[k].double()).square().sum()) for k in w0) ** 0.5
+    apart = sum(float((wb[k].double() - wa[k].double()).square().sum()) for k in w0) ** 0.5
+    return (apart / moved if moved > 0 else float("inf")), moved
+
+
 def check_decodes(cfg: GpuCheckConfig, cpu, dev, batch: list[list[int]], eos: int, pad: int) -> tuple[dict, bool,
                                                                                                      list[Decoded]]:
     """Greedy and sampled decodes on both sides: the figures, whether the greedy check passed, the CPU's rows."""
@@ -226,11 +244,13 @@ def check_update(cfg: GpuCheckConfig, batch: list[list[int]], ref: list[Decoded]
         cpu_m, cpu_s = run_update(cfg.model, samples, "cpu", cfg.lr, cfg.seed, Path(tmp) / "cpu")
         dev_m, dev_s = run_update(cfg.model, samples, cfg.device, cfg.lr, cfg.seed, Path(tmp) / "dev")
         gap = weight_gap(Path(tmp) / "cpu", Path(tmp) / "dev")
+        distance, moved = update_distance(Path(cfg.model), Path(tmp) / "cpu", Path(tmp) / "dev")
     bound = 2 * cfg.lr * cpu_m["train/optimizer_steps"]
     off = compare_metrics(cpu_m, dev_m, cfg.metric_rtol, cfg.metric_atol)
     figures = {"update_s": {"cpu": cpu_s, "device": dev_s}, "update_metric_mismatches": off,
-               "update_weight_gap": gap, "update_weight_bound": bound, "update_metrics_cpu": cpu_m}
-    return figures, not off and gap <= bound
+               "update_weight_gap": gap, "update_weight_bound": bound, "update_distance": distance,
+               "update_norm_cpu": moved, "update_metrics_cpu": cpu_m}
+    return figures, not off and gap <= bound and distance <= cfg.update_rtol
 
 
 def gpu_check(cfg: GpuCheckConfig) -> tuple[dict, bool]:
@@ -274,7 +294,8 @@ def _update_lines(d: str, f: dict) -> list[str]:
         return [f"one update: raised on {d}: {f['update_error']} -> FAILED"]
     up = f["update_s"]
     return [f"one update: train/* mismatches {f['update_metric_mismatches'] or 'none'}; weights within "
-            f"{f['update_weight_gap']:.2e} (bound {f['update_weight_bound']:.1e}) -> "
+            f"{f['update_weight_gap']:.2e} (bound {f['update_weight_bound']:.1e}); the device's weight change is "
+            f"{f['update_distance']:.2e} of the CPU's (norm {f['update_norm_cpu']:.2e}) away from it -> "
             f"{'ok' if f['update_ok'] else 'FAILED'}",
             f"  step time: cpu {up['cpu']:.2f} s, {d} {up['device']:.2f} s"]
 

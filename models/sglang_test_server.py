@@ -1,29 +1,36 @@
 """A CPU test double of an SGLang server: the same HTTP JSON contract, served by transformers.
 
 What: ``POST /generate`` (``input_ids`` — one list or a batch — ``sampling_params`` with
-``temperature``, ``top_p``, ``max_new_tokens``, ``stop_token_ids``; ``return_logprob``) answers
-``{"text", "output_ids", "meta_info": {"id", "finish_reason": {"type": "stop", "matched": id} |
-{"type": "length", "length": n}, "prompt_tokens", "completion_tokens", "output_token_logprobs":
-[[logprob, token_id, null], ...]}}`` like ``sglang.launch_server``; ``POST
-/update_weights_from_disk`` (``{"model_path"}`` → ``{"success", "message",
-"num_paused_requests"}``, 400 on failure), ``POST /abort_request`` (``{"rid": "", "abort_all": true}`` aborts
-every request that arrived before it, ``{"rid": id}`` the request sent with that ``rid``: a running request
-stops at its next token and answers ``finish_reason {"type": "abort"}`` with the ids and log-probs sampled
-so far, a queued one answers the same with none), ``GET /health``, ``GET /health_generate``, ``GET
-/get_model_info`` and ``GET /get_server_info`` (here: batch sizes formed, ``max_batch_seen``, ``recent_batches``
-and ``aborted_requests``).
+``temperature``, ``top_p``, ``max_new_tokens``, ``stop_token_ids``, ``stop`` strings, ``ignore_eos``;
+``return_logprob``) answers ``{"text", "output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens",
+"completion_tokens", "output_token_logprobs": [[logprob, token_id, null], ...]}}`` like ``sglang.launch_server``
+(0.5.14, the release ``requirements-gpu.lock`` pins; ``tests/test_sglang_contract.py`` decodes these answers with
+SGLang's own types and compares them with its own finish-reason classes and stop rule). Stops are SGLang's, in its
+order (``Req.update_finish_state``): the token budget first (``{"type": "length", "length": max_new_tokens}``), then
+a stop string (``{"type": "stop", "matched": "<the string>"}``, the ids cut after the first token whose text completes
+it), then a stop id — any of ``stop_token_ids`` and **every eos id of the model** (``config.json``'s and
+``generation_config.json``'s ``eos_token_id``, one id or a list, and the tokenizer's eos; ``ModelConfig
+._get_hf_eos_token_id``) — ``{"type": "stop", "matched": <id>}``, the id kept; ``ignore_eos`` turns every stop id off.
+``POST /update_weights_from_disk`` (``{"model_path"}`` → ``{"success", "message", "num_paused_requests"}``, 400 on
+failure); ``POST /abort_request`` (``{"rid": "", "abort_all": true}`` aborts every request that arrived before it,
+``{"rid": id}`` the request sent with that ``rid``): a running request stops after its next token and answers
+``{"type": "abort", "message": "Aborted", "status_code": null, "err_type": null}`` with the ids and log-probs
+sampled so far, a request still waiting answers ``{"type": "abort", "message": "Abort in waiting queue"}`` with
+none (SGLang's two messages); ``GET /health`` and ``GET /health_generate``: **503 while the server is starting**
+(it listens at once, loads the model in the background, then waits ``start_delay`` seconds: SGLang's warm-up), 200
+once it serves; ``GET /get_model_info`` and ``GET /get_server_info`` (here: batch sizes formed,
+``max_batch_seen``, ``recent_batches`` and ``aborted_requests``).
 It exists so the ``sglang`` engine and a full RL step through HTTP are tested on machines where
 SGLang cannot be installed. It is not SGLang. ``start_test_server`` / ``stop_server`` run it as
 a subprocess on a free loopback port (tests, ``tasks.training.bench_engines``).
 
 Simplifies: continuous batching is imitated by collecting the requests that arrive until the queue has
-been quiet for 20 ms into one decoding batch (grouped by sampling parameters; each request is answered
-as soon as it ends, later arrivals wait for the batch to drain);
-only the first stop token id is honoured (the end-of-turn id); stop strings are ignored.
+been quiet for 20 ms into one decoding batch (grouped by temperature and top_p; each request is answered
+as soon as it ends, later arrivals wait for the batch to drain); a stop string is searched in the decoded text of
+all the ids sampled so far (SGLang searches a tail window); no stop regexes, no streaming.
 
 Run: ``python -m models.sglang_test_server --model-path assets/tiny-warm --port 30000 [--pid-file F]
-[--step-delay S]``
-(listens on 127.0.0.1 only).
+[--step-delay S] [--start-delay S]`` (listens on 127.0.0.1 only).
 """
 
 from __future__ import annotations
@@ -43,11 +50,29 @@ import time
 from pathlib import Path
 
 from models.config import EngineConfig
-from models.engine import GenOutput, GenRequest, TransformersEngine
+from models.engine import GenRequest, TransformersEngine
 
 BATCH_QUIET_S = 0.02
 """A batch closes once no request arrived for this long (SGLang batches continuously instead)."""
 BATCH_MAX_WAIT_S = 0.25
+NO_TOKEN = -2
+"""The decoding stream's end id: no id; every stop is this server's (``Backend.stop_hit``)."""
+WAITING_ABORT = {"type": "abort", "message": "Abort in waiting queue"}
+RUNNING_ABORT = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+
+
+def model_eos_ids(model_path: str | Path) -> set[int]:
+    """The ids SGLang stops on for this model unless ``ignore_eos``: ``config.json``'s and ``generation_config.json``'s
+    ``eos_token_id`` (one id or a list) and the tokenizer's eos id."""
+    from transformers import AutoTokenizer
+
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        path = Path(model_path) / name
+        value = json.loads(path.read_text()).get("eos_token_id") if path.exists() else None
+        ids |= {value} if isinstance(value, int) else set(value or [])
+    eos = AutoTokenizer.from_pretrained(model_path).eos_token_id
+    return ids | ({eos} if eos is not None else set())
 
 
 class Backend:
@@ -56,11 +81,14 @@ class Backend:
     def __init__(self, model_path: str, threads: int = 1, max_batch: int = 64, step_delay: float = 0.0):
         if step_delay < 0:
             raise ValueError(f"step_delay must be >= 0 seconds, got {step_delay}")
+        from transformers import AutoTokenizer
+
         cfg = json.loads((Path(model_path) / "config.json").read_text())
-        self.eos = int(cfg.get("eos_token_id") if isinstance(cfg.get("eos_token_id"), int) else 0)
+        self.eos_ids = model_eos_ids(model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         pad = cfg.get("pad_token_id")
         self.engine = TransformersEngine(EngineConfig(threads=threads, max_batch=max_batch), model_path,
-                                         self.eos, pad if isinstance(pad, int) else self.eos)
+                                         NO_TOKEN, pad if isinstance(pad, int) else min(self.eos_ids, default=0))
         self.model_path = model_path
         self.queue: asyncio.Queue = asyncio.Queue()
         self.ids = itertools.count()
@@ -106,59 +134,81 @@ class Backend:
             groups: dict[tuple, list] = {}
             for item in batch:
                 p = item[1]
-                stop = tuple(p.get("stop_token_ids") or [self.eos])[:1]
-                groups.setdefault((float(p.get("temperature", 1.0)), float(p.get("top_p", 1.0)), stop), []).append(item)
+                groups.setdefault((float(p.get("temperature", 1.0)), float(p.get("top_p", 1.0))), []).append(item)
             async with self.lock:
                 for key, items in groups.items():
                     await self._run_group(key, items)
 
     async def _run_group(self, key: tuple, items: list) -> None:
-        temperature, top_p, (stop,) = key
+        temperature, top_p = key
         loop = asyncio.get_running_loop()
 
-        def answer(i: int, out: GenOutput) -> None:  # called from the decoding thread as each request ends
-            ids, _, fut, _ = items[i]
-            loop.call_soon_threadsafe(fut.set_result, self._response(len(ids), out, stop))
+        def answer(i: int, ids: list[int], lps: list[float], finish: dict) -> None:  # from the decoding thread
+            fut = items[i][2]
+            loop.call_soon_threadsafe(fut.set_result, self._response(len(items[i][0]), ids, lps, finish))
 
         reqs = [GenRequest(ids, int(p.get("max_new_tokens", 128))) for ids, p, _, _ in items]
-        tags = [tag for *_, tag in items]
         try:
-            await asyncio.to_thread(self._generate, reqs, tags, max(temperature, 1e-5), top_p, stop, answer)
+            await asyncio.to_thread(self._generate, reqs, [p for _, p, _, _ in items], [tag for *_, tag in items],
+                                    max(temperature, 1e-5), top_p, answer)
         except Exception as err:  # noqa: BLE001 — reported to every request still waiting as a 500
             for _, _, fut, _ in items:
                 if not fut.done():
                     fut.set_exception(err)
 
-    def _generate(self, reqs: list[GenRequest], tags: list, temperature: float, top_p: float, stop: int,
+    def _generate(self, reqs: list[GenRequest], params: list[dict], tags: list, temperature: float, top_p: float,
                   answer) -> None:
-        """Decode the batch continuously, answering each request when it ends; between tokens, requests aborted
-        since they arrived stop where they are."""
+        """Decode the batch continuously, answering each request when it ends: a waiting request aborted since it
+        arrived leaves before it starts, a running one after its next token; after each token every running row is
+        checked for a stop (``stop_hit``); the stream itself ends rows only at their budget."""
         eng = self.engine
         eng.cfg = eng.cfg.model_copy(update={"temperature": temperature, "top_p": top_p})
-        eng.eos_id = stop
         stream = eng.stream(seed=next(self.ids), keep_prefix=False)
         for i, r in enumerate(reqs):
             stream.submit(i, r.input_ids, r.max_new_tokens)
         open_ = set(range(len(reqs)))
         while stream.busy:
-            gone = {i for i in open_ if self._aborted(tags[i])}
-            done = stream.abort(gone) if gone else []
-            self.aborted_count += len(done)
-            for i, ids, lps, reason in done + (stream.step() if stream.busy else []):
+            running = {row.key for row in stream.rows}
+            self._leave(stream, {i for i in open_ - running if self._aborted(tags[i])}, WAITING_ABORT, open_, answer)
+            for i, ids, lps, _ in stream.step() if stream.busy else []:
                 open_.discard(i)
-                answer(i, GenOutput(ids, lps, reason))
+                answer(i, ids, lps, {"type": "length", "length": reqs[i].max_new_tokens})
+            stops = {row.key: hit for row in stream.rows if (hit := self.stop_hit(row.out, params[row.key]))}
+            for i, ids, lps, _ in stream.abort(set(stops)) if stops else []:
+                open_.discard(i)
+                n, matched = stops[i]
+                answer(i, ids[:n], lps[:n], {"type": "stop", "matched": matched})
+            running = {row.key for row in stream.rows}
+            self._leave(stream, {i for i in open_ & running if self._aborted(tags[i])}, RUNNING_ABORT, open_, answer)
             if self.step_delay:
                 time.sleep(self.step_delay)
 
-    def _response(self, n_prompt: int, out, stop: int) -> dict:
-        finish = ({"type": "stop", "matched": stop} if out.finish_reason == "stop"
-                  else {"type": "abort", "message": "Abort the request by abort_request"} if out.finish_reason == "abort"
-                  else {"type": "length", "length": len(out.token_ids)})
+    def _leave(self, stream, keys: set[int], finish: dict, open_: set[int], answer) -> None:
+        """Rows or waiting requests ``keys`` aborted: answered with what they sampled and ``finish``."""
+        for i, ids, lps, _ in stream.abort(keys) if keys else []:
+            open_.discard(i)
+            self.aborted_count += 1
+            answer(i, ids, lps, finish)
+
+    def stop_hit(self, out: list[int], params: dict) -> tuple[int, int | str] | None:
+        """(ids kept, what matched) when ``out`` (a running row's ids) must stop, SGLang's way: a stop string
+        first (the ids up to the first token whose text completes it), then the last id among ``stop_token_ids``
+        and the model's eos ids, unless ``ignore_eos``."""
+        stops = params.get("stop") or []
+        for stop in [stops] if isinstance(stops, str) else stops:
+            if stop and stop in self.tokenizer.decode(out):
+                return next(k for k in range(1, len(out) + 1) if stop in self.tokenizer.decode(out[:k])), stop
+        if out and not params.get("ignore_eos") and (out[-1] in self.eos_ids
+                                                     or out[-1] in (params.get("stop_token_ids") or [])):
+            return len(out), out[-1]
+        return None
+
+    def _response(self, n_prompt: int, ids: list[int], lps: list[float], finish: dict) -> dict:
         return {
-            "text": "", "output_ids": out.token_ids,
+            "text": self.tokenizer.decode(ids), "output_ids": ids,
             "meta_info": {"id": f"req-{next(self.ids)}", "finish_reason": finish, "prompt_tokens": n_prompt,
-                          "completion_tokens": len(out.token_ids),
-                          "output_token_logprobs": [[lp, t, None] for lp, t in zip(out.logprobs, out.token_ids)]},
+                          "completion_tokens": len(ids),
+                          "output_token_logprobs": [[lp, t, None] for lp, t in zip(lps, ids)]},
         }
 
     async def update_weights(self, path: str) -> tuple[bool, str]:
@@ -171,17 +221,27 @@ class Backend:
             return True, "Succeeded to update model weights."
 
 
-def build_app(backend: Backend):
+def build_app(load, start_delay: float = 0.0):
+    """The server's routes; ``load()`` builds the ``Backend`` in a thread once the server listens, and
+    ``start_delay`` seconds later it serves: until then ``/health`` answers 503 and other calls wait."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
+
+    state: dict = {}
+    ready = asyncio.Event()
+
+    async def serving() -> Backend:
+        await ready.wait()
+        return state["backend"]
 
     async def generate(request: Request):
         body = await request.json()
         ids, params = body.get("input_ids"), body.get("sampling_params") or {}
         if not isinstance(ids, list) or not ids:
             return JSONResponse({"error": {"message": "input_ids: a list of token ids is required"}}, 400)
+        backend = await serving()
         batch = isinstance(ids[0], list)
         rid = body.get("rid")
         rids = rid if batch and isinstance(rid, list) else [rid] * (len(ids) if batch else 1)
@@ -190,28 +250,44 @@ def build_app(backend: Backend):
 
     async def abort_request(request: Request):
         body = await request.json()
-        backend.abort(body.get("rid") or None, bool(body.get("abort_all")))
+        (await serving()).abort(body.get("rid") or None, bool(body.get("abort_all")))
         return Response(status_code=200)
 
     async def update(request: Request):
         path = (await request.json()).get("model_path")
+        backend = await serving()
         ok, msg = await backend.update_weights(path) if path else (False, "model_path is required")
         return JSONResponse({"success": ok, "message": msg, "num_paused_requests": 0}, 200 if ok else 400)
 
     async def health(request: Request):
-        return Response(status_code=200)
+        return Response(status_code=200 if ready.is_set() else 503)
 
     async def info(request: Request):
+        backend = await serving()
         return JSONResponse({"model_path": backend.model_path, "tokenizer_path": backend.model_path,
                              "is_generation": True})
 
+    async def start() -> None:
+        try:
+            backend = await asyncio.to_thread(load)
+        except Exception as err:  # noqa: BLE001 — a server that cannot load its model exits, as SGLang does
+            print(f"sglang_test_server: cannot load the model: {type(err).__name__}: {err}", file=sys.stderr)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        await asyncio.sleep(start_delay)
+        state["backend"], state["worker"] = backend, asyncio.get_running_loop().create_task(backend.worker())
+        ready.set()
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        task = asyncio.get_running_loop().create_task(backend.worker())
+        task = asyncio.get_running_loop().create_task(start())
         yield
-        task.cancel()
+        for t in (task, state.get("worker")):
+            if t is not None:
+                t.cancel()
 
     async def server_info(request: Request):
+        backend = await serving()
         return JSONResponse({"model_path": backend.model_path, "max_batch_seen": backend.max_batch_seen,
                              "recent_batches": list(backend.recent_batches), "aborted_requests": backend.aborted_count,
                              "test_double": True})
@@ -230,20 +306,24 @@ def free_port() -> int:
 
 
 def start_test_server(model_path: str | Path, threads: int = 1, timeout_s: float = 300.0,
-                      log_path: str | Path | None = None, step_delay: float = 0.0) -> tuple[subprocess.Popen, str]:
-    """Start this server in its own process group on a free 127.0.0.1 port; wait for ``/health``.
-    ``step_delay``: seconds slept after each decoding step (``Backend.step_delay``)."""
+                      log_path: str | Path | None = None, step_delay: float = 0.0, start_delay: float = 0.0,
+                      wait: bool = True) -> tuple[subprocess.Popen, str]:
+    """Start this server in its own process group on a free 127.0.0.1 port; wait for ``/health`` (unless not
+    ``wait``). ``step_delay``: seconds slept after each decoding step (``Backend.step_delay``); ``start_delay``:
+    seconds it stays starting (``/health`` 503) after the model loaded."""
     from models.sglang_engine import wait_healthy
 
     port = free_port()
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL
     cmd = [sys.executable, "-m", "models.sglang_test_server", "--model-path", str(model_path),
-           "--port", str(port), "--threads", str(threads), "--step-delay", str(step_delay)]
+           "--port", str(port), "--threads", str(threads), "--step-delay", str(step_delay),
+           "--start-delay", str(start_delay)]
     proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=log, stderr=log,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, timeout_s)
+        if wait:
+            wait_healthy(url, timeout_s)
     except Exception:
         stop_server(proc)
         raise
@@ -269,12 +349,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--pid-file")
     ap.add_argument("--step-delay", type=float, default=0.0, help="seconds slept after each decoding step")
+    ap.add_argument("--start-delay", type=float, default=0.0,
+                    help="seconds /health answers 503 after the model loaded (SGLang's warm-up)")
     args = ap.parse_args(argv)
     import uvicorn
 
     if args.pid_file:
         Path(args.pid_file).write_text(str(os.getpid()))
-    app = build_app(Backend(args.model_path, args.threads, step_delay=args.step_delay))
+    if args.step_delay < 0 or args.start_delay < 0:
+        raise SystemExit(f"--step-delay and --start-delay must be >= 0, got {args.step_delay}, {args.start_delay}")
+    app = build_app(lambda: Backend(args.model_path, args.threads, step_delay=args.step_delay), args.start_delay)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
 
 

@@ -182,9 +182,16 @@ def _critic_metrics(totals: dict, n_steps: int, samples: list[Sample], targets) 
     if targets is None:
         return {}
     trained = max(sum(sum(s.response_mask) for s in samples), 1)
-    returns = sum(float((r * torch.tensor(s.response_mask, dtype=r.dtype)).sum()) for s, (_, r) in zip(samples, targets))
     return {"train/value_loss": totals["value_loss"] / max(n_steps, 1),
-            "train/value_mean": totals["value"] / max(totals["tokens"], 1.0), "train/return_mean": returns / trained}
+            "train/value_mean": totals["value"] / max(totals["tokens"], 1.0),
+            "train/return_mean": float(trained_return_sum(samples, targets)) / trained}
+
+
+def trained_return_sum(samples: list[Sample], targets) -> torch.Tensor:
+    """The sum of the GAE returns over every sample's trained (mask-1) tokens, on the returns' device (the masks are
+    built there: a CPU mask times a GPU tensor raises)."""
+    return torch.stack([(r * torch.tensor(s.response_mask, dtype=r.dtype, device=r.device)).sum()
+                        for s, (_, r) in zip(samples, targets)]).sum()
 
 
 def _split(order: list, parts: int) -> list[list]:

@@ -82,3 +82,36 @@ def test_compile_gain_times_the_compiled_forward_beside_the_eager_one(model):
     assert out["eager_cpu_s"] > 0 and out["compiled_cpu_s"] > 0
     assert out["gain"] == pytest.approx(out["eager_cpu_s"] / out["compiled_cpu_s"])
     assert "torch.compile (eager) of the decode forward at 3 shapes" in lines[0]
+
+
+def _recording_forward(events: list):
+    """A decode / prefill forward that does what the real one does with its inputs and cache on a device without
+    kernels (``meta``): writes each layer's new keys into the cache on the inputs' device, and records the devices
+    it saw (a CPU cache or input beside the model's device raises in ``cache.update``)."""
+    def forward(model, ids, pos, attn, cache, attention):
+        cfg = model.config
+        seen = {t.device.type for t in (ids, pos, attn)}
+        n, s = ids.shape
+        for layer in range(cfg.num_hidden_layers):
+            k = torch.zeros(n, cfg.num_key_value_heads, s, cfg.hidden_size // cfg.num_attention_heads, device=ids.device)
+            seen.add(cache.update(k, k, layer)[0].device.type)
+        events.append(("forward", seen))
+        return torch.zeros(n, s, cfg.vocab_size, device=ids.device)
+
+    return forward
+
+
+def test_the_bounds_run_on_the_models_device_and_synchronise_around_the_clock(model, monkeypatch):
+    """Both bounds on a model on another device (``meta`` here, CUDA on a GPU): caches and inputs on that device,
+    and the device synchronised before the clock starts and before it is read (else a GPU figure times kernel
+    launches)."""
+    from flows import bench_decode
+
+    events: list = []
+    monkeypatch.setattr(bench_decode, "synchronize", lambda device: events.append(("sync", device.type)))
+    meta = type(model)(model.config).to("meta").eval()
+    bench_decode.bound(meta, [(3, 4), (2, 6)], _recording_forward(events))
+    assert events == [("sync", "meta"), ("forward", {"meta"}), ("forward", {"meta"}), ("sync", "meta")]
+    events.clear()
+    bench_decode.prefill_bound(meta, [(2, 5, 0, 8), (1, 3, 4, 3)], _recording_forward(events))
+    assert events == [("sync", "meta"), ("forward", {"meta"}), ("forward", {"meta"}), ("sync", "meta")]

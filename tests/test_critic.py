@@ -115,3 +115,16 @@ def test_opob_and_the_critic_exclude_each_other(tmp_path):
     cfg = TrainerConfig(opob=True, critic=CriticConfig(enabled=True))
     with pytest.raises(ValueError, match=r"^trainer.opob and the critic \(mix.advantage: gae\) exclude each other$"):
         update(ENV_MODEL, [Sample(ids[:4], ids[4:9], [1] * 5, 1.0, reward=1.0, group="g")], cfg, tmp_path / "x", 0, 0)
+
+
+def test_the_critic_metrics_mask_lives_on_the_returns_device():
+    """On CUDA the returns live on the GPU: a mask built on the CPU beside them raises in every ``gae`` update
+    (the ``meta`` device raises the same way); the hand-computed sum on the CPU is 1 + 1 + 0.5 (mask 1, 1, 0, 1)."""
+    from models.trainer import trained_return_sum
+
+    samples = [Sample([1], [2, 3, 4], [1, 1, 0], 0.0, group="g"), Sample([1], [5], [1], 0.0, group="g")]
+    on = lambda device: [(torch.zeros(3, device=device), torch.tensor([1.0, 1.0, 9.0], device=device)),
+                         (torch.zeros(1, device=device), torch.tensor([0.5], device=device))]
+    assert float(trained_return_sum(samples, on("cpu"))) == 2.5
+    total = trained_return_sum(samples, on("meta"))
+    assert total.device.type == "meta" and total.shape == ()

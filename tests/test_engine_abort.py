@@ -14,7 +14,22 @@ from models.engine import GenRequest, load_causal_lm, make_engine
 from models.sglang_test_server import start_test_server, stop_server
 
 NEVER = 10**6
-"""An end-of-turn id outside the vocabulary: no row stops before its budget, so aborts always find it running."""
+"""An end-of-turn id outside the vocabulary: no row stops before its budget, so aborts always find it running
+(on the server, as on SGLang, that also takes ``ignore_eos``: it stops on the model's own eos ids otherwise)."""
+
+
+def _to_budget(eng):
+    """``eng``'s requests with ``ignore_eos``: SGLang (and the test server) stop on every eos id of the model whatever
+    ``stop_token_ids`` say, so turns that must run to their budget ask for it."""
+    plain = eng.payload
+
+    def payload(req):
+        body = plain(req)
+        body["sampling_params"]["ignore_eos"] = True
+        return body
+
+    eng.payload = payload
+    return eng
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +80,7 @@ def server(warm_model_dir, tmp_path_factory):
 def _long_body(chat, n=600):
     prompt = chat.prompt_ids([{"role": "user", "content": "Count."}])
     return {"input_ids": prompt, "return_logprob": True,
-            "sampling_params": {"temperature": 3.0, "max_new_tokens": n, "stop_token_ids": [NEVER]}}
+            "sampling_params": {"temperature": 3.0, "max_new_tokens": n, "stop_token_ids": [NEVER], "ignore_eos": True}}
 
 
 def test_test_server_honours_abort_all_with_the_partial_output(server, chat):
@@ -104,8 +119,8 @@ def test_test_server_aborts_one_request_by_rid(server, chat):
 
 
 def test_sglang_stream_abort_calls_the_server_and_returns_partial_turns(server, warm_model_dir, chat):
-    eng = make_engine(EngineConfig(kind="sglang", server_urls=[server], temperature=3.0, max_retries=0),
-                      warm_model_dir, NEVER, 0)
+    eng = _to_budget(make_engine(EngineConfig(kind="sglang", server_urls=[server], temperature=3.0, max_retries=0),
+                                 warm_model_dir, NEVER, 0))
     try:
         prompt = chat.prompt_ids([{"role": "user", "content": "Count."}])
         s = eng.stream(seed=0)
@@ -144,8 +159,8 @@ def test_partial_rollout_over_the_sglang_engine_aborts_on_the_server_and_resumes
     from tasks.rollout.partial import Group, PartialRollout
     from tasks.rollout.types import Carry, PromptItem, State
 
-    eng = make_engine(EngineConfig(kind="sglang", server_urls=[server], temperature=3.0, max_retries=0),
-                      warm_model_dir, NEVER, 0)
+    eng = _to_budget(make_engine(EngineConfig(kind="sglang", server_urls=[server], temperature=3.0, max_retries=0),
+                                 warm_model_dir, NEVER, 0))
     try:
         runner = Rollout(RolloutConfig(n_samples=2, max_turns=1, max_new_tokens=48, max_response_tokens=48), eng,
                          chat, _Box())

@@ -98,3 +98,48 @@ def test_an_update_that_raises_on_the_device_is_reported_and_fails(monkeypatch):
     assert not ok and figures["decode_ok"] and not figures["update_ok"]
     text = gpu_check.report(cfg, figures)
     assert "one update: raised on cpu: RuntimeError: Expected all tensors to be on the same device -> FAILED" in text
+
+
+def _device_side(mutant):
+    """``run_update`` whose device side (the ``dev`` folder) gets ``mutant(start, applied)`` of each weight tensor
+    instead of the update it computed; the CPU side is untouched."""
+    from safetensors.torch import load_file, save_file
+
+    from models import gpu_check
+
+    real = gpu_check.run_update
+
+    def run(model, samples, device, lr, seed, out):
+        metrics, wall = real(model, samples, device, lr, seed, out)
+        if out.name == "dev":
+            start, applied = load_file(str(Path(model) / "model.safetensors")), load_file(str(out / "model.safetensors"))
+            save_file({k: mutant(start[k], applied[k]).contiguous() for k in applied}, str(out / "model.safetensors"))
+        return metrics, wall
+
+    return run
+
+
+@pytest.mark.parametrize(("name", "mutant", "distance"), [
+    ("applied", lambda w0, w: w, 0.0),
+    ("skipped", lambda w0, w: w0.clone(), 1.0),
+    ("negated", lambda w0, w: 2 * w0 - w, 2.0),
+    ("half", lambda w0, w: (w0 + w) / 2, 0.5),
+])
+def test_the_weight_check_fails_an_update_the_device_did_not_apply(monkeypatch, name, mutant, distance):
+    """The device's optimizer step did nothing, or stepped the wrong way, or half: its train/* figures are the CPU's
+    (computed before the step), and Adam moves every weight by about lr whatever the gradient, so its new weights
+    stay within 2 × lr of the CPU's; only the weight change itself tells: its distance from the CPU's, relative to
+    the CPU's, is 1 (skipped), 2 (negated), 0.5 (half), and anything above ``update_rtol`` = 0.25 fails."""
+    from models import gpu_check
+
+    model = str(ROOT / "assets/tiny-warm")
+    cfg = gpu_check.GpuCheckConfig(model=model, device="cpu", rows=2, tokens=6)
+    batch = gpu_check.prompts(model, cfg.rows)
+    ref, _ = gpu_check.decode(gpu_check.load(model, "cpu"), 2, 0, batch, cfg.tokens, 0.0, seed=0)
+    monkeypatch.setattr(gpu_check, "run_update", _device_side(mutant))
+    figures, ok = gpu_check.check_update(cfg, batch, ref)
+    assert figures["update_distance"] == pytest.approx(distance, abs=1e-6)
+    assert figures["update_norm_cpu"] > 0 and figures["update_metric_mismatches"] == []
+    assert ok is (name == "applied")
+    if name == "skipped":  # what the old check (the new weights' largest gap against 2 x lr x steps) let through
+        assert figures["update_weight_gap"] <= figures["update_weight_bound"]

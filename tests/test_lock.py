@@ -21,7 +21,7 @@ _spec.loader.exec_module(lock)
 
 @pytest.fixture
 def copy(tmp_path) -> Path:
-    for name in ("pyproject.toml", *lock.LOCKS):
+    for name in ("pyproject.toml", *lock.all_locks()):
         shutil.copy(ROOT / name, tmp_path / name)
     return tmp_path
 
@@ -97,3 +97,44 @@ def test_installed_check_names_missing_and_extra_packages(tmp_path):
     assert "not-a-real-package-xyz: locked 1.0, installed nothing" in problems
     assert any(p.startswith("duckdb: locked 0.0.1, installed ") for p in problems)
     assert any(p.startswith("polars ") and p.endswith("is installed but not in fake.lock") for p in problems)
+
+
+def test_the_gpu_lock_is_one_consistent_cuda_set_that_pyproject_allows():
+    """verl 0.9.1 with SGLang 0.5.14 (the newest SGLang whose transformers pin verl allows), their torch and
+    transformers, and flash-attn (verl's default attention): PyPI's CUDA torch with its CUDA libraries; pyproject's
+    torch range holds both this and the CPU locks' pin."""
+    _, gpu = lock.read_lock(ROOT / lock.GPU_LOCK)
+    assert {k: gpu[k] for k in ("verl", "sglang", "torch", "transformers", "flash-attn")} == {
+        "verl": "0.9.1", "sglang": "0.5.14", "torch": "2.11.0", "transformers": "5.8.1", "flash-attn": "2.8.3"}
+    assert any(p.startswith("nvidia-") for p in gpu) and not gpu["torch"].endswith("+cpu")
+    torch_req = next(r for r in lock.requirements(ROOT / "pyproject.toml", ()) if r.name == "torch")
+    _, cpu = lock.read_lock(ROOT / "requirements.lock")
+    assert torch_req.specifier.contains(Version(gpu["torch"])) and torch_req.specifier.contains(Version(cpu["torch"]))
+
+
+def test_an_edited_gpu_extra_without_make_lock_is_caught(copy):
+    py = copy / "pyproject.toml"
+    py.write_text(py.read_text().replace('"sglang==0.5.14"', '"sglang==0.5.15"', 1))
+    problems = lock.lock_problems(copy)
+    assert "requirements-gpu.lock was compiled from other pyproject requirements: run `make lock`" in problems
+    assert "requirements-gpu.lock: sglang==0.5.14 does not satisfy sglang==0.5.15" in problems
+
+
+def _fake_uv(tmp_path, body: str) -> str:
+    uv = tmp_path / "uv"
+    uv.write_text("#!/bin/sh\n" + body)
+    uv.chmod(0o755)
+    return str(uv)
+
+
+def test_resolves_names_every_pin_that_moved_and_a_failed_resolution(copy, tmp_path):
+    """``lock.py resolves`` (``make lock-check``) re-resolves the GPU lock into a copy; here a stand-in for uv that
+    moves torch and drops flash-attn in the file it is given, or fails."""
+    out = 'while [ "$1" != "-o" ]; do shift; done; '
+    moved = _fake_uv(tmp_path, out + "sed -i -e 's/^torch==2.11.0$/torch==2.11.1/' -e '/^flash-attn==/d' \"$2\"\n")
+    assert lock.resolve_problems(copy, moved) == [
+        "requirements-gpu.lock: flash-attn 2.8.3 now resolves to absent: run `make lock`",
+        "requirements-gpu.lock: torch 2.11.0 now resolves to 2.11.1: run `make lock`"]
+    assert lock.resolve_problems(copy, _fake_uv(tmp_path, "exit 0\n")) == []
+    failed = lock.resolve_problems(copy, _fake_uv(tmp_path, "exit 1\n"))
+    assert len(failed) == 1 and failed[0].startswith("requirements-gpu.lock: pyproject's verl, gpu no longer resolve for x86_64-manylinux_2_34")

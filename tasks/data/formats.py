@@ -207,6 +207,19 @@ UNWRAPPED = ("synthetic/", "synthetic-chain/")
 reference instruction wrapper."""
 
 
+FINAL_PROMPT = "cleaner_final_prompt"
+"""An ``extra_info`` key: when true, the row's prompt is already what the policy sees (``tasks.data.verl_export``
+wrote it from another format, whose loader made the prompt) and no wrapper is added."""
+
+
+def train_messages(messages: list[dict], data_source: str, extra_info: dict) -> list[dict]:
+    """A verl-format row's prompt as the policy sees it: the paper's wrapper (``prompts.wrap_train_prompt``) unless
+    the data source carries its own prompt (``UNWRAPPED``) or the row says its prompt is final (``FINAL_PROMPT``)."""
+    if data_source.startswith(UNWRAPPED) or extra_info.get(FINAL_PROMPT):
+        return [dict(m) for m in messages]
+    return prompts.wrap_train_prompt(messages, data_source)
+
+
 def _verl_row(row: _Row, *, template: bool) -> TaskRow:
     source = row.get("data_source")
     reward_model = row.json("reward_model")
@@ -219,8 +232,8 @@ def _verl_row(row: _Row, *, template: bool) -> TaskRow:
     if not isinstance(extra, dict):
         raise row.error("extra_info", "expected an object")
     messages = _messages(row, "prompt")
-    if template and not source.startswith(UNWRAPPED):
-        messages = prompts.wrap_train_prompt(messages, source)
+    if template:
+        messages = train_messages(messages, source, extra)
     ability = row.get("ability", default="math")
     return TaskRow(row.row_id(source, extra), source, ability, messages, truth, extra)
 
