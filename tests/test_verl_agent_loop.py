@@ -347,6 +347,21 @@ def test_a_verl_row_becomes_the_pipelines_item(source, verl_config, tokenizer, t
         [{"role": "user", "content": "What is 6 * 7?"}]
 
 
+def test_a_row_whose_prompt_is_final_is_not_wrapped_again(verl_config, tokenizer, tmp_path):
+    """A row ``cleaner data to-verl`` wrote from another format (its loader made the prompt, ``FINAL_PROMPT``): the
+    verl loop uses it as written, as the pipeline's loader does — a second wrapper would change every token."""
+    from tasks.data.formats import FINAL_PROMPT
+    from tasks.training.verl_loop import prompt_item
+
+    extra = {"index": 3, FINAL_PROMPT: True}
+    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "Wrapped already: 6 * 7?"}],
+             "ability": "math", "reward_model": {"ground_truth": "42", "style": "rule"}, "extra_info": extra}]
+    path = write_rows(tmp_path / "final.parquet", rows)
+    item = prompt_item(dataset_rows(verl_config, path, tokenizer)[0])
+    assert item.messages == [{"role": "user", "content": "Wrapped already: 6 * 7?"}]
+    assert item == load_prompts(str(path))[0]
+
+
 def test_a_verl_row_without_an_id_is_an_error_naming_it():
     from tasks.training.verl_loop import prompt_item
 

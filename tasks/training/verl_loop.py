@@ -12,8 +12,9 @@ and events ride in ``extra_fields``, beside the server's own ``TokenOutput.extra
 
 Rows, as the pipeline's loader makes them (``prompt_item``): the id is ``tasks.data.formats.task_id``'s
 (``{data_source}/{extra_info.index}``, ...), the paper's prompt wrapper (``tasks.data.prompts.wrap_train_prompt``)
-is applied unless the source is one of ``UNWRAPPED`` or ``cleaner.prompt_template`` is off, and a prompt longer than
-``rollout.prompt_length`` after our chat template is an error naming the row (verl would pad it to a ragged row).
+is applied by the loader's own rule (``tasks.data.formats.train_messages``: not for ``UNWRAPPED`` sources nor rows
+whose prompt is final) unless ``cleaner.prompt_template`` is off, and a prompt longer than ``rollout.prompt_length``
+after our chat template is an error naming the row (verl would pad it to a ragged row).
 
 Config: verl's own keys under ``actor_rollout_ref.rollout.multi_turn`` are honoured
 (``max_assistant_turns`` → turns, ``max_tool_response_length`` → tool text chars,
@@ -66,8 +67,7 @@ from verl.utils.ray_utils import auto_await
 from models.chat import ChatFormat
 from models.engine import GenOutput, GenRequest
 from sandbox.config import SandboxConfig
-from tasks.data.formats import UNWRAPPED, task_id
-from tasks.data.prompts import wrap_train_prompt
+from tasks.data.formats import task_id, train_messages
 from tasks.rollout.config import RolloutConfig, SAARConfig
 from tasks.rollout.machine import Rollout
 from tasks.rollout.types import PromptItem, Trajectory
@@ -154,8 +154,9 @@ class CleanerAgentLoopManager(AgentLoopManager):
 def prompt_item(kwargs: dict, template: bool = True) -> PromptItem:
     """A verl dataset row (``raw_prompt``, ``extra_info``, ``reward_model``, ``data_source``) as our item, made as
     ``tasks.data.loader.load_prompts`` makes it from the same row: its id (``task_id``; the raw-share draw is keyed
-    on it), its messages (role and content) with the paper's wrapper unless ``template`` is off or the source is
-    ``UNWRAPPED``, its ground truth as text (JSON when structured)."""
+    on it), its messages (role and content) with the paper's wrapper unless ``template`` is off, the source is
+    ``UNWRAPPED`` or the row's prompt is final (``formats.train_messages``: a row ``cleaner data to-verl`` wrote
+    from another format), its ground truth as text (JSON when structured)."""
     extra = dict(kwargs.get("extra_info") or {})
     source = str(kwargs.get("data_source", ""))
     pid = task_id(source, extra, kwargs.get("id"))
@@ -163,8 +164,8 @@ def prompt_item(kwargs: dict, template: bool = True) -> PromptItem:
         raise ValueError(f"cleaner_agent: the verl row of data_source {source!r} (uid {kwargs.get('uid')!r}) has no "
                          "id: give it extra_info.index (or id, question_id, task_id); its raw-share draw is keyed on it")
     messages = [{"role": m["role"], "content": m["content"]} for m in kwargs["raw_prompt"]]
-    if template and not source.startswith(UNWRAPPED):
-        messages = wrap_train_prompt(messages, source)
+    if template:
+        messages = train_messages(messages, source, extra)
     truth = (kwargs.get("reward_model") or {}).get("ground_truth", "")
     return PromptItem(pid, messages, source, truth if isinstance(truth, str) else json.dumps(truth), extra)
 
