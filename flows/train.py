@@ -39,7 +39,7 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.attempts import fenced_end, newer_attempt, retry_unless_fenced
+from flows.attempts import ending, fenced_end, retry_unless_fenced
 from flows.config import RunConfig, load_config
 from flows.prepare import ORIGIN, RunInfo, ckpt_dir, default_run_id, prepare_run, step_dir
 from tasks.stores import db, fence, links, registry, trace_writer, tracking
@@ -260,19 +260,20 @@ def _prune(info: RunInfo, keep: int, current: Path) -> None:
 
 def _ended(mlflow_status: str, db_status: str):
     """A flow hook giving an attempt that ended without finishing a terminal status in both stores; a retry of the
-    same flow run resumes the run and sets it running again. An attempt a newer one replaced (fenced) leaves both
-    to the newer attempt."""
+    same flow run resumes the run and sets it running again. An attempt a newer one replaced (fenced, or a later
+    run of the same flow run) leaves both to the newer attempt; the check and the writes are one step
+    (``flows.attempts.ending``)."""
 
     def hook(flow, flow_run, state) -> None:
         params = flow_run.parameters or {}
         cfg = load_config(params.get("config_path", "configs/tiny.yaml"), params.get("overrides"))
         run_id = params.get("run_id") or default_run_id(cfg.name, str(flow_run.id), flow_run.name)
-        newer = newer_attempt(Path(cfg.output_dir) / run_id, str(flow_run.id))
-        if newer is not None:
-            print(f"{newer}: the run's status is left to the newer attempt")
-            return
-        tracking.end_run(cfg.tracking, cfg.tracking.experiment or cfg.name, run_id, mlflow_status)
-        db.end_run(cfg.tracking.duckdb_path, run_id, db_status)
+        with ending(Path(cfg.output_dir) / run_id, flow_run) as newer:
+            if newer is not None:
+                print(f"{newer}: the run's status is left to the newer attempt")
+                return
+            tracking.end_run(cfg.tracking, cfg.tracking.experiment or cfg.name, run_id, mlflow_status)
+            db.end_run(cfg.tracking.duckdb_path, run_id, db_status)
 
     hook.__name__ = f"mark_run_{db_status}"
     return hook

@@ -181,10 +181,13 @@ def upsert_run(path: str | Path, run_id: str, name: str, config: dict, mlflow_ru
 
 def set_status(path: str | Path, run_id: str, status: str, only_from: str | None = None) -> bool:
     """Set the run's status (only while it is ``only_from``, when given); False when nothing changed."""
-    old = rowlog.read_unit(path, run_id, "run")
-    if old is None or (only_from is not None and old["runs"]["status"][0] != only_from):
-        return False
-    _write(path, run_id, "run", None, {"runs": old["runs"].with_columns(pl.lit(status).alias("status"))})
+    with fence.guarded_run(run_id):  # the read and the write are one step for the attempt holding the run
+        old = rowlog.read_unit(path, run_id, "run")
+        if old is None or (only_from is not None and old["runs"]["status"][0] != only_from):
+            return False
+        rowlog.write_unit(path, run_id, "run", None,
+                          {"runs": old["runs"].with_columns(pl.lit(status).alias("status"))})
+    try_ingest(path)
     return True
 
 

@@ -183,13 +183,23 @@ def superseded(run_dir: str | Path) -> FencedError | None:
     return None
 
 
+@contextmanager
+def held(run_dir: str | Path) -> Iterator[dict | None]:
+    """The attempt that holds ``run_dir`` (its record; None when none claimed it), kept holding it for the block:
+    the attempt file's shared lock is held, so no claim lands before the block ends (a writer that never claimed
+    the folder, such as a worker running a killed attempt's hooks, commits its writes here)."""
+    with ExitStack() as stack:
+        try:
+            fd = stack.enter_context(_locked(Path(run_dir) / ATTEMPT, False))
+        except FileNotFoundError:
+            fd = None
+        yield None if fd is None else _read(fd)
+
+
 def holder(run_dir: str | Path) -> dict | None:
     """The attempt that holds ``run_dir`` now (its record), or None when none claimed it."""
-    try:
-        with _locked(Path(run_dir) / ATTEMPT, False) as fd:
-            return _read(fd)
-    except FileNotFoundError:
-        return None
+    with held(run_dir) as now:
+        return now
 
 
 def publish(path: str | Path, write: Callable[[Path], object]) -> Path:
