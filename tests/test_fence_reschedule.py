@@ -16,7 +16,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import anyio
 import pytest
@@ -90,7 +89,6 @@ def test_the_old_runs_hook_of_a_rescheduled_flow_run_leaves_the_run_alone(prefec
 HOOK = """
 import sys, time
 from types import SimpleNamespace
-from pathlib import Path
 from flows.attempts import ending
 with ending(Path(sys.argv[1]), SimpleNamespace(id=sys.argv[2], run_count=1, state=None)) as newer:
     print("checked", newer, flush=True)
