@@ -258,6 +258,9 @@ def bench_decode(model: str = "assets/tiny-warm", n_prompts: int = 16, samples: 
 
 
 if __name__ == "__main__":
+    from models.termination import install
+
+    install()  # SIGTERM ends it as Ctrl-C does, also when swallowed in a finaliser
     args = [int(a) for a in sys.argv[1:] if a != "--compile"][:3]
     result = bench_decode("assets/tiny-warm", *args)
     if "--compile" in sys.argv:

@@ -42,6 +42,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.attempts import ending, fenced_end, retry_unless_fenced
 from flows.config import RunConfig, load_config
 from flows.prepare import ORIGIN, RunInfo, ckpt_dir, default_run_id, prepare_run, step_dir
+from models.termination import arm
 from tasks.stores import db, fence, links, registry, trace_writer, tracking
 from tasks.stores.registry import ModelRef
 from tasks.stores.system import system_metrics
@@ -279,7 +280,7 @@ def _ended(mlflow_status: str, db_status: str):
     return hook
 
 
-@flow(name="train", log_prints=True, on_crashed=[_ended("FAILED", "crashed")],
+@flow(name="train", log_prints=True, on_running=[arm], on_crashed=[_ended("FAILED", "crashed")],
       on_cancellation=[_ended("KILLED", "cancelled")], on_failure=[_ended("FAILED", "failed")])
 def train(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = None, run_id: str | None = None,
           parent_mlflow_run: str | None = None) -> dict:
