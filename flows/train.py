@@ -198,6 +198,14 @@ def run_stage(name: str, setups: StepSetups, info: RunInfo, step: int, policy: s
             setups, info, step, policy, *extra)
 
 
+def run_eval(setups: StepSetups, info: RunInfo, version: int, policy: str, final: bool, model: ModelRef,
+             tags: dict[str, str]) -> dict:
+    """Run the evaluation task of policy ``version`` (unless a newer attempt replaced this one)."""
+    with named_stage("evaluate", version, info.run_dir):
+        fence.check(info.run_dir)
+        return eval_task.with_options(result_storage=results(info))(setups, info, version, policy, final, model, tags)
+
+
 @task(name="annotate-run", cache_policy=NO_CACHE)
 def annotate_task(cfg: RunConfig, info: RunInfo, flow_run_id: str, parent: str | None) -> str:
     """Prompt sets as dataset inputs, the run description and its Prefect links; returns the run's UI URL."""
@@ -209,10 +217,28 @@ def annotate_task(cfg: RunConfig, info: RunInfo, flow_run_id: str, parent: str |
 
 @task(name="finish-run", cache_policy=NO_CACHE)
 def finish_task(cfg: RunConfig, info: RunInfo, final_ckpt: str, flow_run_id: str, parent: str | None) -> str:
-    """Plots, the registered models, the final description; marks the run finished. Returns a Markdown summary."""
+    """Plots, the registered models, the final description; marks the run finished. Returns a Markdown summary.
+
+    Fenced (``tasks.stores.fence``): checked before the final checkpoint's upload (itself fenced where it becomes
+    READY), then every write — plots, registry aliases, description, the MLflow run's and the row's status — is one
+    commit under the run's fence, so a replaced attempt finishes nothing of its replacement's run."""
+    fence.check(info.run_dir)
+    if cfg.tracking.log_models and not registry.run_models(cfg.tracking, info.mlflow_run_id, info.run_id):
+        registry.log_checkpoint(cfg.tracking, info.mlflow_run_id, info.run_id, model_name(cfg), Path(final_ckpt),
+                                cfg.train.steps, {})
+    with fence.guarded(info.run_dir):
+        png, text = _plots(cfg, info), _register(cfg, info, flow_run_id, parent)
+        tracking.finish_run(cfg.tracking, info.mlflow_run_id)
+        db.set_status(cfg.tracking.duckdb_path, info.run_id, "finished")
+    url = links.run_url(cfg.tracking, links.experiment_of(cfg.tracking, info.mlflow_run_id), info.mlflow_run_id)
+    print(f"MLflow run {info.run_id}: {url}")
+    return links.summary_markdown(text, url, str(png))
+
+
+def _plots(cfg: RunConfig, info: RunInfo) -> Path:
+    """The run's plots, in its folder and as MLflow artifacts; returns the summary plot."""
     from tasks.reports.plots import plot_panels, plot_run
 
-    fence.check(info.run_dir)
     metrics = db.run_metrics(cfg.tracking.duckdb_path, info.run_id)
     png = plot_run(metrics, Path(info.run_dir) / "plots" / "summary.png", f"{info.run_id}")
     extra = []
@@ -222,11 +248,13 @@ def finish_task(cfg: RunConfig, info: RunInfo, final_ckpt: str, flow_run_id: str
         extra.append(plot_collapse(metrics, Path(info.run_dir) / "plots" / "collapse.png", info.run_id))
     for f in [png, *plot_panels(metrics, Path(info.run_dir) / "plots", info.run_id), *extra]:
         tracking.log_file(cfg.tracking, info.mlflow_run_id, f, "plots")
+    return png
+
+
+def _register(cfg: RunConfig, info: RunInfo, flow_run_id: str, parent: str | None) -> str:
+    """Register the run's models (when it registers) and set its final description; returns the description."""
     registered, skipped = None, None
     if cfg.tracking.log_models:
-        if not registry.run_models(cfg.tracking, info.mlflow_run_id, info.run_id):
-            registry.log_checkpoint(cfg.tracking, info.mlflow_run_id, info.run_id, model_name(cfg), Path(final_ckpt),
-                                    cfg.train.steps, {})
         origin = json.loads((Path(info.run_dir) / ORIGIN).read_text())
         if registry.wants_registration(cfg.tracking.register_models, origin.get("deployment_id"), parent):
             registered = registry.register_run(cfg.tracking, info.mlflow_run_id, info.run_id, model_name(cfg))
@@ -237,11 +265,7 @@ def finish_task(cfg: RunConfig, info: RunInfo, final_ckpt: str, flow_run_id: str
     text = links.describe(info.run_id, cfg.name, arm_of(cfg), cfg.train.steps, flow_run_id,
                           links.pass_by_version(evals.to_dicts()), registered, parent, skipped)
     links.set_description(cfg.tracking, info.mlflow_run_id, text)
-    tracking.finish_run(cfg.tracking, info.mlflow_run_id)
-    db.set_status(cfg.tracking.duckdb_path, info.run_id, "finished")
-    url = links.run_url(cfg.tracking, links.experiment_of(cfg.tracking, info.mlflow_run_id), info.mlflow_run_id)
-    print(f"MLflow run {info.run_id}: {url}")
-    return links.summary_markdown(text, url, str(png))
+    return text
 
 
 def _prune(info: RunInfo, keep: int, current: Path) -> None:
@@ -304,7 +328,7 @@ def _train(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run: str
         info = prepare_run(cfg, run_id, flow_run_id, parent_mlflow_run)
     artifacts = links.FlowArtifacts(cfg.name, cfg.train.steps)
     artifacts.start(annotate_task(cfg, info, flow_run_id, parent_mlflow_run), run_id)
-    with system_metrics(cfg.tracking, info.mlflow_run_id):
+    with system_metrics(cfg.tracking, info.mlflow_run_id, info.run_id):
         ckpt, walls = _steps(cfg, info, artifacts)
         trace_writer.flush()  # every step's traces are in MLflow (or the run fails) before it is finished
         write_walltime(Path(info.run_dir), flow_run_id, walls)
@@ -328,10 +352,7 @@ def _steps(cfg: RunConfig, info: RunInfo, artifacts: links.FlowArtifacts) -> tup
     tags, model = trace_tags(cfg, info), ModelRef(name=model_name(cfg))
 
     def evaluate(version: int, policy: str) -> dict:
-        with named_stage("evaluate", version, info.run_dir):
-            fence.check(info.run_dir)
-            return eval_task.with_options(result_storage=results(info))(setups, info, version, policy,
-                                                                        version == cfg.train.steps, model, tags)
+        return run_eval(setups, info, version, policy, version == cfg.train.steps, model, tags)
 
     if _eval_due(cfg, 0):
         evaluate(0, ckpt)

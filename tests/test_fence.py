@@ -385,19 +385,24 @@ def test_a_workers_end_hook_for_a_killed_attempt_leaves_the_run_to_another_flow_
     assert "held by attempt flow-2#1/0badc0de of another flow run" in capsys.readouterr().out
 
 
-def test_the_guard_costs_one_small_read(run_dir):
-    """Not a timed assertion: the guard's cost printed beside an unguarded rename of the same file."""
+def test_the_guard_costs_one_small_read(run_dir, monkeypatch):
+    """A guarded write reads the attempt file once (at most 4 KiB, under its lock); an unclaimed folder's write reads
+    nothing. The guard's cost beside an unguarded rename of the same file is printed (not a timed assertion)."""
+    reads = []
+    real_pread = os.pread
+    monkeypatch.setattr(fence.os, "pread", lambda fd, n, at: reads.append(n) or real_pread(fd, n, at))
     target = run_dir / "steps" / "000000" / "f"
     n = 300
     t0 = time.perf_counter()
     for _ in range(n):
         fence.publish_text(target, "x")
     guarded = time.perf_counter() - t0
+    assert reads == [4096] * n
     fence.release(run_dir)
     t0 = time.perf_counter()
     for _ in range(n):
         fence.publish_text(target, "x")
     plain = time.perf_counter() - t0
+    assert len(reads) == n and target.read_text() == "x"
     print(f"publish: {guarded / n * 1e6:.0f} µs guarded, {plain / n * 1e6:.0f} µs unguarded "
           f"({guarded / plain:.2f}×)")
-    assert target.read_text() == "x"
