@@ -126,24 +126,29 @@ def trace_tags(cfg: RunConfig, info: RunInfo) -> dict[str, str]:
 
 @task(name="log", **STAGE)
 def log_task(setups: StepSetups, info: RunInfo, step: int, policy: str, new_policy: str,
-             tags: dict[str, str] | None = None) -> dict:
+             tags: dict[str, str] | None = None) -> str:
+    """Log the step to both stores; returns the step folder (``results``: what every attempt returns alike)."""
     from tasks.training import stages
 
-    return stages.log_stage(step_dir(info, step), step, info.run_id, info.mlflow_run_id, new_policy, setups.log, tags)
+    stages.log_stage(step_dir(info, step), step, info.run_id, info.mlflow_run_id, new_policy, setups.log, tags)
+    return str(step_dir(info, step))
 
 
 @task(name="evaluate", **STAGE)
 def eval_task(setups: StepSetups, info: RunInfo, version: int, policy: str, final: bool = False,
-              model: ModelRef | None = None, tags: dict[str, str] | None = None) -> dict:
+              model: ModelRef | None = None, tags: dict[str, str] | None = None) -> str:
     """Evaluate policy ``version`` (at the size of the last evaluation when ``final``); ``model`` and ``tags``
-    say where the metrics and traces go in MLflow (not part of the cache key)."""
+    say where the metrics and traces go in MLflow (not part of the cache key). Returns the evaluation's key in
+    the row log (``eval-<version>`` of the run: ``results``, what every attempt returns alike)."""
     if setups.eval.env is not None:
         from tasks.training.env_stages import env_eval_stage
 
-        return env_eval_stage(info.run_id, version, policy, info.mlflow_run_id, setups.eval, model, tags)
-    from tasks.training import stages
+        env_eval_stage(info.run_id, version, policy, info.mlflow_run_id, setups.eval, model, tags)
+    else:
+        from tasks.training import stages
 
-    return stages.eval_stage(info.run_id, version, policy, info.mlflow_run_id, setups.eval_setup(final), model, tags)
+        stages.eval_stage(info.run_id, version, policy, info.mlflow_run_id, setups.eval_setup(final), model, tags)
+    return f"{info.run_id}/eval-{version:06d}"
 
 
 def model_name(cfg: RunConfig) -> str:
@@ -164,7 +169,13 @@ STEP_TASKS = {"rollout": rollout_task, "score": score_task, "mix": mix_task, "ad
 def results(info: RunInfo) -> Path:
     """Where stage results (and so the stage cache) live: in the run folder, not in a user's PREFECT_HOME, so a
     retry, ``cleaner resume`` from any shell, or a worker sharing the run folder finds them (Prefect stores a
-    task's results under a ``Path`` given as its result storage)."""
+    task's results under a ``Path`` given as its result storage).
+
+    Prefect writes a result itself, outside the fence, so the results are idempotent instead: a stage task returns
+    only what is the same for every attempt of the run — the path of its output (the step folder, the checkpoint),
+    the key of its rows — never a figure it computed, and a result is keyed by the stage's cache key. A replaced
+    attempt whose stage finished its own (fenced) writes just before the claim writes the same record the live
+    attempt writes; the figures are read from the committed files."""
     return (Path(info.run_dir) / "results").resolve()
 
 
@@ -199,7 +210,7 @@ def run_stage(name: str, setups: StepSetups, info: RunInfo, step: int, policy: s
 
 
 def run_eval(setups: StepSetups, info: RunInfo, version: int, policy: str, final: bool, model: ModelRef,
-             tags: dict[str, str]) -> dict:
+             tags: dict[str, str]) -> str:
     """Run the evaluation task of policy ``version`` (unless a newer attempt replaced this one)."""
     with named_stage("evaluate", version, info.run_dir):
         fence.check(info.run_dir)
@@ -347,11 +358,13 @@ def write_walltime(run_dir: Path, flow_run_id: str, walls: dict[int, float]) -> 
 
 def _steps(cfg: RunConfig, info: RunInfo, artifacts: links.FlowArtifacts) -> tuple[str, dict[int, float]]:
     """The evaluations and RL steps of a run (each stage a task); returns the final checkpoint and step times."""
+    from tasks.training.stages import stage_metrics
+
     ckpt = info.start_ckpt
     setups = cfg.setups(info.start_ckpt)
     tags, model = trace_tags(cfg, info), ModelRef(name=model_name(cfg))
 
-    def evaluate(version: int, policy: str) -> dict:
+    def evaluate(version: int, policy: str) -> str:
         return run_eval(setups, info, version, policy, version == cfg.train.steps, model, tags)
 
     if _eval_due(cfg, 0):
@@ -363,7 +376,8 @@ def _steps(cfg: RunConfig, info: RunInfo, artifacts: links.FlowArtifacts) -> tup
         for stage in ("rollout", "score", "mix", "advantage"):
             run_stage(stage, setups, info, step, ckpt)
         new_ckpt = run_stage("update", setups, info, step, ckpt)
-        metrics = run_stage("log", setups, info, step, ckpt, new_ckpt, tags)
+        run_stage("log", setups, info, step, ckpt, new_ckpt, tags)
+        metrics = stage_metrics(step_dir(info, step))
         ckpt = new_ckpt
         walls[step] = time.perf_counter() - t0
         if _eval_due(cfg, step + 1):

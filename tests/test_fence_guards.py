@@ -259,3 +259,30 @@ def test_a_checkpoint_write_clears_the_leftovers_of_crashed_or_replaced_writers(
     copy_checkpoint(warm_model_dir, ckpts / "policy_000001")
     assert sorted(p.name for p in ckpts.iterdir()) == [".policy_000002.999999-0badc0de.tmp", "policy_000000",
                                                       "policy_000001"]
+
+
+
+def test_stage_results_are_the_same_for_every_attempt(tmp_path, prefect_harness, monkeypatch):
+    """Prefect writes a stage's result record itself (outside the fence), so it must be idempotent: the log and
+    evaluation tasks, whose figures differ between attempts, return the step folder and the evaluation's key, and
+    the record a replaced attempt writes under the stage's key is byte for byte the live attempt's."""
+    import random
+    from types import SimpleNamespace
+
+    from flows import train
+    from flows.prepare import RunInfo
+    from tasks.training import stages
+
+    info = RunInfo(RUN, str(tmp_path / "runs" / RUN), "ml", "start")
+    setups = SimpleNamespace(log=None, eval=SimpleNamespace(env=None), eval_setup=lambda final: None)
+    monkeypatch.setattr(stages, "log_stage", lambda *args: {"rollout/accuracy": random.random()})
+    monkeypatch.setattr(stages, "eval_stage", lambda *args: {"eval/saar_off/all/pass_at_1": random.random()})
+    for task, args, returned in ((train.log_task, (0, "p0", "p1"), str(tmp_path / "runs" / RUN / STEP)),
+                                 (train.eval_task, (3, "p3"), f"{RUN}/eval-000003")):
+        records = []
+        for _attempt in range(2):
+            run = task.with_options(cache_key_fn=lambda *_: "stage-key", refresh_cache=True,
+                                    result_storage=tmp_path / task.name)
+            assert run(setups, info, *args) == returned
+            records.append((tmp_path / task.name / "stage-key").read_bytes())
+        assert records[0] == records[1], f"{task.name}: the second attempt's result record differs"

@@ -163,8 +163,9 @@ def _load_unit(con: duckdb.DuckDBPyConnection, path: str | Path, run_id: str, un
 
 
 def _write(path: str | Path, run_id: str, kind: str, key: int | None, frames: dict[str, pl.DataFrame]) -> None:
-    """A new version of one unit of ``run_id`` (fenced: an attempt of the run that a newer one replaced writes none,
-    ``tasks.stores.fence``), then an ingest if the store is free."""
+    """A new version of one unit of ``run_id``, then an ingest if the store is free. Fenced (``tasks.stores.fence``):
+    the attempt file's lock is held over the whole unit write — its Parquet files and marker written and flushed,
+    the rename — so an attempt of the run that a newer one replaced writes none, and a claim waits for it."""
     with fence.guarded_run(run_id):
         rowlog.write_unit(path, run_id, kind, key, frames)
     try_ingest(path)
