@@ -19,8 +19,10 @@ mask) is timed at exactly those shapes; its time is the decode bound's plus that
 * the seconds of the rollout's parts inside the engine (decode forwards, sampling, prefill, rows leaving), from
   ``DecodeStream.timing`` — so what the rollout spends beyond the bound is named,
 
-and whether every side sampled the same token ids and log-probs as the first (``sides``: ``base`` = the engine's
-defaults; any other name = ``SIDES``'s overrides on top). It exits 1 when a side that must be bit for bit differs.
+and, when it rolls out more than one side (``sides``: ``base`` = the engine's defaults; any other name =
+``SIDES``'s overrides on top), whether each sampled the same token ids and log-probs as the first; it exits 1 only
+then, when a side sampled other token ids. ``SIDES`` holds ``base`` alone today: nothing is compared, and it exits 0
+once the rollouts and bounds ran.
 
 Simplifies: one torch thread; the first repeat warms up and is left out when ``repeats`` > 1; the bound is timed
 once per repeat right after the rollouts. Run: ``python -m flows.bench_decode [n_prompts] [samples] [repeats]

@@ -74,3 +74,11 @@ def test_bench_run_exits_1_when_a_side_trains_differently(tmp_path, monkeypatch)
     res = _bench(tmp_path)
     assert res.exit_code == 1, res.output
     assert "token ids DIFFER" in res.output
+
+
+def test_which_side_runs_first_alternates_step_by_step():
+    """Caches the first side of a step warms favour the second: over the steps each side goes first as often."""
+    from flows.bench_run import side_order
+
+    assert [side_order(["before", "after"], step) for step in range(4)] == [
+        ["before", "after"], ["after", "before"], ["before", "after"], ["after", "before"]]
