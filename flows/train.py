@@ -219,11 +219,12 @@ def run_eval(setups: StepSetups, info: RunInfo, version: int, policy: str, final
 
 @task(name="annotate-run", cache_policy=NO_CACHE)
 def annotate_task(cfg: RunConfig, info: RunInfo, flow_run_id: str, parent: str | None) -> str:
-    """Prompt sets as dataset inputs, the run description and its Prefect links; returns the run's UI URL."""
-    return links.annotate_run(cfg.tracking, info.mlflow_run_id, {"training": cfg.data.train_path,
-                                                                  "evaluation": cfg.data.eval_path},
-                              links.describe(info.run_id, cfg.name, arm_of(cfg), cfg.train.steps, flow_run_id,
-                                             parent=parent), flow_run_id)
+    """Prompt sets as dataset inputs, the run description and its Prefect links; returns the run's UI URL. Fenced:
+    a replaced attempt writes none of them."""
+    text = links.describe(info.run_id, cfg.name, arm_of(cfg), cfg.train.steps, flow_run_id, parent=parent)
+    with fence.guarded(info.run_dir):
+        return links.annotate_run(cfg.tracking, info.mlflow_run_id, {"training": cfg.data.train_path,
+                                                                  "evaluation": cfg.data.eval_path}, text, flow_run_id)
 
 
 @task(name="finish-run", cache_policy=NO_CACHE)

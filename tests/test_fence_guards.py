@@ -286,3 +286,40 @@ def test_stage_results_are_the_same_for_every_attempt(tmp_path, prefect_harness,
             assert run(setups, info, *args) == returned
             records.append((tmp_path / task.name / "stage-key").read_bytes())
         assert records[0] == records[1], f"{task.name}: the second attempt's result record differs"
+
+
+def test_a_replaced_attempt_annotates_nothing(run_dir, store, tmp_path):
+    from flows.prepare import RunInfo
+    from flows.train import annotate_task
+
+    cfg, mlrun = store
+    _replace(run_dir)
+    before = _mlflow_state(cfg, mlrun)
+    with pytest.raises(FencedError, match="fenced — attempt B"):
+        annotate_task.fn(_finish_cfg(tmp_path, cfg), RunInfo(RUN, str(run_dir), mlrun, "start"), "f", None)
+    assert _mlflow_state(cfg, mlrun) == before
+
+
+def test_a_replaced_attempt_opens_no_mlflow_run(tmp_path, monkeypatch, warm_model_dir):
+    """Replaced in its own preparation (right after its origin file): it neither creates the MLflow run nor sets
+    it RUNNING again under the newer attempt."""
+    from flows import prepare
+
+    cfg = TrackingConfig(mlflow_uri=f"sqlite:///{tmp_path / 'own.db'}", artifact_root=str(tmp_path / "art"))
+    run_cfg = _finish_cfg(tmp_path, cfg.model_copy(update={"duckdb_path": str(tmp_path / "c.duckdb")}))
+    run_cfg = run_cfg.model_copy(update={"model": run_cfg.model.model_copy(update={"path": str(warm_model_dir)})})
+    real = prepare.write_origin
+
+    def origin_then_replaced(run_dir, flow_run_id):
+        real(run_dir, flow_run_id)
+        _replace(run_dir)
+
+    monkeypatch.setattr(prepare, "write_origin", origin_then_replaced)
+    try:
+        with pytest.raises(FencedError, match="fenced — attempt B"):
+            prepare.prepare_run.fn(run_cfg, RUN, "f")
+    finally:
+        fence.release(tmp_path / "runs" / RUN)
+    client = MlflowClient(cfg.mlflow_uri)
+    exp = client.get_experiment_by_name("tiny")
+    assert exp is None or not client.search_runs([exp.experiment_id])
