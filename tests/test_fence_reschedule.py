@@ -87,10 +87,10 @@ def test_the_old_runs_hook_of_a_rescheduled_flow_run_leaves_the_run_alone(prefec
 
 
 HOOK = """
-import sys, time
+import pathlib, sys, time
 from types import SimpleNamespace
 from flows.attempts import ending
-with ending(Path(sys.argv[1]), SimpleNamespace(id=sys.argv[2], run_count=1, state=None)) as newer:
+with ending(pathlib.Path(sys.argv[1]), SimpleNamespace(id=sys.argv[2], run_count=1, state=None)) as newer:
     print("checked", newer, flush=True)
     time.sleep(float(sys.argv[3]))
 """
