@@ -19,8 +19,10 @@ mask) is timed at exactly those shapes; its time is the decode bound's plus that
 * the seconds of the rollout's parts inside the engine (decode forwards, sampling, prefill, rows leaving), from
   ``DecodeStream.timing`` — so what the rollout spends beyond the bound is named,
 
-and whether every side sampled the same token ids and log-probs as the first (``sides``: ``base`` = the engine's
-defaults; any other name = ``SIDES``'s overrides on top). It exits 1 when a side that must be bit for bit differs.
+and, when it rolls out more than one side (``sides``: ``base`` = the engine's defaults; any other name =
+``SIDES``'s overrides on top), whether each sampled the same token ids and log-probs as the first; it exits 1 only
+then, when a side sampled other token ids. ``SIDES`` holds ``base`` alone today: nothing is compared, and it exits 0
+once the rollouts and bounds ran.
 
 Simplifies: one torch thread; the first repeat warms up and is left out when ``repeats`` > 1; the bound is timed
 once per repeat right after the rollouts. On an accelerator the bounds build their caches and inputs on the model's
@@ -280,6 +282,9 @@ def bench_decode(model: str = "assets/tiny-warm", n_prompts: int = 16, samples: 
 
 
 if __name__ == "__main__":
+    from models.termination import install
+
+    install()  # SIGTERM ends it as Ctrl-C does, also when swallowed in a finaliser
     args = [int(a) for a in sys.argv[1:] if a != "--compile"][:3]
     result = bench_decode("assets/tiny-warm", *args)
     if "--compile" in sys.argv:

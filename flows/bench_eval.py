@@ -80,5 +80,8 @@ def bench_eval(model: str = "assets/tiny-warm", n_prompts: int = 32, samples: in
 
 
 if __name__ == "__main__":
+    from models.termination import install
+
+    install()  # SIGTERM ends it as Ctrl-C does, also when swallowed in a finaliser
     args = [int(a) for a in sys.argv[1:]]
     sys.exit(0 if bench_eval("assets/tiny-warm", *args)["metrics_equal"] else 1)

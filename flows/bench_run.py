@@ -4,7 +4,8 @@ What: ``bench_run(config)`` trains the same run twice in one process — ``steps
 settings (``compare.shared``, then ``arm``: by default configs/regimes/t4.yaml with the masked, raw-share-0 CLEANER
 arm of the t4 study, ``MASK_RAW0``), evaluating SAAR off and on after step ``eval_at`` at the evaluation's size
 (64 × 4) and after the last step at the final size (128 × 8) — once per side, the sides alternating step by step
-so that load changes hit both:
+so that load changes hit both, and which side goes first alternating too (``side_order``), so that caches the
+first one warms do not favour the second:
 
 * **before** (``SIDES``): the study's paths — two evaluation passes, SAAR off then SAAR on (``eval.shared_pass``
   false, as configs/regimes/t4.yaml pins it);
@@ -119,6 +120,11 @@ def _eval_differences(a: dict, b: dict) -> list[str]:
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
+def side_order(names: list[str], step: int) -> list[str]:
+    """The order the sides run in at ``step``: as listed on even steps, reversed on odd ones."""
+    return names if step % 2 == 0 else names[::-1]
+
+
 def bench_run(config: str | Path = "configs/regimes/t4.yaml", work_dir: str | Path = "runs/bench-run",
               steps: int = 6, eval_at: int = 3, arm: list[str] | None = None, overrides: list[str] | None = None,
               echo=print) -> dict:
@@ -154,7 +160,8 @@ def bench_run(config: str | Path = "configs/regimes/t4.yaml", work_dir: str | Pa
     load, w0 = [os.getloadavg()], time.perf_counter()
     try:
         for step in range(steps):
-            for name, side in sides.items():
+            for name in side_order(list(sides), step):
+                side = sides[name]
                 metrics, ckpts[name] = _step(side, timed[name], step, ckpts[name])
                 rows[name].append(metrics)
                 if step + 1 in (eval_at, steps):

@@ -56,4 +56,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    from models.termination import install
+
+    install()  # SIGTERM ends it as Ctrl-C does, also when swallowed in a finaliser
     sys.exit(0 if main()["passed"] else 1)

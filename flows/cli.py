@@ -77,8 +77,8 @@ def _before_any_command(ctx: typer.Context) -> None:
     exit, which a default SIGTERM skips) instead of outliving the command; a SIGKILL skips even that, so the server
     is started to die with the command (``guard_temporary_server``). A command that runs flows finds the
     Prefect database migrated, even when others start beside it on a fresh home (``flows.prefect_home``). A SIGTERM
-    whose exception is swallowed (it landed in a finaliser) is delivered again (``flows.termination``)."""
-    from flows.termination import install
+    whose exception is swallowed (it landed in a finaliser) is delivered again (``models.termination``)."""
+    from models.termination import install
 
     install()
     if ctx.invoked_subcommand in FLOW_COMMANDS:

@@ -344,4 +344,7 @@ def _api(folder: Path) -> tuple[str, str | None]:
 
 
 if __name__ == "__main__":
+    from models.termination import install
+
+    install()  # SIGTERM ends it as Ctrl-C does, also when swallowed in a finaliser
     app()

@@ -38,6 +38,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.config import CompareConfig, RunConfig, load_config
+from models.termination import arm
 from tasks.reports.compare import summarize, write_report
 from tasks.reports.compare_extra import COMPUTE_KEYS
 from tasks.stores import db, links, tracking
@@ -185,7 +186,7 @@ def report_task(duckdb_path: str, runs: dict[str, list[str]], baseline: str, tre
     return summary
 
 
-@flow(name="compare", log_prints=True)
+@flow(name="compare", log_prints=True, on_running=[arm])
 def compare_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = None,
                  compare_id: str | None = None) -> dict:
     """Evaluate the starting policy once, train every arm × seed in parallel, write the comparison report."""

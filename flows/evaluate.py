@@ -23,6 +23,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.config import RunConfig, load_config
 from flows.prepare import start_policy
+from models.termination import arm
 from tasks.data.loader import ensure_files
 from tasks.stores import links, registry, tracking
 from tasks.stores.registry import ModelRef
@@ -48,7 +49,7 @@ def resolve_policy(cfg: RunConfig, checkpoint: str | None) -> tuple[str, ModelRe
     return ckpt, None
 
 
-@flow(name="evaluate", log_prints=True)
+@flow(name="evaluate", log_prints=True, on_running=[arm])
 def evaluate_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = None,
                   checkpoint: str | None = None, run_id: str | None = None) -> dict:
     """Evaluate ``checkpoint`` (a folder or a ``models:/`` URI; default ``model.path``); returns

@@ -63,7 +63,8 @@ def prepare_run(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run
     tags = {"prefect.flow_run_id": flow_run_id, "cleaner.config_hash": cfg.hash(), "git.commit": _git_commit()}
     if parent_mlflow_run:
         tags["mlflow.parentRunId"] = parent_mlflow_run
-    mlrun = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, run_id, config, tags)
+    with fence.guarded(run_dir):  # a replaced attempt neither creates nor sets RUNNING again the MLflow run
+        mlrun = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, run_id, config, tags)
     db.upsert_run(cfg.tracking.duckdb_path, run_id, cfg.name, config, mlrun, "running")
     return RunInfo(run_id, str(run_dir), mlrun, start_policy(cfg, cfg.model.path, run_dir / "start-policy"))
 

@@ -39,10 +39,11 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.attempts import fenced_end, newer_attempt, retry_unless_fenced
+from flows.attempts import ending, fenced_end, retry_unless_fenced
 from flows.config import RunConfig, load_config
 from flows.dispatch import check_worker
 from flows.prepare import ORIGIN, RunInfo, ckpt_dir, default_run_id, prepare_run, step_dir
+from models.termination import arm
 from tasks.stores import db, fence, links, registry, trace_writer, tracking
 from tasks.stores.registry import ModelRef
 from tasks.stores.system import system_metrics
@@ -126,24 +127,29 @@ def trace_tags(cfg: RunConfig, info: RunInfo) -> dict[str, str]:
 
 @task(name="log", **STAGE)
 def log_task(setups: StepSetups, info: RunInfo, step: int, policy: str, new_policy: str,
-             tags: dict[str, str] | None = None) -> dict:
+             tags: dict[str, str] | None = None) -> str:
+    """Log the step to both stores; returns the step folder (``results``: what every attempt returns alike)."""
     from tasks.training import stages
 
-    return stages.log_stage(step_dir(info, step), step, info.run_id, info.mlflow_run_id, new_policy, setups.log, tags)
+    stages.log_stage(step_dir(info, step), step, info.run_id, info.mlflow_run_id, new_policy, setups.log, tags)
+    return str(step_dir(info, step))
 
 
 @task(name="evaluate", **STAGE)
 def eval_task(setups: StepSetups, info: RunInfo, version: int, policy: str, final: bool = False,
-              model: ModelRef | None = None, tags: dict[str, str] | None = None) -> dict:
+              model: ModelRef | None = None, tags: dict[str, str] | None = None) -> str:
     """Evaluate policy ``version`` (at the size of the last evaluation when ``final``); ``model`` and ``tags``
-    say where the metrics and traces go in MLflow (not part of the cache key)."""
+    say where the metrics and traces go in MLflow (not part of the cache key). Returns the evaluation's key in
+    the row log (``eval-<version>`` of the run: ``results``, what every attempt returns alike)."""
     if setups.eval.env is not None:
         from tasks.training.env_stages import env_eval_stage
 
-        return env_eval_stage(info.run_id, version, policy, info.mlflow_run_id, setups.eval, model, tags)
-    from tasks.training import stages
+        env_eval_stage(info.run_id, version, policy, info.mlflow_run_id, setups.eval, model, tags)
+    else:
+        from tasks.training import stages
 
-    return stages.eval_stage(info.run_id, version, policy, info.mlflow_run_id, setups.eval_setup(final), model, tags)
+        stages.eval_stage(info.run_id, version, policy, info.mlflow_run_id, setups.eval_setup(final), model, tags)
+    return f"{info.run_id}/eval-{version:06d}"
 
 
 def model_name(cfg: RunConfig) -> str:
@@ -164,7 +170,13 @@ STEP_TASKS = {"rollout": rollout_task, "score": score_task, "mix": mix_task, "ad
 def results(info: RunInfo) -> Path:
     """Where stage results (and so the stage cache) live: in the run folder, not in a user's PREFECT_HOME, so a
     retry, ``cleaner resume`` from any shell, or a worker sharing the run folder finds them (Prefect stores a
-    task's results under a ``Path`` given as its result storage)."""
+    task's results under a ``Path`` given as its result storage).
+
+    Prefect writes a result itself, outside the fence, so the results are idempotent instead: a stage task returns
+    only what is the same for every attempt of the run — the path of its output (the step folder, the checkpoint),
+    the key of its rows — never a figure it computed, and a result is keyed by the stage's cache key. A replaced
+    attempt whose stage finished its own (fenced) writes just before the claim writes the same record the live
+    attempt writes; the figures are read from the committed files."""
     return (Path(info.run_dir) / "results").resolve()
 
 
@@ -198,21 +210,48 @@ def run_stage(name: str, setups: StepSetups, info: RunInfo, step: int, policy: s
             setups, info, step, policy, *extra)
 
 
+def run_eval(setups: StepSetups, info: RunInfo, version: int, policy: str, final: bool, model: ModelRef,
+             tags: dict[str, str]) -> str:
+    """Run the evaluation task of policy ``version`` (unless a newer attempt replaced this one)."""
+    with named_stage("evaluate", version, info.run_dir):
+        fence.check(info.run_dir)
+        return eval_task.with_options(result_storage=results(info))(setups, info, version, policy, final, model, tags)
+
+
 @task(name="annotate-run", cache_policy=NO_CACHE)
 def annotate_task(cfg: RunConfig, info: RunInfo, flow_run_id: str, parent: str | None) -> str:
-    """Prompt sets as dataset inputs, the run description and its Prefect links; returns the run's UI URL."""
-    return links.annotate_run(cfg.tracking, info.mlflow_run_id, {"training": cfg.data.train_path,
-                                                                  "evaluation": cfg.data.eval_path},
-                              links.describe(info.run_id, cfg.name, arm_of(cfg), cfg.train.steps, flow_run_id,
-                                             parent=parent), flow_run_id)
+    """Prompt sets as dataset inputs, the run description and its Prefect links; returns the run's UI URL. Fenced:
+    a replaced attempt writes none of them."""
+    text = links.describe(info.run_id, cfg.name, arm_of(cfg), cfg.train.steps, flow_run_id, parent=parent)
+    with fence.guarded(info.run_dir):
+        return links.annotate_run(cfg.tracking, info.mlflow_run_id, {"training": cfg.data.train_path,
+                                                                  "evaluation": cfg.data.eval_path}, text, flow_run_id)
 
 
 @task(name="finish-run", cache_policy=NO_CACHE)
 def finish_task(cfg: RunConfig, info: RunInfo, final_ckpt: str, flow_run_id: str, parent: str | None) -> str:
-    """Plots, the registered models, the final description; marks the run finished. Returns a Markdown summary."""
+    """Plots, the registered models, the final description; marks the run finished. Returns a Markdown summary.
+
+    Fenced (``tasks.stores.fence``): checked before the final checkpoint's upload (itself fenced where it becomes
+    READY), then every write — plots, registry aliases, description, the MLflow run's and the row's status — is one
+    commit under the run's fence, so a replaced attempt finishes nothing of its replacement's run."""
+    fence.check(info.run_dir)
+    if cfg.tracking.log_models and not registry.run_models(cfg.tracking, info.mlflow_run_id, info.run_id):
+        registry.log_checkpoint(cfg.tracking, info.mlflow_run_id, info.run_id, model_name(cfg), Path(final_ckpt),
+                                cfg.train.steps, {})
+    with fence.guarded(info.run_dir):
+        png, text = _plots(cfg, info), _register(cfg, info, flow_run_id, parent)
+        tracking.finish_run(cfg.tracking, info.mlflow_run_id)
+        db.set_status(cfg.tracking.duckdb_path, info.run_id, "finished")
+    url = links.run_url(cfg.tracking, links.experiment_of(cfg.tracking, info.mlflow_run_id), info.mlflow_run_id)
+    print(f"MLflow run {info.run_id}: {url}")
+    return links.summary_markdown(text, url, str(png))
+
+
+def _plots(cfg: RunConfig, info: RunInfo) -> Path:
+    """The run's plots, in its folder and as MLflow artifacts; returns the summary plot."""
     from tasks.reports.plots import plot_panels, plot_run
 
-    fence.check(info.run_dir)
     metrics = db.run_metrics(cfg.tracking.duckdb_path, info.run_id)
     png = plot_run(metrics, Path(info.run_dir) / "plots" / "summary.png", f"{info.run_id}")
     extra = []
@@ -222,11 +261,13 @@ def finish_task(cfg: RunConfig, info: RunInfo, final_ckpt: str, flow_run_id: str
         extra.append(plot_collapse(metrics, Path(info.run_dir) / "plots" / "collapse.png", info.run_id))
     for f in [png, *plot_panels(metrics, Path(info.run_dir) / "plots", info.run_id), *extra]:
         tracking.log_file(cfg.tracking, info.mlflow_run_id, f, "plots")
+    return png
+
+
+def _register(cfg: RunConfig, info: RunInfo, flow_run_id: str, parent: str | None) -> str:
+    """Register the run's models (when it registers) and set its final description; returns the description."""
     registered, skipped = None, None
     if cfg.tracking.log_models:
-        if not registry.run_models(cfg.tracking, info.mlflow_run_id, info.run_id):
-            registry.log_checkpoint(cfg.tracking, info.mlflow_run_id, info.run_id, model_name(cfg), Path(final_ckpt),
-                                    cfg.train.steps, {})
         origin = json.loads((Path(info.run_dir) / ORIGIN).read_text())
         if registry.wants_registration(cfg.tracking.register_models, origin.get("deployment_id"), parent):
             registered = registry.register_run(cfg.tracking, info.mlflow_run_id, info.run_id, model_name(cfg))
@@ -237,11 +278,7 @@ def finish_task(cfg: RunConfig, info: RunInfo, final_ckpt: str, flow_run_id: str
     text = links.describe(info.run_id, cfg.name, arm_of(cfg), cfg.train.steps, flow_run_id,
                           links.pass_by_version(evals.to_dicts()), registered, parent, skipped)
     links.set_description(cfg.tracking, info.mlflow_run_id, text)
-    tracking.finish_run(cfg.tracking, info.mlflow_run_id)
-    db.set_status(cfg.tracking.duckdb_path, info.run_id, "finished")
-    url = links.run_url(cfg.tracking, links.experiment_of(cfg.tracking, info.mlflow_run_id), info.mlflow_run_id)
-    print(f"MLflow run {info.run_id}: {url}")
-    return links.summary_markdown(text, url, str(png))
+    return text
 
 
 def _prune(info: RunInfo, keep: int, current: Path) -> None:
@@ -261,25 +298,26 @@ def _prune(info: RunInfo, keep: int, current: Path) -> None:
 
 def _ended(mlflow_status: str, db_status: str):
     """A flow hook giving an attempt that ended without finishing a terminal status in both stores; a retry of the
-    same flow run resumes the run and sets it running again. An attempt a newer one replaced (fenced) leaves both
-    to the newer attempt."""
+    same flow run resumes the run and sets it running again. An attempt a newer one replaced (fenced, or a later
+    run of the same flow run) leaves both to the newer attempt; the check and the writes are one step
+    (``flows.attempts.ending``)."""
 
     def hook(flow, flow_run, state) -> None:
         params = flow_run.parameters or {}
         cfg = load_config(params.get("config_path", "configs/tiny.yaml"), params.get("overrides"))
         run_id = params.get("run_id") or default_run_id(cfg.name, str(flow_run.id), flow_run.name)
-        newer = newer_attempt(Path(cfg.output_dir) / run_id, str(flow_run.id))
-        if newer is not None:
-            print(f"{newer}: the run's status is left to the newer attempt")
-            return
-        tracking.end_run(cfg.tracking, cfg.tracking.experiment or cfg.name, run_id, mlflow_status)
-        db.end_run(cfg.tracking.duckdb_path, run_id, db_status)
+        with ending(Path(cfg.output_dir) / run_id, flow_run) as newer:
+            if newer is not None:
+                print(f"{newer}: the run's status is left to the newer attempt")
+                return
+            tracking.end_run(cfg.tracking, cfg.tracking.experiment or cfg.name, run_id, mlflow_status)
+            db.end_run(cfg.tracking.duckdb_path, run_id, db_status)
 
     hook.__name__ = f"mark_run_{db_status}"
     return hook
 
 
-@flow(name="train", log_prints=True, on_crashed=[_ended("FAILED", "crashed")],
+@flow(name="train", log_prints=True, on_running=[arm], on_crashed=[_ended("FAILED", "crashed")],
       on_cancellation=[_ended("KILLED", "cancelled")], on_failure=[_ended("FAILED", "failed")])
 def train(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = None, run_id: str | None = None,
           parent_mlflow_run: str | None = None, store_token: dict[str, str] | None = None) -> dict:
@@ -307,7 +345,7 @@ def _train(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run: str
         info = prepare_run(cfg, run_id, flow_run_id, parent_mlflow_run)
     artifacts = links.FlowArtifacts(cfg.name, cfg.train.steps)
     artifacts.start(annotate_task(cfg, info, flow_run_id, parent_mlflow_run), run_id)
-    with system_metrics(cfg.tracking, info.mlflow_run_id):
+    with system_metrics(cfg.tracking, info.mlflow_run_id, info.run_id):
         ckpt, walls = _steps(cfg, info, artifacts)
         trace_writer.flush()  # every step's traces are in MLflow (or the run fails) before it is finished
         write_walltime(Path(info.run_dir), flow_run_id, walls)
@@ -326,15 +364,14 @@ def write_walltime(run_dir: Path, flow_run_id: str, walls: dict[int, float]) -> 
 
 def _steps(cfg: RunConfig, info: RunInfo, artifacts: links.FlowArtifacts) -> tuple[str, dict[int, float]]:
     """The evaluations and RL steps of a run (each stage a task); returns the final checkpoint and step times."""
+    from tasks.training.stages import stage_metrics
+
     ckpt = info.start_ckpt
     setups = cfg.setups(info.start_ckpt)
     tags, model = trace_tags(cfg, info), ModelRef(name=model_name(cfg))
 
-    def evaluate(version: int, policy: str) -> dict:
-        with named_stage("evaluate", version, info.run_dir):
-            fence.check(info.run_dir)
-            return eval_task.with_options(result_storage=results(info))(setups, info, version, policy,
-                                                                        version == cfg.train.steps, model, tags)
+    def evaluate(version: int, policy: str) -> str:
+        return run_eval(setups, info, version, policy, version == cfg.train.steps, model, tags)
 
     if _eval_due(cfg, 0):
         evaluate(0, ckpt)
@@ -345,7 +382,8 @@ def _steps(cfg: RunConfig, info: RunInfo, artifacts: links.FlowArtifacts) -> tup
         for stage in ("rollout", "score", "mix", "advantage"):
             run_stage(stage, setups, info, step, ckpt)
         new_ckpt = run_stage("update", setups, info, step, ckpt)
-        metrics = run_stage("log", setups, info, step, ckpt, new_ckpt, tags)
+        run_stage("log", setups, info, step, ckpt, new_ckpt, tags)
+        metrics = stage_metrics(step_dir(info, step))
         ckpt = new_ckpt
         walls[step] = time.perf_counter() - t0
         if _eval_due(cfg, step + 1):

@@ -29,6 +29,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.config import RunConfig, load_config
+from models.termination import arm
 
 
 def _work_dir(cfg: RunConfig) -> Path:
@@ -188,7 +189,7 @@ def build_env_warm(cfg: RunConfig) -> dict:
     return env_warm_task(cfg)
 
 
-@flow(name="warmup", log_prints=True)
+@flow(name="warmup", log_prints=True, on_running=[arm])
 def warmup_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | None = None) -> dict:
     """Warm up ``model.path``: the tiny model (the text-game one for ``model.build: tiny-env``), or a LoRA
     adapter on ``model.base`` (``warmup.lora``)."""

@@ -326,4 +326,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from models.termination import install
+
+    install()  # SIGTERM ends it as Ctrl-C does, also when swallowed in a finaliser
     sys.exit(main())

@@ -74,3 +74,24 @@ def test_bench_run_exits_1_when_a_side_trains_differently(tmp_path, monkeypatch)
     res = _bench(tmp_path)
     assert res.exit_code == 1, res.output
     assert "token ids DIFFER" in res.output
+
+
+def test_which_side_runs_first_alternates_step_by_step(tmp_path, monkeypatch):
+    """Caches the first side of a step warms favour the second: over the steps each side goes first as often.
+    The run's loop, its stages recorded instead of run."""
+    from types import SimpleNamespace
+
+    from flows import bench_run, bench_step, prepare
+    from tasks.data import loader
+
+    ran: list[tuple[int, str]] = []
+    monkeypatch.setattr(bench_step, "_config", lambda *args: SimpleNamespace(data=None, model=SimpleNamespace(path="m")))
+    monkeypatch.setattr(bench_step, "_Side", lambda name, cfg, work: name)
+    for module, name in ((loader, "ensure_files"), (prepare, "ensure_policy"), (prepare, "start_policy")):
+        monkeypatch.setattr(module, name, lambda *args: "start")
+    monkeypatch.setattr(bench_run, "_step", lambda side, timed, step, ckpt: (ran.append((step, side)), ({}, ckpt))[1])
+    monkeypatch.setattr(bench_run, "_evaluate", lambda *args: {})
+    monkeypatch.setattr(bench_run, "_report", lambda *args: {})
+    bench_run.bench_run(work_dir=tmp_path / "work", steps=4, eval_at=2, echo=lambda line: None)
+    assert ran == [(0, "warm-up"), (0, "before"), (0, "after"), (1, "after"), (1, "before"), (2, "before"),
+                   (2, "after"), (3, "after"), (3, "before")]

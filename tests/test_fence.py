@@ -354,8 +354,8 @@ def test_the_end_hooks_of_a_replaced_attempt_leave_the_run_to_the_newer_one(run_
                  f"tracking.mlflow_uri=sqlite:///{tmp_path / 'never.db'}"]
     db.upsert_run(store, RUN, "tiny", {}, "ml1", "running")
     _replace(run_dir)
-    flow_run = SimpleNamespace(id="f", name="n", parameters={"config_path": str(ROOT / "configs/tiny.yaml"),
-                                                             "overrides": overrides, "run_id": RUN})
+    flow_run = SimpleNamespace(id="f", name="n", run_count=1, state=None, parameters={
+        "config_path": str(ROOT / "configs/tiny.yaml"), "overrides": overrides, "run_id": RUN})
     _ended("FAILED", "failed")(None, flow_run, None)
     assert rowlog.read_unit(store, RUN, "run")["runs"]["status"].to_list() == ["running"]
     assert not (tmp_path / "never.db").exists(), "the replaced attempt touched the MLflow run"
@@ -367,36 +367,42 @@ def test_a_workers_end_hook_for_a_killed_attempt_leaves_the_run_to_another_flow_
     naming another flow run says a newer attempt holds the run."""
     from types import SimpleNamespace
 
-    from flows.attempts import newer_attempt
+    from flows.attempts import ending
     from flows.train import _ended
 
     run_dir, store = tmp_path / "runs" / RUN, tmp_path / "c.duckdb"
     db.upsert_run(store, RUN, "tiny", {}, "ml1", "running")
-    _replace(run_dir, flow_run="flow-2")
-    assert newer_attempt(run_dir, "flow-2") is None  # its own flow run's attempt: the hook does its job
+    _replace(run_dir, token="flow-2#1/0badc0de", flow_run="flow-2")
+    with ending(run_dir, SimpleNamespace(id="flow-2", run_count=1, state=None)) as newer:
+        assert newer is None  # its own flow run's attempt: the hook does its job
     overrides = [f"output_dir={run_dir.parent}", f"tracking.duckdb_path={store}",
                  f"tracking.mlflow_uri=sqlite:///{tmp_path / 'never.db'}"]
-    flow_run = SimpleNamespace(id="flow-1", name="n", parameters={"config_path": str(ROOT / "configs/tiny.yaml"),
-                                                                  "overrides": overrides, "run_id": RUN})
+    flow_run = SimpleNamespace(id="flow-1", name="n", run_count=1, state=None, parameters={
+        "config_path": str(ROOT / "configs/tiny.yaml"), "overrides": overrides, "run_id": RUN})
     _ended("FAILED", "crashed")(None, flow_run, None)
     assert rowlog.read_unit(store, RUN, "run")["runs"]["status"].to_list() == ["running"]
     assert not (tmp_path / "never.db").exists()
-    assert "held by attempt B of another flow run" in capsys.readouterr().out
+    assert "held by attempt flow-2#1/0badc0de of another flow run" in capsys.readouterr().out
 
 
-def test_the_guard_costs_one_small_read(run_dir):
-    """Not a timed assertion: the guard's cost printed beside an unguarded rename of the same file."""
+def test_the_guard_costs_one_small_read(run_dir, monkeypatch):
+    """A guarded write reads the attempt file once (at most 4 KiB, under its lock); an unclaimed folder's write reads
+    nothing. The guard's cost beside an unguarded rename of the same file is printed (not a timed assertion)."""
+    reads = []
+    real_pread = os.pread
+    monkeypatch.setattr(fence.os, "pread", lambda fd, n, at: reads.append(n) or real_pread(fd, n, at))
     target = run_dir / "steps" / "000000" / "f"
     n = 300
     t0 = time.perf_counter()
     for _ in range(n):
         fence.publish_text(target, "x")
     guarded = time.perf_counter() - t0
+    assert reads == [4096] * n
     fence.release(run_dir)
     t0 = time.perf_counter()
     for _ in range(n):
         fence.publish_text(target, "x")
     plain = time.perf_counter() - t0
+    assert len(reads) == n and target.read_text() == "x"
     print(f"publish: {guarded / n * 1e6:.0f} µs guarded, {plain / n * 1e6:.0f} µs unguarded "
           f"({guarded / plain:.2f}×)")
-    assert target.read_text() == "x"

@@ -122,12 +122,13 @@ def test_a_rows_only_process_never_opens_the_store_for_writing(tmp_path, monkeyp
         db.connect(store)
     db.upsert_run(store, "r1", "tiny", {}, "ml-1", "running")
     db.replace_eval(store, "r1", 0, "ckpt", {"eval/x": 0.5})
+    assert db.set_status(store, "r1", "finished", only_from="running")
     assert not store.exists()  # the units are in the row log, the file untouched
     assert len(rowlog.pending(store)) == 2
     monkeypatch.setenv(db.ROWS_ONLY_ENV, "0")
     assert db.ingest(store) == 2 and db.ingest(store) == 0
     rows = db.query(store, "SELECT run_id, status FROM runs")
-    assert rows.to_dicts() == [{"run_id": "r1", "status": "running"}]
+    assert rows.to_dicts() == [{"run_id": "r1", "status": "finished"}]
     evals = db.query(store, "SELECT key, value FROM evaluations")
     assert evals.equals(pl.DataFrame({"key": ["eval/x"], "value": [0.5]}))
 

@@ -186,10 +186,17 @@ def _load_unit(con: duckdb.DuckDBPyConnection, path: str | Path, run_id: str, un
 
 
 def _write(path: str | Path, run_id: str, kind: str, key: int | None, frames: dict[str, pl.DataFrame]) -> None:
-    """A new version of one unit of ``run_id`` (fenced: an attempt of the run that a newer one replaced writes none,
-    ``tasks.stores.fence``), then an ingest if the store is free (none in a rows-only process)."""
+    """A new version of one unit of ``run_id``, then an ingest if the store is free (none in a rows-only process).
+    Fenced (``tasks.stores.fence``): the attempt file's lock is held over the whole unit write — its Parquet files and
+    marker written and flushed, the rename — so an attempt of the run that a newer one replaced writes none, and a
+    claim waits for it."""
     with fence.guarded_run(run_id):
         rowlog.write_unit(path, run_id, kind, key, frames)
+    _ingest_unless_rows_only(path)
+
+
+def _ingest_unless_rows_only(path: str | Path) -> None:
+    """After a unit write: ``try_ingest``, except in a rows-only process (``ROWS_ONLY_ENV``: the compare ingests)."""
     if not rows_only():
         try_ingest(path)
 
@@ -205,10 +212,13 @@ def upsert_run(path: str | Path, run_id: str, name: str, config: dict, mlflow_ru
 
 def set_status(path: str | Path, run_id: str, status: str, only_from: str | None = None) -> bool:
     """Set the run's status (only while it is ``only_from``, when given); False when nothing changed."""
-    old = rowlog.read_unit(path, run_id, "run")
-    if old is None or (only_from is not None and old["runs"]["status"][0] != only_from):
-        return False
-    _write(path, run_id, "run", None, {"runs": old["runs"].with_columns(pl.lit(status).alias("status"))})
+    with fence.guarded_run(run_id):  # the read and the write are one step for the attempt holding the run
+        old = rowlog.read_unit(path, run_id, "run")
+        if old is None or (only_from is not None and old["runs"]["status"][0] != only_from):
+            return False
+        rowlog.write_unit(path, run_id, "run", None,
+                          {"runs": old["runs"].with_columns(pl.lit(status).alias("status"))})
+    _ingest_unless_rows_only(path)
     return True
 
 

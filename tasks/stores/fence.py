@@ -13,10 +13,13 @@ What is guaranteed, and why there is no check-then-write window: the attempt fil
 by a guarded write for the whole of its commit (the check and the rename, the marker, the unit's version), exclusive
 by ``claim`` while it swaps the token. So once ``claim`` returned, no write of the replaced attempt can commit: one
 that started before waits the claim out (the claim waits for it, at most ``CLAIM_WAIT_S``, then fails clearly), one
-that starts after sees the new token. Bulk data (a checkpoint's weights, a Parquet file) is written before the
-guard under names no other attempt uses (pid and a random tail), so a replaced attempt's half-written files never
-mix with the replacement's; the guard covers only the commit, which is short. The locks are advisory: only writers
-that go through this module are fenced (every writer of the train flow does). On a network filesystem ``flock`` is
+that starts after sees the new token. Bulk data (a checkpoint's weights, a Parquet file, a logged model's
+upload) is written before the guard under names no other attempt uses (pid and a random tail), so a replaced
+attempt's half-written files never mix with the replacement's; a guard covers the commit: a rename, or a row-log
+unit's whole version (its Parquet files and marker written and flushed, ``tasks.stores.db``), or an MLflow call
+(metrics, traces, registry, the run's end), so a claim waits for it — milliseconds to seconds. The locks are
+advisory: only writers that go through this module are fenced (every writer of the train flow does; the list is in
+docs/rerun.md, "What a replaced attempt cannot change"). On a network filesystem ``flock`` is
 mapped to the server's byte-range locks (NFSv4, Linux ≥ 2.6.12); a filesystem without working locks still gets the
 check, with a window of one rename.
 
@@ -183,13 +186,23 @@ def superseded(run_dir: str | Path) -> FencedError | None:
     return None
 
 
+@contextmanager
+def held(run_dir: str | Path) -> Iterator[dict | None]:
+    """The attempt that holds ``run_dir`` (its record; None when none claimed it), kept holding it for the block:
+    the attempt file's shared lock is held, so no claim lands before the block ends (a writer that never claimed
+    the folder, such as a worker running a killed attempt's hooks, commits its writes here)."""
+    with ExitStack() as stack:
+        try:
+            fd = stack.enter_context(_locked(Path(run_dir) / ATTEMPT, False))
+        except FileNotFoundError:
+            fd = None
+        yield None if fd is None else _read(fd)
+
+
 def holder(run_dir: str | Path) -> dict | None:
     """The attempt that holds ``run_dir`` now (its record), or None when none claimed it."""
-    try:
-        with _locked(Path(run_dir) / ATTEMPT, False) as fd:
-            return _read(fd)
-    except FileNotFoundError:
-        return None
+    with held(run_dir) as now:
+        return now
 
 
 def publish(path: str | Path, write: Callable[[Path], object]) -> Path:

@@ -5,7 +5,9 @@
   ``mlflow.transformers.load_model`` gives a pipeline that generates), recorded as an output of the
   run at its step; the caller logs its evaluation metrics with its ``model_id`` (and the held-out dataset).
   Idempotent: a checkpoint already logged (tag ``cleaner.checkpoint`` = ``<run id>:<version>``) is
-  reused, so a rerun of the evaluation does not log it twice.
+  reused, so a rerun of the evaluation does not log it twice. Fenced (``tasks.stores.fence``): the weights are
+  uploaded into a logged model of the attempt's own, which only the attempt holding the run makes READY (and an
+  output of the run); a replaced attempt's stays PENDING, which nothing reads.
 * ``register_run``: at the end of a run, its best checkpoint (by its held-out **score**: pass@1 for tool use,
   the success rate ``eval/<env>/success`` for an environment run; ``rank_metric``) and its final one
   are registered under the config's name, final last, so MLflow's reserved alias ``latest`` (the
@@ -30,6 +32,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasks.stores import fence
 from tasks.stores.config import TrackingConfig
 from tasks.stores.locks import locked
 from tasks.stores.tracking import named_errors
@@ -139,8 +142,9 @@ def log_checkpoint(cfg: TrackingConfig, mlrun: str, run_id: str, name: str, ckpt
                 task="text-generation", model_card=_card(name, run_id, version, metrics),
                 pip_requirements=[f"transformers=={transformers.__version__}", f"torch=={torch.__version__}"])
             client.log_model_artifacts(model.model_id, str(Path(tmp) / "model"))
-        client.log_outputs(mlrun, [LoggedModelOutput(model.model_id, step=version)])
-        client.finalize_logged_model(model.model_id, "READY")
+        with fence.guarded_run(run_id):  # a replaced attempt's upload stays a PENDING model nothing finds
+            client.log_outputs(mlrun, [LoggedModelOutput(model.model_id, step=version)])
+            client.finalize_logged_model(model.model_id, "READY")
     return model.model_id
 
 

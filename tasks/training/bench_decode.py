@@ -68,4 +68,7 @@ def bench_decode(model_dir: Path, repeats: int = 4) -> dict:
 
 
 if __name__ == "__main__":
+    from models.termination import install
+
+    install()  # SIGTERM ends it as Ctrl-C does, also when swallowed in a finaliser
     bench_decode(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("assets/tiny-warm"))

@@ -100,5 +100,8 @@ def bench_update(model: Path, trajectories: Path | None = None, repeats: int = 2
 
 
 if __name__ == "__main__":
+    from models.termination import install
+
+    install()  # SIGTERM ends it as Ctrl-C does, also when swallowed in a finaliser
     args = sys.argv[1:]
     bench_update(Path(args[0]) if args else Path("assets/tiny-warm"), Path(args[1]) if len(args) > 1 else None)

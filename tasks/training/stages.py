@@ -258,7 +258,8 @@ def log_stage(step_dir: Path, step: int, run_id: str, mlrun: str, ckpt: str, set
         texts[f"viewer/step_{step:06d}.html"] = render_step_viewer(
             trajs, read_table(step_dir, "saar_events"), step, tracking_cfg.sample_trajectories, metrics, reflections,
             env_steps=frames.get("env_steps"))
-    tracking.log_step(tracking_cfg, mlrun, step, metrics, texts)
+    with fence.guarded(step_dir):  # the step's MLflow metrics commit for the attempt holding the run, or not at all
+        tracking.log_step(tracking_cfg, mlrun, step, metrics, texts)
     if tracking_cfg.background_traces:
         trace_writer.writer().submit(f"step {step} ({step_dir})", lambda: (write_traces(), _mark_logged(step_dir, ckpt)))
     else:
@@ -291,9 +292,10 @@ def _step_traces(step_dir: Path, step: int, mlrun: str, tracking_cfg: TrackingCo
     rollout_start = (Path(step_dir) / "trajectories.parquet").stat().st_mtime - rollout_s
     batch = traces.batch_for(tracking_cfg, mlrun, f"train:{step}", rollout_start,
                              {**tags, "kind": "train", "step": str(step)})
-    ids = traces.log_traces(tracking_cfg, batch, frames["trajectories"], frames["tool_executions"],
-                            frames["saar_events"], tracking_cfg.traces_per_step)
-    fence.publish_text(Path(step_dir) / TRACES_DONE, json.dumps({"traces": len(ids)}))
+    with fence.guarded(step_dir):  # the traces and their marker commit for the attempt holding the run
+        ids = traces.log_traces(tracking_cfg, batch, frames["trajectories"], frames["tool_executions"],
+                                frames["saar_events"], tracking_cfg.traces_per_step)
+        fence.publish_text(Path(step_dir) / TRACES_DONE, json.dumps({"traces": len(ids)}))
     return time.perf_counter() - t0
 
 
@@ -333,9 +335,11 @@ def track_eval(tracking_cfg: TrackingConfig, mlrun: str, run_id: str, version: i
     model_id = model.model_id if model else None
     if model and model.name and not model_id and tracking_cfg.log_models:
         model_id = registry.log_checkpoint(tracking_cfg, mlrun, run_id, model.name, Path(ckpt), version, metrics)
-    tracking.log_eval(tracking_cfg, mlrun, version, metrics, model_id, dataset)
-    for mode, start, tables in modes:
-        batch = traces.batch_for(tracking_cfg, mlrun, f"eval:{mode}:{version}", start,
-                                 {**tags, "kind": "eval", "eval_mode": mode, "step": str(version)})
-        traces.log_traces(tracking_cfg, batch, tables["trajectories"], tables["executions"],
-                          tables["saar_events"], tracking_cfg.traces_per_step)
+    batches = [(traces.batch_for(tracking_cfg, mlrun, f"eval:{mode}:{version}", start,
+                                 {**tags, "kind": "eval", "eval_mode": mode, "step": str(version)}), tables)
+               for mode, start, tables in modes]
+    with fence.guarded_run(run_id):  # metrics and traces commit for the attempt holding the run, or not at all
+        tracking.log_eval(tracking_cfg, mlrun, version, metrics, model_id, dataset)
+        for batch, tables in batches:
+            traces.log_traces(tracking_cfg, batch, tables["trajectories"], tables["executions"],
+                              tables["saar_events"], tracking_cfg.traces_per_step)

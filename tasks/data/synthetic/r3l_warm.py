@@ -61,4 +61,7 @@ def main(out: Path = typer.Option(Path("assets/tiny-r3l")), work: Path = typer.O
 
 
 if __name__ == "__main__":
+    from models.termination import install
+
+    install()  # SIGTERM ends it as Ctrl-C does, also when swallowed in a finaliser
     typer.run(main)
