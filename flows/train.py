@@ -42,6 +42,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.attempts import fenced_end, newer_attempt, retry_unless_fenced
 from flows.config import RunConfig, load_config
 from flows.prepare import ORIGIN, RunInfo, ckpt_dir, default_run_id, prepare_run, step_dir
+from flows.train_log import eval_line, step_line
 from tasks.stores import db, fence, links, registry, trace_writer, tracking
 from tasks.stores.registry import ModelRef
 from tasks.stores.system import system_metrics
@@ -207,8 +208,9 @@ def annotate_task(cfg: RunConfig, info: RunInfo, flow_run_id: str, parent: str |
 
 
 @task(name="finish-run", cache_policy=NO_CACHE)
-def finish_task(cfg: RunConfig, info: RunInfo, final_ckpt: str, flow_run_id: str, parent: str | None) -> str:
-    """Plots, the registered models, the final description; marks the run finished. Returns a Markdown summary."""
+def finish_task(cfg: RunConfig, info: RunInfo, final_ckpt: str, flow_run_id: str, parent: str | None) -> dict:
+    """Plots, the registered models, the final description; marks the run finished. Returns a Markdown summary
+    (``markdown``) and the registered versions (``registered``: final, run_best, best; empty when none)."""
     from tasks.reports.plots import plot_panels, plot_run
 
     fence.check(info.run_dir)
@@ -240,7 +242,7 @@ def finish_task(cfg: RunConfig, info: RunInfo, final_ckpt: str, flow_run_id: str
     db.set_status(cfg.tracking.duckdb_path, info.run_id, "finished")
     url = links.run_url(cfg.tracking, links.experiment_of(cfg.tracking, info.mlflow_run_id), info.mlflow_run_id)
     print(f"MLflow run {info.run_id}: {url}")
-    return links.summary_markdown(text, url, str(png))
+    return {"markdown": links.summary_markdown(text, url, str(png)), "registered": registered or {}}
 
 
 def _prune(info: RunInfo, keep: int, current: Path) -> None:
@@ -303,15 +305,16 @@ def _train(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run: str
     artifacts = links.FlowArtifacts(cfg.name, cfg.train.steps)
     artifacts.start(annotate_task(cfg, info, flow_run_id, parent_mlflow_run), run_id)
     with system_metrics(cfg.tracking, info.mlflow_run_id):
-        ckpt, walls = _steps(cfg, info, artifacts)
+        ckpt, walls, evals = _steps(cfg, info, artifacts)
         trace_writer.flush()  # every step's traces are in MLflow (or the run fails) before it is finished
         write_walltime(Path(info.run_dir), flow_run_id, walls)
         with named_stage("finish-run", cfg.train.steps, info.run_dir):
-            summary = finish_task(cfg, info, ckpt, flow_run_id, parent_mlflow_run)
-    artifacts.finish(summary)
+            finished = finish_task(cfg, info, ckpt, flow_run_id, parent_mlflow_run)
+    artifacts.finish(finished["markdown"])
     live.close_live()
     png = str(Path(info.run_dir) / "plots" / "summary.png")
-    return {**asdict(info), "final_checkpoint": ckpt, "plot": png, "step_wall_s": walls}
+    return {**asdict(info), "final_checkpoint": ckpt, "plot": png, "step_wall_s": walls, "evaluations": evals,
+            "registered": finished["registered"]}
 
 
 def write_walltime(run_dir: Path, flow_run_id: str, walls: dict[int, float]) -> None:
@@ -319,17 +322,21 @@ def write_walltime(run_dir: Path, flow_run_id: str, walls: dict[int, float]) -> 
     fence.publish_text(run_dir / f"walltime-{flow_run_id or 'local'}.json", json.dumps(walls))
 
 
-def _steps(cfg: RunConfig, info: RunInfo, artifacts: links.FlowArtifacts) -> tuple[str, dict[int, float]]:
-    """The evaluations and RL steps of a run (each stage a task); returns the final checkpoint and step times."""
+def _steps(cfg: RunConfig, info: RunInfo,
+           artifacts: links.FlowArtifacts) -> tuple[str, dict[int, float], dict[int, dict[str, float]]]:
+    """The evaluations and RL steps of a run (each stage a task), a line printed for each; returns the final
+    checkpoint, the step times and the evaluations (policy version → metrics)."""
     ckpt = info.start_ckpt
     setups = cfg.setups(info.start_ckpt)
     tags, model = trace_tags(cfg, info), ModelRef(name=model_name(cfg))
+    evals: dict[int, dict[str, float]] = {}
 
-    def evaluate(version: int, policy: str) -> dict:
+    def evaluate(version: int, policy: str) -> None:
         with named_stage("evaluate", version, info.run_dir):
             fence.check(info.run_dir)
-            return eval_task.with_options(result_storage=results(info))(setups, info, version, policy,
-                                                                        version == cfg.train.steps, model, tags)
+            evals[version] = eval_task.with_options(result_storage=results(info))(
+                setups, info, version, policy, version == cfg.train.steps, model, tags)
+        print(eval_line(version, evals[version], evals.get(0)))
 
     if _eval_due(cfg, 0):
         evaluate(0, ckpt)
@@ -343,32 +350,18 @@ def _steps(cfg: RunConfig, info: RunInfo, artifacts: links.FlowArtifacts) -> tup
         metrics = run_stage("log", setups, info, step, ckpt, new_ckpt, tags)
         ckpt = new_ckpt
         walls[step] = time.perf_counter() - t0
+        print(step_line(step, metrics, walls[step]))
         if _eval_due(cfg, step + 1):
             evaluate(step + 1, ckpt)
         _prune(info, cfg.train.keep_checkpoints, Path(ckpt))
-        print(_summary(step, metrics))
-        artifacts.step_done(step, _summary(step, metrics))
+        artifacts.step_done(step, step_line(step, metrics))
         if _empty_stop(cfg, metrics):
             print(f"early stop: the group filter kept nothing for {cfg.mix.group_filter.empty_stop_steps} steps in a "
                   "row")
             break
-    return ckpt, walls
+    return ckpt, walls, evals
 
 
 def _empty_stop(cfg: RunConfig, metrics: dict) -> bool:
     """RAGEN-2's early stop: ``empty_stop_steps`` consecutive steps whose group filter kept nothing."""
     return metrics.get("early_stopped/empty_filtered_steps", 0.0) >= 1.0
-
-
-def _summary(step: int, m: dict) -> str:
-    keys = ["rollout/accuracy", "tools/first_attempt_success_rate", "saar/rollbacks_triggered",
-            "saar/rollbacks_recovered", "saar/shallow", "saar/deep"]
-    if "rollout/in_group_std" in m and "tools/first_attempt_success_rate" not in m:
-        keys = ["rollout/accuracy", "rollout/reward_mean", "rollout/in_group_std", "rollout/filter_kept_count",
-                "train/entropy", "train/grad_norm"]
-    parts = [f"{k.split('/', 1)[1]}={m.get(k, float('nan')):.3g}" for k in keys]
-    if m.get("train/skipped"):
-        parts.append(f"no informative groups ({int(m.get('train/no_informative_groups', 0))} dropped)")
-    else:
-        parts.append(f"loss={m.get('train/loss', float('nan')):.3g}")
-    return f"step {step}: " + ", ".join(parts)
