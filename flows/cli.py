@@ -263,7 +263,10 @@ def compare(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
     except DispatchError as err:
         console.print(f"[red]{err}[/red]", soft_wrap=True)
         raise typer.Exit(1) from None
-    console.print(f"steps to the baseline's final pass@1: {summary['steps_to_baseline_final']}")
+    from flows.train_log import duration
+
+    console.print(f"compare finished in {duration(summary['wall_s'])}; steps to the baseline's final pass@1: "
+                  f"{summary['steps_to_baseline_final']}", markup=False)
 
 
 @app.command()

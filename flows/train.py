@@ -150,7 +150,9 @@ def model_name(cfg: RunConfig) -> str:
     return cfg.tracking.registered_model or cfg.name
 
 
-def _eval_due(cfg: RunConfig, version: int) -> bool:
+def eval_due(cfg: RunConfig, version: int) -> bool:
+    """Whether the run evaluates policy ``version``: every ``train.eval_every`` steps, the last, and the start unless
+    ``train.eval_at_start`` is off."""
     every = cfg.train.eval_every
     if version == 0 and not cfg.train.eval_at_start:
         return False
@@ -338,7 +340,7 @@ def _steps(cfg: RunConfig, info: RunInfo,
                 setups, info, version, policy, version == cfg.train.steps, model, tags)
         print(eval_line(version, evals[version], evals.get(0)))
 
-    if _eval_due(cfg, 0):
+    if eval_due(cfg, 0):
         evaluate(0, ckpt)
     walls: dict[int, float] = {}
     for step in range(cfg.train.steps):
@@ -351,7 +353,7 @@ def _steps(cfg: RunConfig, info: RunInfo,
         ckpt = new_ckpt
         walls[step] = time.perf_counter() - t0
         print(step_line(step, metrics, walls[step]))
-        if _eval_due(cfg, step + 1):
+        if eval_due(cfg, step + 1):
             evaluate(step + 1, ckpt)
         _prune(info, cfg.train.keep_checkpoints, Path(ckpt))
         artifacts.step_done(step, step_line(step, metrics))

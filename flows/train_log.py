@@ -54,11 +54,12 @@ def success_key(m: dict) -> str | None:
     return next((k for k in sorted(m) if k.startswith("eval/") and k.endswith("/success") and k.count("/") == 2), None)
 
 
-def eval_line(version: int, m: dict, start: dict | None = None) -> str:
+def eval_line(version: int, m: dict, start: dict | None = None, policy: str | None = None) -> str:
     """One line for the held-out evaluation of policy ``version`` (metrics ``m``), each figure beside the starting
-    policy's (``start``: policy 0's metrics) when there is one and this is not policy 0 itself."""
+    policy's (``start``: policy 0's metrics) when there is one and this is not policy 0 itself; ``policy`` names
+    the policy instead of its version (``cleaner eval``'s checkpoint or model)."""
     start = start if version else None
-    parts = [f"eval policy {version}" + (" (the starting policy)" if version == 0 else "")]
+    parts = [f"eval {policy}" if policy else f"eval policy {version}" + (" (the starting policy)" * (version == 0))]
     modes = [mode for mode in MODES if PASS_KEY.format(mode=mode) in m]
     for mode in modes:
         key = PASS_KEY.format(mode=mode)
@@ -99,7 +100,7 @@ def outcome_line(evals: dict[int, dict]) -> str:
     text = f"held-out {what}: "
     if first == 0 and last:
         text += f"{_num(scored[0][1])} at the start → "
-    return text + f"{_num(scored[last][1])} " + ("at the start" if last == 0 else f"after {last} steps")
+    return text + f"{_num(scored[last][1])} " + ("at the start" if last == 0 else f"after {last} step{'s' * (last > 1)}")
 
 
 def best_policy(evals: dict[int, dict]) -> tuple[int, str, float] | None:
