@@ -131,3 +131,56 @@ def test_the_summary_says_start_final_best_and_wall_time(tmp_path):
     assert "its folder pruned" in pruned
     assert outcome_line({}) == "held-out evaluation: none in this run (train.eval_every=0)"
     assert train_summary({**result, "evaluations": {}}, "tiny", 42).splitlines()[1:] == [outcome_line({})]
+
+
+def _check_demo():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_demo", ROOT / "infra" / "check_demo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _demo_log(tmp_path: Path, steps: int, versions: list[int]) -> str:
+    """What `make demo` prints, built from the functions the run prints with (a fake run, real formatting)."""
+    run_dir = tmp_path / "runs" / "r1"
+    evals = {v: _eval(0.5 + v / 100, 0.55, 0.7) for v in versions}
+    lines = ["──────── training ────────", "10 RL steps with CLEANER, …; a line per step follows"]
+    lines += [eval_line(0, evals[0])] if 0 in versions else []
+    for step in range(steps):
+        lines.append(step_line(step, STEP, 3.2))
+        if step + 1 in versions:
+            lines.append(eval_line(step + 1, evals[step + 1], evals.get(0)))
+    result = {"run_id": "r1", "run_dir": str(run_dir), "start_ckpt": "assets/tiny-warm", "evaluations": evals,
+              "final_checkpoint": str(run_dir / "checkpoints" / f"policy_{steps:06d}"),
+              "registered": {"final": "2", "run_best": "2", "best": "2"}}
+    lines += ["MLflow run r1: http://127.0.0.1:5000/#/experiments/1/runs/abc?workflowType=machine_learning",
+              train_summary(result, "tiny", 200), "──────── results ────────", "MLflow UI: …", "  runs, traces",
+              "Policy: …", "DuckDB: …", "Prefect: …"]
+    return "\n".join(lines) + "\n"
+
+
+def test_the_demo_check_passes_what_the_demo_prints_and_names_what_is_wrong(tmp_path):
+    """infra/check_demo.py (CI, on the real demo's log) reads the lines the run prints with today's formatting; and
+    names each thing a newcomer should not see: a loading bar, a task state line, a missing step or evaluation, too
+    many lines."""
+    check = _check_demo().check_output
+    good = _demo_log(tmp_path, 10, [0, 5, 10])
+    assert check(good, 10, [0, 5, 10]) == []
+    assert len([ln for ln in good.splitlines() if ln.strip()]) <= 28  # the bound for the demo's 10 steps
+    noisy = good.replace("step 3 |", "Loading weights: 100%|██████████| 50/50\n"
+                                    "12:00:01.000 | INFO    | Task run 'score-279' - Finished in state Completed()\n"
+                                    "step 3 |")
+    problems = check(noisy, 10, [0, 5, 10])
+    assert problems == ["no 'Loading weights' in the output", "no 'Finished in state' in the output",
+                        "no \"Task run '\" in the output"]
+    n = len([ln for ln in good.splitlines() if ln.strip()])
+    long = good.replace("step 3 |", "a line of its own\n" * (29 - n) + "step 3 |")
+    assert check(long, 10, [0, 5, 10]) == ["at most 28 lines from the training rule on (found 29)"]
+    short = check(good.replace("step 4 |", "stop 4 |"), 10, [0, 5, 10])
+    assert short == [f"one line per step, steps 0..9 in order (found steps {[0, 1, 2, 3, 5, 6, 7, 8, 9]})"]
+    assert check(good, 10, [0, 5, 10, 15]) == ["an evaluation line for policies [0, 5, 10, 15] (found [0, 5, 10])"]
+    no_summary = "\n".join(ln for ln in good.splitlines() if not ln.startswith("best checkpoint"))
+    assert check(no_summary, 10, [0, 5, 10]) == [
+        "the summary line 'best checkpoint: policy <v> (pass@1 SAAR off <x>): <folder> | models:/<name>/<version>'"]
