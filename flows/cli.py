@@ -22,25 +22,29 @@
 
 Commands live here and in ``cli_eval``, ``cli_bench``, ``cli_browse`` (registered on this app) and the sub-apps
 ``cli_sandbox``, ``cli_data``, ``cli_serve``, ``cli_runs``; what they share is ``cli_common``. Every command takes
-``--config`` (YAML) and repeatable ``--set key.path=value`` overrides. ``PREFECT_HOME`` is the
-project's ``.prefect`` unless the shell sets one (``flows.prefect_home``): every command, ``make`` and the served
-stack share one Prefect history; while the project's stack runs (``cleaner serve start``), commands use its Prefect
-API unless ``PREFECT_API_URL`` is set.
+``--config`` (YAML) and repeatable ``--set key.path=value`` overrides; ``cleaner -v COMMAND`` keeps the libraries'
+own output (Prefect's task states, weight-loading bars), which commands otherwise leave out (``flows.terminal``).
+``PREFECT_HOME`` is the project's ``.prefect`` unless the shell sets one (``flows.prefect_home``): every command,
+``make`` and the served stack share one Prefect history; while the project's stack runs (``cleaner serve start``),
+commands use its Prefect API unless ``PREFECT_API_URL`` is set.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 from flows.prefect_home import use_project_home, use_running_stack  # noqa: E402
+from flows.terminal import quiet_libraries  # noqa: E402
 
 use_project_home()
 if os.path.basename(sys.argv[0]) in ("cleaner", "cli.py"):  # the command line, not a test importing it
+    quiet_libraries(sys.argv[1:])  # before Prefect, transformers and MLflow are imported
     use_running_stack()
 
 from pathlib import Path  # noqa: E402
@@ -71,13 +75,17 @@ FLOW_COMMANDS = ("warmup", "warmup-gate", "train", "resume", "eval", "compare", 
 
 
 @app.callback()
-def _before_any_command(ctx: typer.Context) -> None:
+def _before_any_command(ctx: typer.Context, verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Print what Prefect, transformers and MLflow print by default (task run "
+                                       "states, weight-loading bars, database messages); without it a command "
+                                       "prints its own lines (flows/terminal.py).")) -> None:
     """SIGTERM (``kill``, a CI runner, a process manager) ends any command as Ctrl-C does: its flow run is marked,
     and the temporary Prefect server the process started is stopped on the way out (Prefect stops it at interpreter
     exit, which a default SIGTERM skips) instead of outliving the command; a SIGKILL skips even that, so the server
     is started to die with the command (``guard_temporary_server``). A command that runs flows finds the
     Prefect database migrated, even when others start beside it on a fresh home (``flows.prefect_home``). A SIGTERM
-    whose exception is swallowed (it landed in a finaliser) is delivered again (``models.termination``)."""
+    whose exception is swallowed (it landed in a finaliser) is delivered again (``models.termination``). ``--verbose``
+    takes effect before this runs: the libraries' output is chosen when they are imported (``flows.terminal``)."""
     from models.termination import install
 
     install()
@@ -167,13 +175,16 @@ def run_train(config: Path, overrides: list[str] | None, run_id: str | None = No
               parent_mlflow_run: str | None = None) -> dict:
     """The training flow from the command line (shared by ``train`` and ``demo``): config and store checks first,
     then the flow; with ``profile`` a fully cached rerun and the step-time table."""
+    from flows.train import model_name
     from flows.train import train as train_flow
+    from flows.train_log import train_summary
 
     cfg = load_or_exit(config, overrides)
     check_tracking(cfg)
     check_policy(cfg)
+    t0 = time.perf_counter()
     result = train_flow(str(config), list(overrides or []), run_id, parent_mlflow_run)
-    console.print(f"run [bold]{result['run_id']}[/bold] finished; final checkpoint {result['final_checkpoint']}")
+    console.print(train_summary(result, model_name(cfg), time.perf_counter() - t0), soft_wrap=True, markup=False)
     if profile:
         from flows.step_profile import profile_table
 
@@ -252,7 +263,10 @@ def compare(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
     except DispatchError as err:
         console.print(f"[red]{err}[/red]", soft_wrap=True)
         raise typer.Exit(1) from None
-    console.print(f"steps to the baseline's final pass@1: {summary['steps_to_baseline_final']}")
+    from flows.train_log import duration
+
+    console.print(f"compare finished in {duration(summary['wall_s'])}; steps to the baseline's final pass@1: "
+                  f"{summary['steps_to_baseline_final']}", markup=False)
 
 
 @app.command()

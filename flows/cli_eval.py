@@ -3,12 +3,14 @@ and on side by side)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import typer
 from rich.table import Table
 
 from flows.cli_common import ConfigOpt, SetOpt, check_tracking, console, load_or_exit
+from flows.train_log import duration
 
 
 def eval_cmd(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
@@ -29,8 +31,12 @@ def eval_cmd(config: Path = ConfigOpt, overrides: list[str] | None = SetOpt,
     elif not Path(ckpt).exists():
         console.print(f"[red]checkpoint {ckpt} does not exist[/red] (run `cleaner warmup` or pass --checkpoint)")
         raise typer.Exit(2)
+    t0 = time.perf_counter()
     metrics = evaluate_flow(str(config), overrides or [], ckpt)
     console.print(eval_table(metrics, cfg.eval.modes, f"{ckpt}: {cfg.eval.n_prompts} held-out prompts × {cfg.eval.samples}"))
+    console.print(f"evaluated in {duration(time.perf_counter() - t0)}; MLflow experiment "
+                  f"{(cfg.tracking.experiment or cfg.name) + '-eval'} (`cleaner ui`), rows in the evaluations table of "
+                  f"{cfg.tracking.duckdb_path}", markup=False, soft_wrap=True)
 
 
 def _check_model(cfg, uri: str) -> None:

@@ -38,8 +38,9 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.config import CompareConfig, RunConfig, load_config
+from flows.train_log import duration, eval_line, outcome_line
 from models.termination import arm
-from tasks.reports.compare import summarize, write_report
+from tasks.reports.compare import headline, summarize, write_report
 from tasks.reports.compare_extra import COMPUTE_KEYS
 from tasks.stores import db, links, tracking
 
@@ -116,8 +117,17 @@ def _train_process(config_path: str, overrides: list[str], run_id: str, parent: 
     if code != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-30:])
         raise RuntimeError(f"compare run {run_id} failed (exit {code}); log {log}:\n{tail}")
-    print(f"{run_id} finished in {time.time() - t0:.0f} s")
+    print(f"{run_id} finished in {duration(time.time() - t0)}: {run_outcome(config_path, overrides, run_id)}")
     return run_id
+
+
+def run_outcome(config_path: str, overrides: list[str], run_id: str) -> str:
+    """A finished child run's held-out outcome, from its rows (``flows.train_log.outcome_line``)."""
+    rows = db.eval_pass_at_1(load_config(config_path, overrides).tracking.duckdb_path, run_id).to_dicts()
+    evals: dict[int, dict[str, float]] = {}
+    for row in rows:
+        evals.setdefault(int(row["policy_version"]), {})[row["key"]] = row["value"]
+    return outcome_line(evals)
 
 
 @task(name="compare-runs", cache_policy=NO_CACHE)
@@ -214,6 +224,7 @@ def compare_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | 
     if shared_initial:
         eval_cfg = load_config(config_path, [*(overrides or []), *cmp.shared])
         initial = initial_eval_task(eval_cfg, f"{compare_id}-initial", parent, str(folder))
+        print(eval_line(0, initial))
     if cmp.dispatch:
         dispatch_task(cmp, config_path, jobs, parent, token, cfg.tracking.duckdb_path)
     else:
@@ -234,5 +245,6 @@ def compare_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | 
         tracking.log_file(cfg.tracking, parent, f, "report")
     links.set_description(cfg.tracking, parent, links.describe_compare(compare_id, cfg.name, summary, seeds))
     tracking.finish_run(cfg.tracking, parent)
-    print((folder / "report" / "compare.md").read_text())
+    print("\n".join([*headline(summary), "", f"the full report: {folder / 'report' / 'compare.md'} (plots beside it, "
+                     f"and in the MLflow run {compare_id})"]))
     return summary

@@ -23,6 +23,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.config import RunConfig, load_config
 from flows.prepare import start_policy
+from flows.train_log import eval_line
 from models.termination import arm
 from tasks.data.loader import ensure_files
 from tasks.stores import links, registry, tracking
@@ -75,4 +76,5 @@ def evaluate_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] |
     finally:
         live.close_live()
     tracking.finish_run(cfg.tracking, mlrun)
+    print(eval_line(0, metrics, policy=str(checkpoint or ckpt)))
     return metrics

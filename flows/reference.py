@@ -10,6 +10,7 @@ The docs site builds both pages on every build (``infra/docs_hooks.py``); to rea
 
 from __future__ import annotations
 
+import re
 import sys
 import typing
 from collections.abc import Iterator
@@ -59,8 +60,19 @@ def config_fields(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[st
             yield path, _type_name(field.annotation), _default(field), doc, False
 
 
+CODE_SPAN = re.compile(r"(`+)(.+?)(?<!`)\1(?!`)")
+"""A Markdown code span (a run of backticks, its text, the same run)."""
+
+
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """``text`` as one Markdown table cell: a ``|`` outside code spans is escaped; inside one it is left as it is —
+    the table extension does not split a cell at a pipe in a code span, and a backslash there would be shown
+    literally (``str \\| None``)."""
+    text, out, pos = text.replace("\n", " "), [], 0
+    for span in CODE_SPAN.finditer(text):
+        out += [text[pos:span.start()].replace("|", "\\|"), span.group(0)]
+        pos = span.end()
+    return "".join([*out, text[pos:].replace("|", "\\|")])
 
 
 def config_reference() -> str:
@@ -83,7 +95,7 @@ def config_reference() -> str:
     for path, type_name, _, doc, _ in top:
         out += [f"## `{path or 'top level'}`" + (f" ({type_name})" if path else ""), "", _cell(doc), "",
                 "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
-        out += [f"| `{p}` | `{_cell(t)}` | `{_cell(d)}` | {_cell(doc_)} |"
+        out += [f"| `{p}` | {_cell(f'`{t}`')} | {_cell(f'`{d}`')} | {_cell(doc_)} |"
                 for p, t, d, doc_, is_section in sections[path] if not is_section or "." in p]
         out.append("")
     return "\n".join(out)
@@ -105,7 +117,7 @@ def _param_row(param) -> str:
         names = " / ".join(f"`{o}`" for o in [*param.opts, *param.secondary_opts])
     value = param.default
     shown = str(value) if isinstance(value, PurePath) else repr(value)
-    default = "" if value is None or param.required else f"`{_cell(shown)}`"
+    default = "" if value is None or param.required else _cell(f"`{shown}`")
     return f"| {names} | {help_text} | {default} |"
 
 

@@ -43,8 +43,9 @@ from flows.attempts import ending, fenced_end, retry_unless_fenced
 from flows.config import RunConfig, load_config
 from flows.dispatch import check_worker
 from flows.prepare import ORIGIN, RunInfo, ckpt_dir, default_run_id, prepare_run, step_dir
+from flows.train_log import eval_line, step_line
 from models.termination import arm
-from tasks.stores import db, fence, links, registry, trace_writer, tracking
+from tasks.stores import db, fence, links, registry, rowlog, trace_writer, tracking
 from tasks.stores.registry import ModelRef
 from tasks.stores.system import system_metrics
 from tasks.training import live
@@ -156,7 +157,9 @@ def model_name(cfg: RunConfig) -> str:
     return cfg.tracking.registered_model or cfg.name
 
 
-def _eval_due(cfg: RunConfig, version: int) -> bool:
+def eval_due(cfg: RunConfig, version: int) -> bool:
+    """Whether the run evaluates policy ``version``: every ``train.eval_every`` steps, the last, and the start unless
+    ``train.eval_at_start`` is off."""
     every = cfg.train.eval_every
     if version == 0 and not cfg.train.eval_at_start:
         return False
@@ -210,6 +213,13 @@ def run_stage(name: str, setups: StepSetups, info: RunInfo, step: int, policy: s
             setups, info, step, policy, *extra)
 
 
+def eval_metrics(cfg: RunConfig, info: RunInfo, version: int) -> dict[str, float]:
+    """The figures of policy ``version``'s evaluation as committed (the row log's unit ``eval-<version>``), whichever
+    attempt wrote them: what the evaluation line prints and the run returns."""
+    rows = rowlog.read_unit(cfg.tracking.duckdb_path, info.run_id, "eval", version)
+    return dict(zip(rows["evaluations"]["key"], rows["evaluations"]["value"])) if rows else {}
+
+
 def run_eval(setups: StepSetups, info: RunInfo, version: int, policy: str, final: bool, model: ModelRef,
              tags: dict[str, str]) -> str:
     """Run the evaluation task of policy ``version`` (unless a newer attempt replaced this one)."""
@@ -229,8 +239,9 @@ def annotate_task(cfg: RunConfig, info: RunInfo, flow_run_id: str, parent: str |
 
 
 @task(name="finish-run", cache_policy=NO_CACHE)
-def finish_task(cfg: RunConfig, info: RunInfo, final_ckpt: str, flow_run_id: str, parent: str | None) -> str:
-    """Plots, the registered models, the final description; marks the run finished. Returns a Markdown summary.
+def finish_task(cfg: RunConfig, info: RunInfo, final_ckpt: str, flow_run_id: str, parent: str | None) -> dict:
+    """Plots, the registered models, the final description; marks the run finished. Returns a Markdown summary
+    (``markdown``) and the registered versions (``registered``: final, run_best, best; empty when none).
 
     Fenced (``tasks.stores.fence``): checked before the final checkpoint's upload (itself fenced where it becomes
     READY), then every write — plots, registry aliases, description, the MLflow run's and the row's status — is one
@@ -240,12 +251,12 @@ def finish_task(cfg: RunConfig, info: RunInfo, final_ckpt: str, flow_run_id: str
         registry.log_checkpoint(cfg.tracking, info.mlflow_run_id, info.run_id, model_name(cfg), Path(final_ckpt),
                                 cfg.train.steps, {})
     with fence.guarded(info.run_dir):
-        png, text = _plots(cfg, info), _register(cfg, info, flow_run_id, parent)
+        png, (text, registered) = _plots(cfg, info), _register(cfg, info, flow_run_id, parent)
         tracking.finish_run(cfg.tracking, info.mlflow_run_id)
         db.set_status(cfg.tracking.duckdb_path, info.run_id, "finished")
     url = links.run_url(cfg.tracking, links.experiment_of(cfg.tracking, info.mlflow_run_id), info.mlflow_run_id)
     print(f"MLflow run {info.run_id}: {url}")
-    return links.summary_markdown(text, url, str(png))
+    return {"markdown": links.summary_markdown(text, url, str(png)), "registered": registered or {}}
 
 
 def _plots(cfg: RunConfig, info: RunInfo) -> Path:
@@ -278,7 +289,7 @@ def _register(cfg: RunConfig, info: RunInfo, flow_run_id: str, parent: str | Non
     text = links.describe(info.run_id, cfg.name, arm_of(cfg), cfg.train.steps, flow_run_id,
                           links.pass_by_version(evals.to_dicts()), registered, parent, skipped)
     links.set_description(cfg.tracking, info.mlflow_run_id, text)
-    return text
+    return text, registered
 
 
 def _prune(info: RunInfo, keep: int, current: Path) -> None:
@@ -346,15 +357,16 @@ def _train(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run: str
     artifacts = links.FlowArtifacts(cfg.name, cfg.train.steps)
     artifacts.start(annotate_task(cfg, info, flow_run_id, parent_mlflow_run), run_id)
     with system_metrics(cfg.tracking, info.mlflow_run_id, info.run_id):
-        ckpt, walls = _steps(cfg, info, artifacts)
+        ckpt, walls, evals = _steps(cfg, info, artifacts)
         trace_writer.flush()  # every step's traces are in MLflow (or the run fails) before it is finished
         write_walltime(Path(info.run_dir), flow_run_id, walls)
         with named_stage("finish-run", cfg.train.steps, info.run_dir):
-            summary = finish_task(cfg, info, ckpt, flow_run_id, parent_mlflow_run)
-    artifacts.finish(summary)
+            finished = finish_task(cfg, info, ckpt, flow_run_id, parent_mlflow_run)
+    artifacts.finish(finished["markdown"])
     live.close_live()
     png = str(Path(info.run_dir) / "plots" / "summary.png")
-    return {**asdict(info), "final_checkpoint": ckpt, "plot": png, "step_wall_s": walls}
+    return {**asdict(info), "final_checkpoint": ckpt, "plot": png, "step_wall_s": walls, "evaluations": evals,
+            "registered": finished["registered"]}
 
 
 def write_walltime(run_dir: Path, flow_run_id: str, walls: dict[int, float]) -> None:
@@ -362,18 +374,23 @@ def write_walltime(run_dir: Path, flow_run_id: str, walls: dict[int, float]) -> 
     fence.publish_text(run_dir / f"walltime-{flow_run_id or 'local'}.json", json.dumps(walls))
 
 
-def _steps(cfg: RunConfig, info: RunInfo, artifacts: links.FlowArtifacts) -> tuple[str, dict[int, float]]:
-    """The evaluations and RL steps of a run (each stage a task); returns the final checkpoint and step times."""
+def _steps(cfg: RunConfig, info: RunInfo,
+           artifacts: links.FlowArtifacts) -> tuple[str, dict[int, float], dict[int, dict[str, float]]]:
+    """The evaluations and RL steps of a run (each stage a task), a line printed for each; returns the final
+    checkpoint, the step times and the evaluations (policy version → metrics, read from the committed rows)."""
     from tasks.training.stages import stage_metrics
 
     ckpt = info.start_ckpt
     setups = cfg.setups(info.start_ckpt)
     tags, model = trace_tags(cfg, info), ModelRef(name=model_name(cfg))
+    evals: dict[int, dict[str, float]] = {}
 
-    def evaluate(version: int, policy: str) -> str:
-        return run_eval(setups, info, version, policy, version == cfg.train.steps, model, tags)
+    def evaluate(version: int, policy: str) -> None:
+        run_eval(setups, info, version, policy, version == cfg.train.steps, model, tags)
+        evals[version] = eval_metrics(cfg, info, version)
+        print(eval_line(version, evals[version], evals.get(0)))
 
-    if _eval_due(cfg, 0):
+    if eval_due(cfg, 0):
         evaluate(0, ckpt)
     walls: dict[int, float] = {}
     for step in range(cfg.train.steps):
@@ -386,32 +403,18 @@ def _steps(cfg: RunConfig, info: RunInfo, artifacts: links.FlowArtifacts) -> tup
         metrics = stage_metrics(step_dir(info, step))
         ckpt = new_ckpt
         walls[step] = time.perf_counter() - t0
-        if _eval_due(cfg, step + 1):
+        print(step_line(step, metrics, walls[step]))
+        if eval_due(cfg, step + 1):
             evaluate(step + 1, ckpt)
         _prune(info, cfg.train.keep_checkpoints, Path(ckpt))
-        print(_summary(step, metrics))
-        artifacts.step_done(step, _summary(step, metrics))
+        artifacts.step_done(step, step_line(step, metrics))
         if _empty_stop(cfg, metrics):
             print(f"early stop: the group filter kept nothing for {cfg.mix.group_filter.empty_stop_steps} steps in a "
                   "row")
             break
-    return ckpt, walls
+    return ckpt, walls, evals
 
 
 def _empty_stop(cfg: RunConfig, metrics: dict) -> bool:
     """RAGEN-2's early stop: ``empty_stop_steps`` consecutive steps whose group filter kept nothing."""
     return metrics.get("early_stopped/empty_filtered_steps", 0.0) >= 1.0
-
-
-def _summary(step: int, m: dict) -> str:
-    keys = ["rollout/accuracy", "tools/first_attempt_success_rate", "saar/rollbacks_triggered",
-            "saar/rollbacks_recovered", "saar/shallow", "saar/deep"]
-    if "rollout/in_group_std" in m and "tools/first_attempt_success_rate" not in m:
-        keys = ["rollout/accuracy", "rollout/reward_mean", "rollout/in_group_std", "rollout/filter_kept_count",
-                "train/entropy", "train/grad_norm"]
-    parts = [f"{k.split('/', 1)[1]}={m.get(k, float('nan')):.3g}" for k in keys]
-    if m.get("train/skipped"):
-        parts.append(f"no informative groups ({int(m.get('train/no_informative_groups', 0))} dropped)")
-    else:
-        parts.append(f"loss={m.get('train/loss', float('nan')):.3g}")
-    return f"step {step}: " + ", ".join(parts)

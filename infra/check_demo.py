@@ -7,11 +7,18 @@ fails with every missing item listed: one finished MLflow run with every step's 
 registered model whose ``@best`` alias resolves, DuckDB rows for every step (trajectories, turns, tool executions,
 SAAR events, metrics, evaluations), and the printed "where to look" block with the training-view link. Prints a
 one-line summary when everything is there.
+
+What a newcomer reads is checked too (``check_output``): from the "training" rule on, one line per step, an
+evaluation line per evaluation, the summary (start → final held-out pass@1, best checkpoint, wall time), none of the
+libraries' bookkeeping (weight-loading or shard-writing bars, Prefect task or flow state lines, the temporary
+server's banner, MLflow's database messages), and at most ``OVERHEAD`` lines besides the step and evaluation lines:
+28 lines for the demo's 10 steps and 3 evaluations.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -19,6 +26,43 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 BLOCK = ("MLflow UI:", "cleaner ui --config", "workflowType=machine_learning", "Policy:", "@best", "DuckDB:")
+NOISE = ("Loading weights", "Writing model shards", "Finished in state", "Task run '", "Beginning flow run",
+         "View at http", "temporary server", "MLflow database tables", "Traceback")
+"""What the demo's output must not hold: the libraries' bookkeeping (and no traceback)."""
+OVERHEAD = 15
+"""Lines of the training part besides the step and evaluation lines: the rule, the plan, the run's MLflow link, the
+summary (3), the results rule, the where-to-look block (5), and 3 to spare."""
+STEP_LINE = re.compile(r"^step (\d+) \| reward \S+ \| accuracy \S+ \| first try \S+ \| rollbacks \d+ \(\d+ recovered\) \| "
+                       r"(loss \S+|no informative groups \(\d+ dropped\)) \| [\d.]+ s$")
+EVAL_LINE = re.compile(r"^eval policy (\d+)( \(the starting policy\))? \| pass@1 SAAR off [\d.]+( \(start [\d.]+\))? \| "
+                       r"pass@1 SAAR on [\d.]+( \(start [\d.]+\))? \| first try \S+( \(start \S+\))? \| [\d.]+ s$")
+SUMMARY = {"run <id> finished in <time>; final checkpoint <folder>":
+           re.compile(r"^run \S+ finished in \d+ (min \d+ )?s; final checkpoint \S+$"),
+           "held-out pass@1 SAAR off: <start> at the start → <final> after <n> steps":
+           re.compile(r"^held-out pass@1 SAAR off: [\d.]+ at the start → [\d.]+ after \d+ steps?$"),
+           "best checkpoint: policy <v> (pass@1 SAAR off <x>): <folder> | models:/<name>/<version>":
+           re.compile(r"^best checkpoint: policy \d+ \(pass@1 SAAR off [\d.]+\): .+models:/\S+/\d+")}
+"""The summary's lines (a name for each pattern)."""
+
+
+def check_output(text: str, steps: int, evaluations: list[int]) -> list[str]:
+    """What is wrong with the demo's printed output (``text``) for a run of ``steps`` steps evaluating the policy
+    versions ``evaluations``; empty when it reads as it should."""
+    missing = [f"no {noise!r} in the output" for noise in NOISE if noise in text]
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    start = next((i for i, ln in enumerate(lines) if "─ training ─" in ln), 0)  # after a warm-up's own output
+    lines = lines[start:]
+    step_lines = [int(m.group(1)) for m in map(STEP_LINE.match, lines) if m]
+    if step_lines != list(range(steps)):
+        missing.append(f"one line per step, steps 0..{steps - 1} in order (found steps {step_lines})")
+    eval_lines = [int(m.group(1)) for m in map(EVAL_LINE.match, lines) if m]
+    if eval_lines != evaluations:
+        missing.append(f"an evaluation line for policies {evaluations} (found {eval_lines})")
+    missing += [f"the summary line {name!r}" for name, rx in SUMMARY.items() if not any(map(rx.match, lines))]
+    bound = OVERHEAD + steps + len(evaluations)
+    if len(lines) > bound:
+        missing.append(f"at most {bound} lines from the training rule on (found {len(lines)})")
+    return missing
 
 
 def check_mlflow(cfg, missing: list[str]) -> str:
@@ -81,14 +125,23 @@ def main() -> int:
     missing: list[str] = []
     text = " ".join(args.log.read_text(errors="replace").split())
     missing += [f"printed block: {head!r}" for head in BLOCK if head not in text]
+    missing += check_output(args.log.read_text(errors="replace"), cfg.train.steps, evaluations(cfg))
     mlflow_line = check_mlflow(cfg, missing)
     run_id = _run_id(cfg)
     db_line = check_duckdb(cfg, run_id, missing) if run_id else ""
     if missing:
         print("make demo left an incomplete result; missing:\n  " + "\n  ".join(missing))
         return 1
-    print(f"demo ok: {mlflow_line}; {db_line}; the where-to-look block printed")
+    print(f"demo ok: {mlflow_line}; {db_line}; the where-to-look block printed; the output reads as it should "
+          f"(a line per step and evaluation, the summary, no library bookkeeping)")
     return 0
+
+
+def evaluations(cfg) -> list[int]:
+    """The policy versions a run of ``cfg`` evaluates, in order."""
+    from flows.train import eval_due
+
+    return [v for v in range(cfg.train.steps + 1) if eval_due(cfg, v)]
 
 
 def _run_id(cfg) -> str | None:

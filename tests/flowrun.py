@@ -1,7 +1,10 @@
-"""Helper for tests that need a finished tiny run: the 2-step ``train`` flow into a folder."""
+"""Helpers for tests that need a finished tiny run (the 2-step ``train`` flow into a folder) or what a flow printed."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -25,3 +28,20 @@ def run_tiny_flow(work: Path, model_dir: Path, run_id: str, extra: list[str] | N
     from flows.train import train
 
     return train("configs/tiny.yaml", [*tiny_overrides(work, model_dir), *(extra or [])], run_id)
+
+
+@contextmanager
+def run_log_lines() -> Iterator[list[str]]:
+    """The messages flow and task runs log while the block runs — a ``print`` in a flow or task with ``log_prints``
+    among them — read from Prefect's run loggers themselves, whatever handlers the process's logging config has."""
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    loggers = [logging.getLogger(name) for name in ("prefect.flow_runs", "prefect.task_runs")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -75,24 +77,42 @@ def test_cleaner_uses_the_projects_prefect_home_unless_the_shell_sets_one(tmp_pa
     assert out.stdout.split() == [str(own)] * 2, out.stdout + out.stderr
 
 
+def _check_demo():
+    spec = importlib.util.spec_from_file_location("check_demo", ROOT / "infra" / "check_demo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.slow
-def test_train_command_runs_and_exits_cleanly(warm_model_dir, tmp_path):
-    """One step through the real CLI in a fresh process: exit 0 and no tracebacks at shutdown."""
+def test_demo_prints_a_line_a_step_and_an_evaluation_and_exits_cleanly(warm_model_dir, tmp_path):
+    """`cleaner demo` (2 steps, evaluations of policies 0 and 2) in a fresh process, its output piped as CI pipes
+    ``make demo``: exit 0, no tracebacks at shutdown, and what a newcomer reads passes the check CI runs on the
+    demo's log (``infra/check_demo.py::check_output``): one line a step, an evaluation line each, the summary, the
+    where-to-look block, none of the libraries' bookkeeping, within the line bound. Prefect's own lines are not
+    lost: its database (what the Prefect UI shows) holds every task run's state."""
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PYTHONPATH": str(ROOT)}
-    sets = [f"model.path={warm_model_dir}", f"output_dir={tmp_path / 'runs'}", "train.steps=1",
+    for name in ("PREFECT_LOGGING_SETTINGS_PATH", "HF_HUB_DISABLE_PROGRESS_BARS", "MLFLOW_LOGGING_LEVEL"):
+        env.pop(name, None)
+    sets = [f"model.path={warm_model_dir}", f"output_dir={tmp_path / 'runs'}", "train.steps=2",
             f"data.train_path={tmp_path / 'tr.parquet'}", f"data.eval_path={tmp_path / 'ev.parquet'}",
-            "data.n_train=16", "data.n_eval=4", "data.prompts_per_step=2", "rollout.n_samples=2", "train.eval_every=0",
-            f"tracking.mlflow_uri=sqlite:///{tmp_path / 'm.db'}", f"tracking.artifact_root={tmp_path / 'art'}",
-            f"tracking.duckdb_path={tmp_path / 'c.duckdb'}"]
-    cmd = [sys.executable, "-m", "flows.cli", "train", "--config", str(ROOT / "configs/tiny.yaml")]
+            "data.n_train=16", "data.n_eval=4", "data.prompts_per_step=2", "rollout.n_samples=2", "train.eval_every=2",
+            "eval.n_prompts=4", "eval.samples=2", f"tracking.mlflow_uri=sqlite:///{tmp_path / 'm.db'}",
+            f"tracking.artifact_root={tmp_path / 'art'}", f"tracking.duckdb_path={tmp_path / 'c.duckdb'}"]
+    cmd = [sys.executable, "-m", "flows.cli", "demo", "--config", str(ROOT / "configs/tiny.yaml")]
     for s in sets:
         cmd += ["--set", s]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=600)
+    out = proc.stdout
     assert proc.returncode == 0, out[-3000:]
-    assert "finished; final checkpoint" in out
     for noise in ("Traceback", "CancelledError", "Error flushing", "leaked"):
         assert noise not in out, out[-3000:]
+    assert _check_demo().check_output(out, 2, [0, 2]) == [], out
+    assert "MLflow UI:" in out and "DuckDB:" in out
+    with sqlite3.connect(tmp_path / "prefect" / "prefect.db") as db:
+        states = db.execute("SELECT count(*) FROM log WHERE message = 'Finished in state Completed()'").fetchone()[0]
+    assert states >= 2 * 6 + 2, states  # six stage tasks a step, two evaluations (and the run's own tasks)
 
 
 @pytest.mark.parametrize("command", ["stop", "status"])

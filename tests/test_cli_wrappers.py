@@ -9,6 +9,7 @@ as values and the flow refused them (``parent_mlflow_run: Input should be a vali
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -131,6 +132,26 @@ def test_compare_starts_train_processes_whose_arguments_the_cli_takes(tmp_path, 
     assert res.exit_code == 0, res.output
     assert train.calls == [("configs/tiny.yaml", overrides, "cmp-dapo-s0", "parent123")]
     _plain(train.calls[0])
+
+
+def test_eval_and_compare_end_with_their_figures_and_wall_time(tmp_path, monkeypatch, warm_model_dir):
+    """`cleaner eval` prints its table and how long it took; `cleaner compare` its wall time and steps to the
+    baseline's final (the flows' own lines — an evaluation line, a line per run, the headline table — are theirs)."""
+    import flows.compare
+    import flows.evaluate
+
+    metrics = {"eval/saar_off/all/pass_at_1": 0.53125, "eval/saar_on/all/pass_at_1": 0.59375}
+    monkeypatch.setattr(flows.evaluate, "evaluate_flow", lambda *a: metrics)
+    res = runner.invoke(cli.app, ["eval", "--checkpoint", str(warm_model_dir), *_stores(tmp_path)])
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())
+    assert "pass@1 │ 0.531 │ 0.594" in out and re.search(r"evaluated in \d+ s; MLflow experiment tiny-eval", out), out
+    summary = {"wall_s": 1839.4, "steps_to_baseline_final": {"dapo": 24, "cleaner": None}}
+    monkeypatch.setattr(flows.compare, "compare_flow", lambda *a: summary)
+    res = runner.invoke(cli.app, ["compare", *_stores(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert ("compare finished in 30 min 39 s; steps to the baseline's final pass@1: {'dapo': 24, 'cleaner': None}"
+            in " ".join(res.output.split())), res.output
 
 
 def test_a_missing_model_path_is_an_error_naming_it_within_seconds(tmp_path):

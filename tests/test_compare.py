@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import duckdb
 import polars as pl
@@ -14,7 +15,7 @@ from tasks.rollout.saar import TrajStats, aggregate_stats
 from tasks.stores.tracking import RUN_TAG
 from tasks.training.evaluation import summarize as eval_summary
 from tasks.training.mixing import fill_batch
-from tests.flowrun import tiny_overrides
+from tests.flowrun import run_log_lines, tiny_overrides
 
 
 def test_eval_metrics_on_known_answers():
@@ -208,7 +209,7 @@ def test_same_seed_same_rollout(warm_model_dir, chat):
     assert a == b and a != c
 
 
-def test_compare_flow_trains_every_arm_and_seed_under_one_parent(prefect_harness, warm_model_dir, tmp_path):
+def test_compare_flow_trains_every_arm_and_seed_under_one_parent(prefect_harness, warm_model_dir, tmp_path, capsys):
     from flows.compare import compare_flow
 
     arms = json.dumps({"cleaner": ["rollout.saar.enabled=true", "rollout.saar.raw_share=0.3"],
@@ -217,7 +218,8 @@ def test_compare_flow_trains_every_arm_and_seed_under_one_parent(prefect_harness
                  "compare.seeds=[0]", "compare.arm_seeds={}", "compare.steps=1", "compare.eval_every=1",
                  "compare.shared=[trainer.lr=1.0e-4]", "eval.n_prompts=4", "eval.samples=2", "eval.ks=[1,2]",
                  "compare.probe_prompts=3"]
-    summary = compare_flow("configs/tiny.yaml", overrides, compare_id="cmp")
+    with run_log_lines() as lines:
+        summary = compare_flow("configs/tiny.yaml", overrides, compare_id="cmp")
     probe = summary["probe_entropy"]  # both arms' final checkpoints scored the same probe tokens
     assert set(probe) == {"cleaner", "dapo"} and probe["cleaner"]["tokens"] == probe["dapo"]["tokens"] > 0
     assert probe["cleaner"]["mean"] > 0 and "paired" in probe["cleaner"]
@@ -227,6 +229,16 @@ def test_compare_flow_trains_every_arm_and_seed_under_one_parent(prefect_harness
         assert summary["per_seed"][arm][0]["seed"] == 0
     logs = tmp_path / "runs" / "cmp" / "logs"
     assert sorted(p.name for p in logs.iterdir()) == ["cmp-cleaner-s0.log", "cmp-dapo-s0.log"], "one process per run"
+    # what it printed: the starting policy's evaluation, a line per finished run, the report's headline table
+    printed, logged = capsys.readouterr().out, "\n".join(lines)
+    for run_id in ("cmp-cleaner-s0", "cmp-dapo-s0"):
+        assert re.search(rf"^{run_id} finished in \d+ (min \d+ )?s: held-out pass@1 SAAR off: [\d.]+ after 1 step$",
+                         printed, re.M), printed
+        child = (logs / f"{run_id}.log").read_text()  # a child's own log: its step and evaluation lines, no states
+        assert "step 0 | reward" in child and "eval policy 1 | pass@1 SAAR off" in child and "Task run" not in child
+    assert "eval policy 0 (the starting policy) | pass@1 SAAR off" in logged
+    assert "| arm | seeds | steps to baseline final |" in logged and "the full report: " in logged
+    assert "Per seed:" not in logged  # the headline only; the rest is in compare.md
     con = duckdb.connect(str(tmp_path / "cleaner.duckdb"), read_only=True)
     keys = [k for (k,) in con.execute("SELECT DISTINCT key FROM evaluations").fetchall()]
     modes = {k.split("/")[1] for k in keys if k.startswith("eval/")}

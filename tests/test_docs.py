@@ -82,6 +82,25 @@ def test_the_site_builds_with_the_generated_pages(site):
     assert "rollout.saar.raw_share" in (site / "reference/config/index.html").read_text()
 
 
+def _text(html: str) -> str:
+    """What a reader sees of an HTML page: its text, tags and entities gone."""
+    from html.parser import HTMLParser
+
+    parts: list[str] = []
+    parser = HTMLParser()
+    parser.handle_data = parts.append
+    parser.feed(html)
+    return " ".join("".join(parts).split())
+
+
+def test_the_config_reference_shows_union_types_and_pipes_without_a_backslash(site):
+    text = _text((site / "reference/config/index.html").read_text())
+    assert "\\|" not in text
+    assert "model.base str | None None Frozen base model folder" in text  # a union type in a code span
+    assert "Allowed range of P(correct | clean first call)." in text  # an escaped pipe in the meaning column
+    assert "\\|" not in _text((site / "reference/cli/index.html").read_text())
+
+
 def test_a_broken_link_fails_the_build(tmp_path):
     docs = tmp_path / "docs"
     shutil.copytree(ROOT / "docs", docs)

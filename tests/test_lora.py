@@ -141,7 +141,7 @@ def test_copy_checkpoint_keeps_the_adapter_and_records_the_state(adapters, tmp_p
 
 
 def test_a_step_with_no_informative_group_logs_a_count_not_a_loss(adapters, tmp_path, capsys):
-    from flows.train import _summary
+    from flows.train_log import step_line
     from tasks.training.setups import UpdateSetup
     from tasks.training.stages import update_stage
 
@@ -163,7 +163,7 @@ def test_a_step_with_no_informative_group_logs_a_count_not_a_loss(adapters, tmp_
     assert "train/loss" not in metrics
     assert is_adapter(out) and load_file(str(out / ADAPTER_WEIGHTS)).keys() == load_file(str(a / ADAPTER_WEIGHTS)).keys()
     assert "step 4: no informative groups (2 groups" in capsys.readouterr().out
-    line = _summary(4, metrics)
+    line = step_line(4, metrics)
     assert "no informative groups (2 dropped)" in line and "loss" not in line
 
 

@@ -16,7 +16,7 @@ import duckdb
 import pytest
 
 from tasks.stores.registry import model_id_of
-from tests.flowrun import EVAL_OVERRIDES, tiny_overrides
+from tests.flowrun import EVAL_OVERRIDES, run_log_lines, tiny_overrides
 
 pytestmark = pytest.mark.slow
 PASS = "eval/saar_off/all/pass_at_1"
@@ -138,7 +138,8 @@ def test_cleaner_eval_takes_a_registered_model_and_links_its_metrics(store, warm
     from flows.evaluate import evaluate_flow
 
     overrides = [*tiny_overrides(store.work, warm_model_dir), *EVAL_OVERRIDES, "eval.modes=[saar_off]"]
-    metrics = evaluate_flow("configs/tiny.yaml", overrides, "models:/tiny@best", "eval-best")
+    with run_log_lines() as lines:
+        metrics = evaluate_flow("configs/tiny.yaml", overrides, "models:/tiny@best", "eval-best")
     best = store.client.get_model_version_by_alias("tiny", "best")
     eval_run = store.client.search_runs([store.client.get_experiment_by_name("tiny-eval").experiment_id],
                                         filter_string="tags.`cleaner.run_id` = 'eval-best'")[0]
@@ -146,6 +147,8 @@ def test_cleaner_eval_takes_a_registered_model_and_links_its_metrics(store, warm
     linked = [m for m in store.client.get_logged_model(best.tags["cleaner.model_id"]).metrics
               if m.key == PASS and m.run_id == eval_run.info.run_id]
     assert [m.value for m in linked] == [pytest.approx(metrics[PASS])]
+    line = f"eval models:/tiny@best | pass@1 SAAR off {metrics[PASS]:.3g} | first try "
+    assert any(m.startswith(line) for m in lines), lines  # the evaluation line it printed
 
 
 def test_the_flow_run_publishes_its_prefect_artifacts(store):

@@ -47,6 +47,8 @@ def test_wheel_holds_and_imports_every_package(tmp_path):
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(site)
         in_wheel = {n for n in zf.namelist() if n.endswith(".py")}
+        data = set(zf.namelist()) - in_wheel
+    assert "flows/prefect_logging.yml" in data  # the quiet commands' Prefect logging config (flows/terminal.py)
     missing = source_modules() - in_wheel
     assert not missing, f"modules missing from the wheel (add their package to pyproject.toml): {sorted(missing)}"
 

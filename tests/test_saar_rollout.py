@@ -248,3 +248,19 @@ def test_raw_counters_add_up_over_a_retry_loop(chat, box):
     assert (s.retry_loops, s.errors_kept, s.tool_calls, s.tool_success) == (2, 2, 3, 1)
     assert (s.first_attempt_total, s.first_attempt_success, s.failure_reasons["NameError"]) == (3, 1, 2)
     assert [(x.position, x.attempt) for x in traj.executions] == [(0, 0), (1, 0), (2, 0)]
+
+
+def test_the_rollout_bar_is_drawn_on_a_terminal_only(chat, box, capsys, monkeypatch):
+    """``progress=True``: tqdm draws the bar when its stream is a terminal, and writes nothing into a log or a pipe
+    (pytest's capture is neither a terminal nor, here, made to look like one until the second run)."""
+    import sys
+
+    cfg = RolloutConfig(n_samples=1, scheduling=SCHEDULING["mode"])
+
+    def roll():
+        Rollout(cfg, ScriptedEngine(chat, [["\\boxed{1}"]]), chat, box).run([ITEM], 0, 0, progress=True)
+        return capsys.readouterr().err
+
+    assert roll() == ""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert "rollout step 0" in roll()

@@ -85,7 +85,8 @@ class EnvRollout:
 
     def run(self, seeds: list[int], seed: int, step: int, progress: bool = True) -> list[EnvTrajectory]:
         trajs = self.new_trajectories(seeds, step)
-        bar = tqdm(total=len(trajs), desc=f"{self.env_name} step {step}", disable=not progress, leave=False)
+        bar = tqdm(total=len(trajs), desc=f"{self.env_name} step {step}", disable=None if progress else True,
+                   leave=False)  # disable=None: drawn only on a terminal
         batching = getattr(getattr(self.engine, "cfg", None), "batching", "continuous")
         if callable(getattr(self.engine, "stream", None)) and batching == "continuous":
             self._run_stream(trajs, seed, step, bar)

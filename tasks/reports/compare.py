@@ -296,8 +296,10 @@ def _entropy_lines(s: dict, b: str) -> list[str]:
     return lines
 
 
-def markdown(s: dict) -> str:
-    b, t = s["baseline"], s["treatment"]
+def headline(s: dict) -> list[str]:
+    """The report's head (what ``cleaner compare`` prints at its end): title, verdict, the baseline's start and end,
+    and the table of arms (steps to the baseline's final, final score and first-attempt success ± seed std)."""
+    b = s["baseline"]
     name = labels(s)
     acc, tool = name["acc"], name["tool"]
     lines = [f"# {name['title']}", "", f"**Verdict.** {s['verdict']}", "",
@@ -309,6 +311,14 @@ def markdown(s: dict) -> str:
         steps = s["steps_to_baseline_final"][arm]
         lines.append(f"| {arm} | {f['seeds']} | {'never' if steps is None else steps} | {_f(f['pass_at_1'])} ± "
                      f"{_f(f['pass_at_1_std'])} | {_f(f['first_attempt_success'])} ± {_f(f['first_attempt_success_std'])} |")
+    return lines
+
+
+def markdown(s: dict) -> str:
+    b, t = s["baseline"], s["treatment"]
+    name = labels(s)
+    acc, tool = name["acc"], name["tool"]
+    lines = headline(s)
     noise = s["eval_noise"]
     if noise["se"] is not None:
         lines += ["", f"Evaluation sampling noise of one final evaluation ({noise['trajectories']} trajectories): "

@@ -113,8 +113,9 @@ class Rollout:
                   stream: str = "", refill_round: int = 0) -> list[Trajectory]:
         """Run prepared trajectories to their ends; ``stream`` (a second phase) and ``refill_round`` > 0
         (a DAPO refill) salt the sampling seeds (``sampling_salt``)."""
-        bar = tqdm(total=len(trajs), desc=f"rollout step {step}{stream and ' ' + stream}", disable=not progress,
-                   leave=False)
+        # disable=None: tqdm draws the bar only on a terminal, so a log or a pipe gets no carriage-return updates
+        bar = tqdm(total=len(trajs), desc=f"rollout step {step}{stream and ' ' + stream}",
+                   disable=None if progress else True, leave=False)
         salt = sampling_salt(seed, step, stream, refill_round)
         if self.cfg.scheduling == "continuous" and hasattr(self.engine, "stream"):
             self._run_continuous(trajs, salt, bar)
