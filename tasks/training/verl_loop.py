@@ -6,7 +6,9 @@ rules of ``tasks.rollout.saar`` — so both paths share one SAAR implementation.
 verl's server manager (``server_manager.generate(request_id, prompt_ids=..., sampling_params=...)``,
 SGLang or vLLM behind it); code runs in our sandbox (one pool per worker process, closed at exit).
 The output is verl's ``AgentLoopOutput`` (prompt_ids, response_ids, response_mask 1 = policy
-tokens, rollout log-probs); SAAR statistics and events ride in ``extra_fields``.
+tokens, rollout log-probs); SAAR statistics and events ride in ``extra_fields``, and so does the trajectory's
+record (``extra_fields["rollout"]``, ``tasks.rewards.record``: its turns and executions), which verl's reward loop
+merges into the ``extra_info`` it hands ``compute_score`` (the chain grader reads it).
 
 Config: verl's own keys under ``actor_rollout_ref.rollout.multi_turn`` are honoured
 (``max_assistant_turns`` → turns, ``max_tool_response_length`` → tool text chars) and
@@ -58,6 +60,7 @@ from verl.utils.ray_utils import auto_await
 from models.chat import ChatFormat
 from models.engine import GenOutput, GenRequest
 from sandbox.config import SandboxConfig
+from tasks.rewards.record import ROLLOUT, trajectory_info
 from tasks.rollout.config import RolloutConfig, SAARConfig
 from tasks.rollout.machine import Rollout
 from tasks.rollout.types import PromptItem, Trajectory
@@ -178,6 +181,7 @@ def to_output(t: Trajectory) -> AgentLoopOutput:
             "cleaner_stats": {**t.stats.scalars(), "failure_reasons": dict(t.stats.failure_reasons),
                               "similarities": list(t.stats.similarities)},
             "cleaner_events": [asdict(e) for e in t.events],
+            ROLLOUT: trajectory_info(t)[ROLLOUT],
         },
     )
 
