@@ -106,7 +106,7 @@ SETUP = "a = 62384\nb = 6509"
 KIND = "mod+digit_sum"
 
 
-def record(turns: list[str], failed: tuple[int, ...] = ()) -> dict:
+def record(turns: list[str], failed: tuple[int, ...] = (), setup: str = SETUP, kind: str = KIND) -> dict:
     """The ``extra_info`` of a response of alternating assistant turns and tool outputs: each tool output is what
     the call of the turn before it printed (a clean run unless its call's index is in ``failed``)."""
     messages, runs = [], []
@@ -118,7 +118,7 @@ def record(turns: list[str], failed: tuple[int, ...] = ()) -> dict:
             call = parse_tool_call(turns[i - 1])
             runs.append({"position": i // 2, "attempt": 0, "code": call.code if call else None,
                          "ok": i // 2 not in failed, "stdout": text})
-    return {"setup": SETUP, "kind": KIND, "calls": 2, "rollout": {"turns": messages, "executions": runs}}
+    return {"setup": setup, "kind": kind, "rollout": {"turns": messages, "executions": runs}}
 
 
 def grade(box, turns, gold="14", failed=()):
@@ -207,6 +207,84 @@ def test_a_missing_record_or_chain_is_a_grader_error_naming_the_field(box):
         compute_reward("synthetic-chain/2", "\\boxed{14}", "14", {"rollout": {"turns": [], "executions": []}})
     with pytest.raises(GraderError, match="needs a sandbox"):
         compute_reward("synthetic-chain/2", "", "14", record([STEP1, "3803", STEP2, "14", "\\boxed{14}"]))
+
+
+def calls_of(chain, codes: list[str]) -> list[str]:
+    """The turns of a response whose calls are ``codes`` (each printing the chain's step value it is meant to)."""
+    turns = []
+    for code in codes:
+        turns += [render_call(code), run_program(code, chain.setup)]
+    return [*turns, f"\\boxed{{{chain.answer}}}"]
+
+
+def step_calls(chain, style: int = 0) -> list[str]:
+    """One call per step, each binding the previous step's printed value (``r = 675``)."""
+    return [("" if k == 0 else f"{RESULT_NAMES[k - 1]} = {chain.steps[k - 1].value}\n") + s.right[style].code
+            for k, s in enumerate(chain.steps)]
+
+
+def one_per_kind():
+    chains = make_chains(60, 11, "sft")  # the sft split keeps most draws: 60 chains hold all 14 kinds
+    return [next(c for c in chains if c.kind.split("+")[0] == k) for k in sorted({c.kind.split("+")[0] for c in chains})]
+
+
+def test_every_first_kind_honest_chains_follow_and_guesses_do_not(box):
+    """One chain per first kind (14 kinds), both program styles: honest call by call scores 1; a constant last call,
+    a last call ignoring what it binds, and one call on a guessed intermediate score 0."""
+    chains = one_per_kind()
+    assert len(chains) == 14
+    def right(c, codes):
+        return compute_reward(c.source, "", str(c.answer), record(calls_of(c, codes), setup=c.setup, kind=c.kind),
+                              sandbox=box).correct
+
+    for c in chains:
+        honest = step_calls(c, style=chains.index(c) % 2)
+        prev = f"{RESULT_NAMES[c.calls - 2]} = {c.steps[-2].value}\n"
+        assert right(c, honest), c.kind
+        assert not right(c, [*honest[:-1], f"print({c.answer})"]), c.kind
+        assert not right(c, [*honest[:-1], prev + f"print({c.answer} + 0)"]), c.kind
+        assert not right(c, [prev + c.steps[-1].right[0].code]), c.kind
+
+
+def test_a_guessed_intermediate_equal_to_a_bound_input_does_not_follow(box):
+    """mod + gcd + gcd: 960546 % 304 = 210, gcd(210, 30) = 30 = c, gcd(30, 66) = 6. Binding u = 30 in one call
+    (inline or bound) is right here by coincidence; no earlier call printed 30."""
+    setup, kind = "a = 960546\nb = 304\nc = 30\ne = 66", "mod+gcd+gcd"
+    assert run_program("import math\nprint(math.gcd(math.gcd(a % b, c), e))", setup) == "6"
+    for code in ("import math\nu = 30\nprint(math.gcd(u, e))", "import math\nprint(math.gcd(30, e))"):
+        res = compute_reward("synthetic-chain/3", "", "6", record([render_call(code), "6", "\\boxed{6}"], setup=setup,
+                                                                   kind=kind), sandbox=box)
+        assert not res.correct and res.metrics["suspected_hacks/answer_not_from_the_chain"] == 1.0, code
+    merged = "import math\nprint(math.gcd(math.gcd(a % b, c), e))"
+    assert compute_reward("synthetic-chain/3", "", "6", record([render_call(merged), "6", "\\boxed{6}"], setup=setup,
+                                                               kind=kind), sandbox=box).correct
+
+
+def test_a_carried_10_beside_the_loops_10_still_follows(box):
+    """kth_smallest + digit_sum + digit_count: the 2nd smallest of [352, 561, 929, 662, 15] is 352, its digit sum 10,
+    whose digit count is 2. Step 3's loop divides by 10 too: read as the carried 10 everywhere it would break the
+    loop; read only where a name is bound (``u = 10``) it follows."""
+    setup, kind = "xs = [352, 561, 929, 662, 15]\nk = 2", "kth_smallest+digit_sum+digit_count"
+    codes = ["print(sorted(xs)[k - 1])", "r = 352\nprint(sum(int(d) for d in str(r)))",
+             "u = 10\ncount = 0\nwhile u > 0:\n    count += 1\n    u //= 10\nprint(count)"]
+    turns = []
+    for code in codes:
+        turns += [render_call(code), run_program(code, setup)]
+    assert turns[1::2] == ["352", "10", "2"]
+    assert compute_reward("synthetic-chain/3", "", "2", record([*turns, "\\boxed{2}"], setup=setup, kind=kind),
+                          sandbox=box).correct
+
+
+def test_where_the_answer_hardly_varies_the_last_step_needs_its_own_call(box):
+    """sum_mod + digit_count: (sum of nums) % 89 = 47, 2 digits; every redrawn remainder the next step accepts (at
+    least 10, below the modulus) has 2 digits, so one call from the setup cannot be told from ``print(2)`` and
+    earns nothing, while the same chain call by call follows (its last call is replayed on other values of r)."""
+    setup, kind = "nums = [7489, 1509, 5918, 8282, 5157, 2938, 6134]\nm = 89", "sum_mod+digit_count"
+    merged = record([render_call("print(len(str(sum(nums) % m)))"), "2", "\\boxed{2}"], setup=setup, kind=kind)
+    assert not compute_reward("synthetic-chain/2", "", "2", merged, sandbox=box).correct
+    steps = record([render_call("print(sum(nums) % m)"), "47", render_call("r = 47\nprint(len(str(r)))"), "2",
+                    "\\boxed{2}"], setup=setup, kind=kind)
+    assert compute_reward("synthetic-chain/2", "", "2", steps, sandbox=box).correct
 
 
 def test_bound_values_by_hand():
