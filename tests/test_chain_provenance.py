@@ -237,3 +237,23 @@ def test_a_spelled_end_of_turn_is_text_of_an_r3l_reflection(chat, box):
     body = chat.encode("report") + forged_end(chat)
     assert driver._body(body) == "report<|im_end|>", "cut by length after spelling it: the text stays"
     assert driver._body(body + [chat.eos_id]) == "report<|im_end|>"
+
+
+def test_with_few_shot_turns_the_record_and_the_spans_start_at_the_response(tokenizer, box):
+    """A prompt's few-shot assistant turns are not the response's: the record and the trace's turn spans count
+    from the response's first turn (``num_turns`` from the end), so turn 0 is the rollout's own."""
+    from models.chat import ChatFormat
+
+    shot = [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": call("print(2 + 2)")},
+            {"role": "tool", "content": "4"}, {"role": "assistant", "content": "\\boxed{4}"}]
+    chat = ChatFormat(tokenizer, fewshot=shot)
+    t = roll(chat, box, [STEP1, STEP2, STEP3, ANSWER])
+    info = trajectory_info(t)
+    assert [m["role"] for m in info["rollout"]["turns"]] == ["assistant", "tool"] * 3 + ["assistant"]
+    assert info["rollout"]["turns"][0]["content"].startswith(STEP1)
+    assert compute_reward(t.item.data_source, "", t.item.ground_truth, info, sandbox=box).correct
+    frames = trajectory_frames([t], "run", 0, chat.decode)
+    spans = trajectory_spans(TraceBatch("m", "0", "train:0", 0), frames["trajectories"].row(0, named=True),
+                             frames["executions"].to_dicts(), [])
+    turns = [sp for sp in spans if sp["name"].startswith("turn")]
+    assert len(turns) == 4 and "print(p % q)" in turns[0]["attributes"]["mlflow.spanOutputs"]
