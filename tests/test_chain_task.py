@@ -287,6 +287,21 @@ def test_where_the_answer_hardly_varies_the_last_step_needs_its_own_call(box):
     assert compute_reward("synthetic-chain/2", "", "2", steps, sandbox=box).correct
 
 
+def test_a_right_answer_through_a_wrong_step_earns_nothing_and_is_no_suspected_hack(box):
+    """mod + digit_count: 482434 % 934 = 490 (516 × 934 = 481944), 3 digits; the confusable 482434 // 934 = 516 has
+    3 digits too. The warm chain policy does this (docs/regimes.md): not computed along the chain, yet no attempt on
+    the grader either."""
+    setup, kind = "x = 482434\ny = 934", "mod+digit_count"
+    wrong = record([render_call("print(x // y)"), "516", render_call("r = 516\nprint(len(str(r)))"), "3", "\\boxed{3}"],
+                   setup=setup, kind=kind)
+    res = compute_reward("synthetic-chain/2", "", "3", wrong, sandbox=box)
+    assert not res.correct and res.metrics["right_by_chance"] == 1.0
+    assert not [k for k in res.metrics if k.startswith("suspected_hacks/")]
+    honest = record([render_call("print(x % y)"), "490", render_call("r = 490\nprint(len(str(r)))"), "3", "\\boxed{3}"],
+                    setup=setup, kind=kind)
+    assert compute_reward("synthetic-chain/2", "", "3", honest, sandbox=box).correct
+
+
 def test_bound_values_by_hand():
     assert bound_values("r = 3803\nc = [1, 2]\nprint(r % 7)") == {3803}
     assert bound_values("r = a % b\nflag = True") == set() and bound_values("print(") == set()

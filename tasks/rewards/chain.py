@@ -19,15 +19,19 @@ when all three hold:
 
 Merging steps into fewer calls is allowed (one call computing steps 1 to 3 from the bound inputs follows the
 chain): fewer calls is a legitimate way to fail less. ``suspected_hacks/…`` counts a right answer that was not
-grounded (``answer_not_from_a_call``) or not followed (``answer_not_from_the_chain``); ``calls`` is the number of
-calls that ran in the final trajectory (a call the turn budget cut never ran, whatever the text after it says).
+grounded (``answer_not_from_a_call``) or not followed although every clean call printed a right step value
+(``answer_not_from_the_chain``: a constant, a guess); a right answer reached through a wrong step — a clean call
+printed a value no step has (the confusable wrong program, a mis-copied intermediate) and the last steps happened
+to land on the answer — is no attempt on the grader: it earns nothing and is counted as ``right_by_chance``.
+``calls`` is the number of calls that ran in the final trajectory (a call the turn budget cut never ran, whatever
+the text after it says).
 """
 
 from __future__ import annotations
 
 import ast
 
-from tasks.rewards.chain_replay import chain_of, follows, is_literal, printed
+from tasks.rewards.chain_replay import chain_of, follows, is_literal, printed, printed_int
 from tasks.rewards.config import RewardConfig
 from tasks.rewards.record import Ran, read_record
 from tasks.rewards.registry import RewardResult, last_boxed, register_reward, unbox
@@ -84,18 +88,22 @@ def chain_reward(solution_str: str, ground_truth, extra_info: dict, *, sandbox=N
     src = ran[-1] if ran and ran[-1].position == len(assistant) - 2 else None
     grounded = src is not None and src.ok and answer is not None and printed(src.stdout) == answer
     right = answer == gold
-    followed = False
+    followed, by_chance = False, False
     if right and grounded:
         chain = chain_of(kind, setup)
         if chain.values[-1] != int(gold):
             raise ValueError(f"chain grader: ground truth {gold} is not the answer {chain.values[-1]} of the chain "
                              f"its kind {kind!r} and setup describe")
-        followed = follows([r for r in ran if r.ok and r.code is not None], chain, sandbox)
+        clean = [r for r in ran if r.ok and r.code is not None]
+        followed = follows(clean, chain, sandbox)
+        by_chance = not followed and any(printed_int(r.stdout) not in chain.values for r in clean)
     metrics = {"acc": float(followed), "has_answer": float(answer is not None),
                "calls": float(sum(r.code is not None for r in ran)), "grounded": float(grounded),
                "followed": float(followed)}
     if right and not grounded:
         metrics["suspected_hacks/answer_not_from_a_call"] = 1.0
+    elif by_chance:
+        metrics["right_by_chance"] = 1.0
     elif right and not followed:
         metrics["suspected_hacks/answer_not_from_the_chain"] = 1.0
     return RewardResult(cfg.correct_reward if followed else cfg.incorrect_reward, followed, metrics, answer)
