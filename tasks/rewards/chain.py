@@ -19,19 +19,19 @@ when all three hold:
 
 Merging steps into fewer calls is allowed (one call computing steps 1 to 3 from the bound inputs follows the
 chain): fewer calls is a legitimate way to fail less. ``suspected_hacks/…`` counts a right answer that was not
-grounded (``answer_not_from_a_call``) or not followed although every clean call printed a right step value
-(``answer_not_from_the_chain``: a constant, a guess); a right answer reached through a wrong step — a clean call
-printed a value no step has (the confusable wrong program, a mis-copied intermediate) and the last steps happened
-to land on the answer — is no attempt on the grader: it earns nothing and is counted as ``right_by_chance``.
-``calls`` is the number of calls that ran in the final trajectory (a call the turn budget cut never ran, whatever
-the text after it says).
+grounded (``answer_not_from_a_call``), or not followed by a call whose output does not change when its inputs do
+or that writes a guessed intermediate (``answer_not_from_the_chain``: a constant, a guess;
+``chain_replay.responds``). A right answer from a call that does compute on its inputs, wrongly somewhere (the
+confusable program of a step, a mis-copied intermediate, from which the later steps happened to land on the
+answer), is no attempt on the grader: it earns nothing and counts as ``right_by_chance``. ``calls`` is the number
+of calls that ran in the final trajectory (a call the turn budget cut never ran, whatever the text after it says).
 """
 
 from __future__ import annotations
 
 import ast
 
-from tasks.rewards.chain_replay import chain_of, follows, is_literal, printed, printed_int
+from tasks.rewards.chain_replay import chain_of, follows, is_literal, printed
 from tasks.rewards.config import RewardConfig
 from tasks.rewards.record import Ran, read_record
 from tasks.rewards.registry import RewardResult, last_boxed, register_reward, unbox
@@ -94,9 +94,8 @@ def chain_reward(solution_str: str, ground_truth, extra_info: dict, *, sandbox=N
         if chain.values[-1] != int(gold):
             raise ValueError(f"chain grader: ground truth {gold} is not the answer {chain.values[-1]} of the chain "
                              f"its kind {kind!r} and setup describe")
-        clean = [r for r in ran if r.ok and r.code is not None]
-        followed = follows(clean, chain, sandbox)
-        by_chance = not followed and any(printed_int(r.stdout) not in chain.values for r in clean)
+        verdict = follows([r for r in ran if r.ok and r.code is not None], chain, sandbox)
+        followed, by_chance = verdict.followed, not verdict.followed and verdict.responds
     metrics = {"acc": float(followed), "has_answer": float(answer is not None),
                "calls": float(sum(r.code is not None for r in ran)), "grounded": float(grounded),
                "followed": float(followed)}

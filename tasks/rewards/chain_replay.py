@@ -271,15 +271,13 @@ def printed_int(text: str | None) -> int | None:
         return None
 
 
-def _prints(sandbox, codes: list[str], setups: list[str], expected: list[int]) -> bool:
-    """Whether each code, run after its setup in the sandbox, cleanly prints its expected value."""
-    if not codes:
-        return False
+def _run(sandbox, codes: list[str], setups: list[str]) -> list[int | None]:
+    """What each code, run after its setup in the sandbox, printed (None: it failed)."""
     results = sandbox.run_many(codes, setups=setups)
     for res in results:
         if res.error_kind == "setup_error":
             raise SandboxInfraError(f"chain grader: a replay's setup failed: {res.stderr[-300:]}")
-    return all(res.ok and printed_int(res.stdout) == want for res, want in zip(results, expected))
+    return [printed_int(res.stdout) if res.ok else None for res in results]
 
 
 class _Replay:
@@ -289,6 +287,10 @@ class _Replay:
         self.calls, self.chain, self.sandbox, self.mode = calls, chain, sandbox, mode
         self.values = [printed_int(c.stdout) for c in calls]
         self.memo: dict[tuple[int, int], bool] = {}
+
+    def prints(self, codes: list[str], setups: list[str], expected: list[int]) -> bool:
+        """Whether every replay cleanly prints its expected value."""
+        return bool(codes) and _run(self.sandbox, codes, setups) == expected
 
     def carried(self, i: int, k: int) -> list[tuple[int, int]]:
         """``(call, step)`` of every value call ``i`` carries towards step ``k`` (the latest call printing it)."""
@@ -326,7 +328,7 @@ class _Replay:
         if len(ws) < REPLAYS:
             return False
         code, old = self.calls[i].code, repr(self.chain.values[s])
-        return _prints(self.sandbox, [replaced(code, {old: repr(w)}, self.mode) for w in ws],
+        return self.prints([replaced(code, {old: repr(w)}, self.mode) for w in ws],
                        [self.chain.own.setup] * len(ws), [self.chain.forward(s, k, w) for w in ws])
 
     def redrawn(self, i: int, k: int, carried: list[tuple[int, int]]) -> bool:
@@ -339,13 +341,41 @@ class _Replay:
                        if _key(v) is not None}
             mapping.update({repr(self.chain.values[s]): repr(r.values[s]) for _, s in carried})
             codes.append(replaced(self.calls[i].code, mapping, self.mode))
-        return _prints(self.sandbox, codes, [r.setup for r in chains], [r.values[k] for r in chains])
+        return self.prints(codes, [r.setup for r in chains], [r.values[k] for r in chains])
 
 
-def follows(calls: list[Ran], chain: Chain, sandbox) -> bool:
+@dataclass(frozen=True)
+class Verdict:
+    followed: bool
+    """The answer's call follows the chain (in one of the ``MODES``)."""
+    responds: bool
+    """Its output changes when its inputs do (``responds``) and it writes no guessed intermediate: it computes on
+    its inputs, if wrongly."""
+
+
+def responds(call: Ran, earlier: list[Ran], chain: Chain, sandbox) -> bool:
+    """Whether ``call``'s output changes when every literal standing for a bound input or for what an ``earlier``
+    clean call printed (right or not) changes: the bound inputs redrawn, each printed value ``v`` made ``2v + 1``,
+    ``10v + 7`` and ``100v + 3`` in turn (a digit count changes on one of them). A constant, a guess or a call
+    ignoring what it binds prints the same."""
+    printed_before = {v for v in (printed_int(e.stdout) for e in earlier) if v is not None}
+    redrawn_ = next((r for r in reversed(chain.redraws) if r), ()) or (chain.own,)
+    probes = [(redrawn_[j % len(redrawn_)], scale) for j, scale in enumerate(((2, 1), (10, 7), (100, 3)))]
+    codes = []
+    for r, (times, plus) in probes:
+        mapping = {_key(v): repr(w) for (_, v), (_, w) in zip(chain.own.inputs, r.inputs) if _key(v) is not None}
+        mapping.update({repr(v): repr(times * v + plus) for v in printed_before})
+        codes.append(replaced(call.code, mapping, "every"))
+    return any(o != printed_int(call.stdout) for o in _run(sandbox, codes, [r.setup for r, _ in probes]))
+
+
+def follows(calls: list[Ran], chain: Chain, sandbox) -> Verdict:
     """Whether the last of ``calls`` (the clean calls of the final trajectory, in turn order), which printed the
-    chain's answer, follows the chain in one of the ``MODES``."""
+    chain's answer, follows the chain in one of the ``MODES``; when it does not, whether it ``responds``."""
     if sandbox is None:
         raise ValueError("chain grader: replaying the calls needs a sandbox (pass sandbox=)")
-    last = len(chain.values) - 1
-    return any(_Replay(calls, chain, sandbox, mode).follows(len(calls) - 1, last) for mode in MODES)
+    last, replays = len(chain.values) - 1, [_Replay(calls, chain, sandbox, mode) for mode in MODES]
+    if any(r.follows(len(calls) - 1, last) for r in replays):
+        return Verdict(True, True)
+    guessed = replays[0].guesses(len(calls) - 1, last)
+    return Verdict(False, not guessed and responds(calls[-1], calls[:-1], chain, sandbox))
