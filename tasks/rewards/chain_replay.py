@@ -20,14 +20,19 @@ chain when one of these holds, and every call it carries from follows too:
 ``REPLAYS`` values or chains are tried in each test. A call printing a constant (behind a docstring, ``+ 0``,
 ``if True:``, ``int('…')``) or ignoring what it binds prints the old value, or a wrong one, and does not follow; a
 call whose code writes an earlier step's right value that no earlier call printed (a guessed intermediate, in any
-literal) does not follow either. Literals are read in two ways
-(``MODES``): every literal whose value is a carried or bound value, or only those a name is bound to (so that a
-constant of the code equal to such a value, the 10 of ``n % 10``, stays itself); a call follows in either.
+literal) does not follow either. Literals are read in two ways (``MODES``): every literal whose value is a carried
+or bound value, or only those a name is bound to (so that a constant of the code equal to such a value, the 10 of
+``n % 10``, stays itself); a call follows in either. An answer that does not follow is probed once more
+(``responds``): whether its call's output changes at all when its inputs do, which tells a constant or a guess
+from a wrong computation that landed on the answer.
 
 Limits, by construction: a value carried in another form than an integer literal (``int('675')``) is read as a
-constant; and where no redrawn chain changes the answer within ``MAX_DRAWS`` draws (a digit count of a digit
-sum: nearly always 2), an answer from the setup alone cannot be told from a constant, so the last step must then
-be a call of its own (the link test).
+constant; a literal that happens to equal a carried or bound value is read as that value (the ``bound`` reading
+softens this); a wrong program that agrees with the right one on the redrawn chains too is not told apart (the gcd
+of ``c`` and ``e`` for the gcd of ``gcd(r, c)`` and ``e``: the generator draws ``e`` sharing a factor with its
+input); and where no redrawn chain changes the answer within ``MAX_DRAWS`` draws (a digit count of a remainder
+below 100 that the next step needs to be at least 10: always 2), an answer from the setup alone cannot be told
+from a constant, so the last step must then be a call of its own (the link test).
 """
 
 from __future__ import annotations
@@ -324,14 +329,16 @@ class _Replay:
         return any(repr(v) in keys and v not in seen for v in self.chain.values[:k])
 
     def link(self, i: int, k: int, s: int) -> bool:
+        """The link test of call ``i`` (step ``k``) carrying step ``s``."""
         ws = link_values(self.chain.kind, self.chain.own.setup, s, k)
         if len(ws) < REPLAYS:
             return False
         code, old = self.calls[i].code, repr(self.chain.values[s])
-        return self.prints([replaced(code, {old: repr(w)}, self.mode) for w in ws],
-                       [self.chain.own.setup] * len(ws), [self.chain.forward(s, k, w) for w in ws])
+        return self.prints([replaced(code, {old: repr(w)}, self.mode) for w in ws], [self.chain.own.setup] * len(ws),
+                           [self.chain.forward(s, k, w) for w in ws])
 
     def redrawn(self, i: int, k: int, carried: list[tuple[int, int]]) -> bool:
+        """The redrawn test of call ``i`` (step ``k``), its carried literals set to the redrawn chains' values."""
         chains = self.chain.redraws[k]
         if len(chains) < REPLAYS:
             return False
