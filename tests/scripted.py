@@ -4,7 +4,8 @@ Each trajectory (by request order) answers with the next text of its script, enc
 the real tokenizer and ended by the real end-of-turn id; log-probs are a fixed per-call value
 so splices can be traced. A script entry ``Turn(text, end)`` ends otherwise: ``endoftext`` (the
 tokenizer's other eos id, a ``stop`` without the end-of-turn id, as Qwen emits it) or ``length``
-(cut by the budget: no end id). ``stream`` offers the continuous-batching contract of
+(cut by the budget: no end id); its ``text`` may instead be a list of token ids, sampled as they are (a turn
+that spells a special token's text with ordinary tokens, which ``encode`` would turn into the special id). ``stream`` offers the continuous-batching contract of
 ``models.decode.DecodeStream`` (submit / step / release / busy): a key gets the next unused
 script on its first submit, and every submitted turn finishes at the next ``step``.
 """
@@ -17,7 +18,7 @@ from models.engine import GenOutput, GenRequest
 
 
 class Turn(NamedTuple):
-    text: str
+    text: str | list[int]
     end: str = "eos"
     """``eos`` (the end-of-turn id), ``endoftext`` (another eos id, finish ``stop``) or ``length`` (cut)."""
 
@@ -25,7 +26,7 @@ class Turn(NamedTuple):
 def scripted_turn(chat, entry, lp: float) -> tuple[list[int], list[float], str]:
     """Ids, log-probs and finish reason of one script entry (a text, or a ``Turn``)."""
     turn = entry if isinstance(entry, Turn) else Turn(entry)
-    ids = chat.encode(turn.text)
+    ids = list(turn.text) if isinstance(turn.text, list) else chat.encode(turn.text)
     if turn.end == "eos":
         ids.append(chat.eos_id)
     elif turn.end == "endoftext":

@@ -24,6 +24,7 @@ import pytest
 
 from tasks.stores import db, fence, rowlog
 from tasks.stores.fence import ATTEMPT, FencedError
+from tasks.stores.records import trajectory_frames
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "r1"
@@ -122,7 +123,9 @@ def _inputs(step: Path, kept: bool = True) -> None:
     pl.DataFrame({**KEYS, "prompt_id": ["a"] * 4, "raw": [False] * 4, "rollbacks_recovered": [0] * 4,
                   "data_source": ["math"] * 4, "response_text": ["\\boxed{3}", "\\boxed{4}", "", ""],
                   "ground_truth": ["3"] * 4, "num_turns": [1] * 4, "prompt_ids": [[1, 2]] * 4, "response_ids": [[3, 4]] * 4,
-                  "response_mask": [[1, 1]] * 4}).write_parquet(step / "trajectories.parquet")
+                  "response_mask": [[1, 1]] * 4, "messages": ['[{"role": "assistant", "content": "x"}]'] * 4}
+                 ).write_parquet(step / "trajectories.parquet")
+    trajectory_frames([], "r1", 0, str)["executions"].write_parquet(step / "executions.parquet")
     pl.DataFrame({**KEYS, "reward": [1.0, 0.0, 0.0, 0.0], "graded": [True] * 4,
                   "correct": [True, False, False, False]}).write_parquet(step / "scores.parquet")
     pl.DataFrame({**KEYS, "kept": [kept] * 4, "adv_scale": [1.0] * 4}).write_parquet(step / "mix.parquet")

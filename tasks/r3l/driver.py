@@ -194,7 +194,7 @@ class R3LRollout:
         for r, out in zip(asked, outs):
             r.response_ids, r.logprobs, r.finish_reason = list(out.token_ids), list(out.logprobs), out.finish_reason
             r.text = self.chat.decode(out.token_ids)
-            r.report, r.check = read_reflection(_strip_eos(r.text, self.chat.eos_token), r.steps1)
+            r.report, r.check = read_reflection(self._body(r.response_ids), r.steps1)
 
     # -- replay to the pivot ---------------------------------------------------------------------
 
@@ -300,9 +300,14 @@ class R3LRollout:
                 rewards[r.distill.traj_id] = r.r2
         return R3LResult(rows, refl, rewards)
 
+    def _body(self, ids: list[int]) -> str:
+        """A generated turn's text without the end-of-turn id it stopped on (found by id: the same characters
+        spelled with ordinary tokens are the policy's text and stay)."""
+        return self.chat.decode(ids[:-1] if ids and ids[-1] == self.chat.eos_id else ids)
+
     def _reflect_row(self, r: Reflection) -> Trajectory:
         t = Trajectory(f"{r.base.traj_id}:reflect", r.base.item, r.base.sample_idx, r.base.raw, list(r.prompt_ids),
-                       [*r.messages, {"role": "assistant", "content": _strip_eos(r.text, self.chat.eos_token)}],
+                       [*r.messages, {"role": "assistant", "content": self._body(r.response_ids)}],
                        parent=r.base.traj_id, state=State.TERMINATED, finish_reason=r.finish_reason)
         t.append(r.response_ids, 1, r.logprobs)
         t.assistant_turns = 1
@@ -313,10 +318,6 @@ def reflection_seed(seed: int, step: int, refill_round: int = 0) -> int:
     """The engine seed of a step's reflection call: from ``sampling_salt`` (ints only), so a resumed or retried
     step draws the same reflections in any process (``hash`` of a ``str`` changes with PYTHONHASHSEED)."""
     return hash(sampling_salt(seed, step, "r3l-reflect", refill_round)) % 2**31
-
-
-def _strip_eos(text: str, eos: str) -> str:
-    return text[: -len(eos)] if eos and text.endswith(eos) else text
 
 
 def _replay(base: Trajectory, position: int, call: ParsedCall, res: ExecutionResult, max_chars: int) -> Replay:
@@ -355,3 +356,11 @@ def r3l_metrics(refl: list[Reflection], rows: list[Trajectory], success: float =
     for kind, n in sorted(Counter(t.kind for t in rows).items()):
         out[f"r3l/rows/{kind}"] = n
     return out
+
+
+def _strip_eos(text: str, eos: str) -> str:
+    """A message's text without its end-of-turn token's characters at the end. Read from text (a base
+    trajectory's response mask can be rewritten by then, so its runs no longer mark its turns): a turn that spelled
+    them with ordinary tokens before stopping on another eos id loses them too, in the attempt the reflection reads
+    only."""
+    return text[: -len(eos)] if eos and text.endswith(eos) else text

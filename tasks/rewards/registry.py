@@ -12,7 +12,10 @@ sub-metrics, the extracted answer). Graders:
 - **multiple choice** (``gpqa*``): the option letter from the last ``\\boxed{}`` (or an
   "answer is (X)" phrase), compared with the ground-truth letter;
 - **code** (``livecodebench*``, ``humaneval*``, ``*code*``): the last fenced Python block run against the
-  tests in the sandbox, reward = fraction passed (see ``tasks.rewards.code``).
+  tests in the sandbox, reward = fraction passed (see ``tasks.rewards.code``);
+- **chain** (``synthetic-chain/*``): reads the trajectory's record in ``extra_info["rollout"]`` (its turns and
+  the executions that ran, ``tasks.rewards.record``), never the text, and replays the calls in the sandbox
+  (see ``tasks.rewards.chain``).
 
 A grader that crashes raises ``GraderError`` naming the data source and row id: the caller
 counts it, it is never a silent 0. A sandbox infrastructure failure is retried and, if it

@@ -1,6 +1,6 @@
 """Score stage: outcome reward per trajectory, plus DAPO overlong shaping.
 
-Reads ``trajectories.parquet`` of a step, grades each response with the reward registry
+Reads ``trajectories.parquet`` and ``executions.parquet`` of a step, grades each response with the reward registry
 (``tasks.rewards.registry.compute_reward``, keyed by ``data_source``), adds the overlong penalty and
 writes ``scores.parquet`` (keys + ``score``, ``correct``, ``overlong_penalty``, ``reward``,
 ``graded``). A grader that raises is counted (``score/grader_errors``; ``score/grader_errors_infra``
@@ -23,6 +23,7 @@ from pathlib import Path
 import polars as pl
 
 from tasks.rewards.config import RewardConfig, ScoreConfig
+from tasks.rewards.record import row_info
 from tasks.rewards.registry import GraderError, compute_reward, overlong_penalty
 from tasks.stores import fence
 from tasks.stores.records import read_table
@@ -32,9 +33,12 @@ FIRST_ATTEMPT_KINDS = ("rollout", "base")
 
 
 def score_rows(trajs: pl.DataFrame, reward_cfg: RewardConfig, cfg: ScoreConfig, max_response_tokens: int,
-               sandbox=None) -> tuple[pl.DataFrame, dict[str, float]]:
-    """Grade every trajectory; returns the scores table and ``score/*`` metrics."""
+               sandbox=None, executions: pl.DataFrame | None = None) -> tuple[pl.DataFrame, dict[str, float]]:
+    """Grade every trajectory; returns the scores table and ``score/*`` metrics. With the step's ``executions``
+    table each grader also gets the trajectory's record (``tasks.rewards.record.row_info``: its prompt's
+    ``extra_info``, structured turns and executions), which the chain grader needs."""
     rows, errors, infra, hacks = [], 0, 0, {}
+    runs = _runs_by_traj(executions)
     for t in trajs.iter_rows(named=True):
         base = {"run_id": t["run_id"], "step": t["step"], "traj_id": t["traj_id"]}
         if t.get("fixed_reward") is not None:
@@ -42,7 +46,8 @@ def score_rows(trajs: pl.DataFrame, reward_cfg: RewardConfig, cfg: ScoreConfig, 
                          "reward": t["fixed_reward"], "graded": True, "reward_metrics": '{"fixed": true}'})
             continue
         try:
-            res = compute_reward(t["data_source"], t["response_text"], t["ground_truth"], None,
+            info = row_info(t, runs.get(t["traj_id"], [])) if runs is not None else None
+            res = compute_reward(t["data_source"], t["response_text"], t["ground_truth"], info,
                                  sandbox=sandbox, cfg=reward_cfg)
         except GraderError as err:
             errors += 1
@@ -76,6 +81,15 @@ def score_rows(trajs: pl.DataFrame, reward_cfg: RewardConfig, cfg: ScoreConfig, 
     return df, metrics
 
 
+def _runs_by_traj(executions: pl.DataFrame | None) -> dict[str, list[dict]] | None:
+    if executions is None:
+        return None
+    out: dict[str, list[dict]] = {}
+    for e in executions.sort("traj_id", "exec_idx").iter_rows(named=True):
+        out.setdefault(e["traj_id"], []).append(e)
+    return out
+
+
 def _count_hacks(reward_metrics: dict[str, float], counts: dict[str, int]) -> None:
     """Add one response's ``suspected_hacks/<kind>`` test counts to per-kind response counts."""
     kinds = [k for k in reward_metrics if k.startswith("suspected_hacks/")]
@@ -94,6 +108,7 @@ def _mean(s: pl.Series) -> float:
 
 def score_step(step_dir: Path, reward_cfg: RewardConfig, cfg: ScoreConfig, max_response_tokens: int,
                sandbox=None) -> dict[str, float]:
-    df, metrics = score_rows(read_table(step_dir, "trajectories"), reward_cfg, cfg, max_response_tokens, sandbox)
+    df, metrics = score_rows(read_table(step_dir, "trajectories"), reward_cfg, cfg, max_response_tokens, sandbox,
+                             read_table(step_dir, "executions"))
     fence.publish(Path(step_dir) / "scores.parquet", df.write_parquet)
     return metrics

@@ -7,7 +7,8 @@ writes its own file, and the tracking stage loads them into DuckDB as they are::
                            (``token_versions``; ``start_step`` < step for a partial rollout carried over), the
                            tokens SAAR spliced in from an error context (``spliced``), SAAR
                            statistics, and its training role (``kind``, advantage ``group_id``, ``fixed_reward``,
-                           R3L ``masked_turns``, ``parent``)
+                           R3L ``masked_turns``, ``parent``) and its prompt's ``extra_info`` (JSON: what the
+                           graders read beside the record, e.g. a chain's setup and kind)
     turns.parquet          one row per message of the final (purified) conversation
     executions.parquet     one row per sandbox execution, failed attempts included
     saar_events.parquet    one row per SAAR decision (triggered, shallow, deep, recovered, ...)
@@ -39,6 +40,7 @@ def trajectory_frames(trajs: list[Trajectory], run_id: str, step: int, decode) -
             "prompt_ids": t.prompt_ids, "response_ids": t.response_ids, "response_mask": t.response_mask,
             "rollout_logprobs": t.logprobs, "response_text": decode(t.response_ids),
             "messages": json.dumps(t.messages, ensure_ascii=False), "finish_reason": t.finish_reason,
+            "extra_info": json.dumps(t.item.extra_info or {}, ensure_ascii=False),
             "num_turns": t.assistant_turns, "kind": t.kind, "group_id": t.group_id or t.item.prompt_id,
             "fixed_reward": t.fixed_reward, "masked_turns": t.pivot, "parent": t.parent, "start_step": t.start_step,
             "token_versions": t.versions, "spliced": t.spliced, **t.stats.scalars(),
@@ -69,7 +71,7 @@ _ID_LISTS = {
     "response_mask": pl.List(pl.Int8), "rollout_logprobs": pl.List(pl.Float32), "token_versions": pl.List(pl.Int32),
     "spliced": pl.List(pl.Int8),
 }
-_ROW_META = {"kind": pl.String, "group_id": pl.String, "fixed_reward": pl.Float64, "masked_turns": pl.Int64,
+_ROW_META = {"extra_info": pl.String, "kind": pl.String, "group_id": pl.String, "fixed_reward": pl.Float64, "masked_turns": pl.Int64,
              "parent": pl.String, "start_step": pl.Int64}
 _KEY = {"run_id": pl.String, "step": pl.Int64, "traj_id": pl.String}
 _TURNS = {**_KEY, "turn_idx": pl.Int64, "role": pl.String, "content": pl.String}

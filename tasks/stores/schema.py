@@ -52,6 +52,7 @@ ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS spliced TINYINT[];
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS sampled_tokens BIGINT;
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS sandbox_calls BIGINT;
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS loss_mask TINYINT[];
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS extra_info JSON;
 CREATE TABLE IF NOT EXISTS env_steps (
     run_id VARCHAR, step BIGINT, traj_id VARCHAR, turn_idx BIGINT, env VARCHAR, seed BIGINT, state VARCHAR,
     response VARCHAR, think VARCHAR, parsed BOOLEAN, actions JSON, executed JSON, invalid JSON, reward DOUBLE,

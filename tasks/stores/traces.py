@@ -151,9 +151,10 @@ def trajectory_spans(batch: TraceBatch, row: dict, execs: list[dict], events: li
     tid = trace_id_of(batch, row["traj_id"])
     sp = _Spans(tid)
     messages = json.loads(row["messages"])
-    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+    starts = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    n_turns = len(starts) if row.get("num_turns") is None else int(row["num_turns"])
+    first = starts[-n_turns] if 0 < n_turns <= len(starts) else starts[0] if starts else len(messages)  # few-shot first
     tokens = turn_token_counts(len(row["prompt_ids"]), list(row["response_mask"]))
-    n_turns = sum(m["role"] == "assistant" for m in messages)
     tokens = tokens if len(tokens) == n_turns else [None] * n_turns
     root = sp.add("root", None, f"trajectory {row['prompt_id']} #{row['sample_idx']}", "AGENT", 0, 0, None, None)
     cursor, turn, since = batch.start_ns, 0, 0

@@ -81,7 +81,8 @@ def grade(trajs: list[Trajectory], setup: EvalSetup, roll_cfg: RolloutConfig, ch
     """Metrics of one mode's trajectories and its tables (``trajectories`` joined with their scores,
     ``executions``, ``saar_events``)."""
     frames = trajectory_frames(trajs, "eval", 0, chat.decode)
-    scores, _ = score_rows(frames["trajectories"], setup.reward, ScoreConfig(), roll_cfg.max_response_tokens, box)
+    scores, _ = score_rows(frames["trajectories"], setup.reward, ScoreConfig(), roll_cfg.max_response_tokens, box,
+                           frames["executions"])
     scored = frames["trajectories"].join(scores, on=["run_id", "step", "traj_id"])
     stats = aggregate_stats([t.stats for t in trajs], [t.raw for t in trajs])
     return summarize(scored, stats, setup.eval.ks), {**frames, "trajectories": scored}

@@ -130,6 +130,7 @@ def run_gate(model_dir: str | Path, cfg: GateConfig, rollout, engine, sandbox_cf
     from models.engine import make_engine
     from sandbox.base import make_sandbox
     from tasks.rewards.config import RewardConfig
+    from tasks.rewards.record import trajectory_info
     from tasks.rewards.registry import compute_reward
     from tasks.rollout.machine import Rollout
 
@@ -141,12 +142,13 @@ def run_gate(model_dir: str | Path, cfg: GateConfig, rollout, engine, sandbox_cf
     pad = chat.tokenizer.pad_token_id if chat.tokenizer.pad_token_id is not None else chat.eos_id
     eng = make_engine(engine.model_copy(update={"temperature": 1.0, "top_p": 1.0}), model_dir, chat.eos_id, pad)
     t0 = time.perf_counter()
+    reward = RewardConfig()
     with make_sandbox(sandbox_cfg) as box:
         trajs = Rollout(roll_cfg, eng, chat, box).run(gate_items(cfg), cfg.seed, step=0, progress=progress)
-    reward = RewardConfig()
-    rows = [{**trajectory_facts(t, compute_reward(t.item.data_source, chat.decode(t.response_ids),
-                                                  t.item.ground_truth, t.item.extra_info, cfg=reward).correct),
-             "prompt": t.item.prompt_id} for t in trajs]
+        rows = [{**trajectory_facts(t, compute_reward(t.item.data_source, chat.decode(t.response_ids),
+                                                      t.item.ground_truth, trajectory_info(t), sandbox=box,
+                                                      cfg=reward).correct),
+                 "prompt": t.item.prompt_id} for t in trajs]
     report = gate_figures(rows, cfg)
     report.update(model=str(model_dir), rollout_s=round(time.perf_counter() - t0, 1), rows=rows)
     return report

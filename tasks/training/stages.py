@@ -33,6 +33,7 @@ from tasks.r3l.grouping import SINGLETON_KINDS
 from tasks.r3l.records import empty_frame
 from tasks.reports.plots import sample_texts
 from tasks.reports.viewer import render_step_viewer
+from tasks.rewards.record import trajectory_info
 from tasks.rewards.registry import GraderError, compute_reward
 from tasks.rewards.scoring import score_step
 from tasks.rollout.buffer import BUFFER_FILE
@@ -91,7 +92,7 @@ def rollout_stage(step_dir: Path, step: int, ckpt: str, run_id: str, setup: Roll
         def grade(t) -> float | None:
             try:
                 return compute_reward(t.item.data_source, chat.decode(t.response_ids), t.item.ground_truth,
-                                      t.item.extra_info, sandbox=box, cfg=setup.reward).reward
+                                      trajectory_info(t), sandbox=box, cfg=setup.reward).reward
             except GraderError:
                 return None
 

@@ -8,7 +8,9 @@ SGLang or vLLM behind it); code runs in our sandbox (one pool per worker process
 The output is verl's ``AgentLoopOutput`` (prompt_ids, response_ids, response_mask 1 = policy
 tokens, rollout log-probs, ``AgentLoopMetrics``: seconds in the server and in the sandbox); SAAR statistics
 and events ride in ``extra_fields``, beside the server's own ``TokenOutput.extra_fields`` (``min_global_steps`` /
-``max_global_steps``, which V1's staleness tags read), merged over the turns as verl's tool agent loop does.
+``max_global_steps``, which V1's staleness tags read), merged over the turns as verl's tool agent loop does, and so
+does the trajectory's record (``extra_fields["rollout"]``, ``tasks.rewards.record``: its turns and executions),
+which verl's reward loop merges into the ``extra_info`` it hands ``compute_score`` (the chain grader reads it).
 
 Rows, as the pipeline's loader makes them (``prompt_item``): the id is ``tasks.data.formats.task_id``'s
 (``{data_source}/{extra_info.index}``, ...), the paper's prompt wrapper (``tasks.data.prompts.wrap_train_prompt``)
@@ -68,6 +70,7 @@ from models.chat import ChatFormat
 from models.engine import GenOutput, GenRequest
 from sandbox.config import SandboxConfig
 from tasks.data.formats import task_id, train_messages
+from tasks.rewards.record import ROLLOUT, trajectory_info
 from tasks.rollout.config import RolloutConfig, SAARConfig
 from tasks.rollout.machine import Rollout
 from tasks.rollout.types import PromptItem, Trajectory
@@ -200,6 +203,7 @@ def to_output(t: Trajectory, metrics: AgentLoopMetrics, server_fields: dict) -> 
             "cleaner_stats": {**t.stats.scalars(), "failure_reasons": dict(t.stats.failure_reasons),
                               "similarities": list(t.stats.similarities)},
             "cleaner_events": [asdict(e) for e in t.events],
+            ROLLOUT: trajectory_info(t)[ROLLOUT],
         },
     )
 

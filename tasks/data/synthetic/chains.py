@@ -25,6 +25,7 @@ the rollout, ``tasks.rollout.machine.turn_budget``). Splits are the single-call 
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -136,6 +137,20 @@ def _lcm_step(x: str, value: int, param: str, r: random.Random):
         return None
     return (f"What is the least common multiple of {x} and {param}?", [(param, _partner(value, r))],
             _lcm(x, param), _gcd(x, param))
+
+
+@functools.cache
+def _step_program(op: str) -> str:
+    if op not in CHAIN_STEPS:
+        raise ValueError(f"chain step {op!r} is not registered; valid: {sorted(CHAIN_STEPS)}")
+    return CHAIN_STEPS[op]("x", 10**12, "p", random.Random(0))[2][0].code  # any draw: the programs never vary
+
+
+def step_value(op: str, value: int, param: int | None) -> int:
+    """What the right program of later step ``op`` prints on ``value`` with its bound number ``param`` (None for a
+    step that binds none): trusted generator code, run in-process (the chain grader's truth on a redrawn chain)."""
+    setup = f"x = {value!r}" + ("" if param is None else f"\np = {param!r}")
+    return int(run_program(_step_program(op), setup))
 
 
 def _outputs(programs, setup: str) -> list[str]:
