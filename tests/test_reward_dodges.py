@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tasks.data.formats import DatasetError, load_tasks
-from tasks.rewards.cases import PASSED_MARK, assert_tests
+from tasks.rewards.cases import EQ_HOOK, PASSED_MARK, assert_tests
 from tasks.rewards.code import grade_code_batch, parse_tests
 from tasks.rewards.config import RewardConfig
 from tasks.rewards.harness import Kind
@@ -121,8 +121,8 @@ def test_asserts_that_never_use_the_candidate_are_no_tests():
     tests = assert_tests(test_code)
     assert tests.count == 3  # candidate(2) == 4; x (from the candidate) == 9; xs (handed to it) == [1, 2]
     lines = [line.strip() for line in tests.source.splitlines()]
-    assert [lines[i - 1] for i, line in enumerate(lines) if line.startswith(PASSED_MARK)] == [
-        "assert candidate(2) == 4", "assert x == 9", "assert xs == [1, 2]"]
+    assert [lines[i - 1] for i, line in enumerate(lines) if line.startswith(f"{PASSED_MARK}(")] == [
+        f"assert {EQ_HOOK}(candidate(2), 4)", f"assert {EQ_HOOK}(x, 9)", f"assert {EQ_HOOK}(xs, [1, 2])"]
     with pytest.raises(ValueError, match="uses the candidate"):
         assert_tests("def check(candidate):\n    assert True\n")
 
