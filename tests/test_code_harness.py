@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from sandbox.result import ExecutionResult
-from tasks.rewards.cases import EQ_HOOK, IN_HOOK, PASSED_MARK, SUB_HOOK, assert_tests
+from tasks.rewards.cases import EQ_HOOK, IN_HOOK, MARK_EVENT, PASSED_MARK, SUB_HOOK, assert_tests
 from tasks.rewards.code import finish
 from tasks.rewards.harness import (
     CHANNEL_EXIT,
@@ -92,6 +92,10 @@ def test_json_plain_is_a_json_round_trip():
     assert normal_lines("  a   b \n\n c\n\n") == "a b\n\nc" and len(digest("x")) == 64
 
 
+def _mark(i: int) -> str:
+    return f"{PASSED_MARK}({MARK_EVENT!r}, {i})"
+
+
 def test_assert_tests_keep_check_whole_and_mark_each_test():
     test_code = ("METADATA = {}\n\ndef helper(v):\n    return v\n\ndef check(candidate):\n    import math\n"
                  "    assert candidate(1) == 1\n    xs = [1, 2]\n    for x in xs:\n        assert candidate(x) == helper(x)\n"
@@ -100,9 +104,9 @@ def test_assert_tests_keep_check_whole_and_mark_each_test():
     head = f"def check(candidate, *, {PASSED_MARK}=None, {EQ_HOOK}=None, {IN_HOOK}=None, {SUB_HOOK}=None):\n"
     body = tests.source.split(head, 1)[1].splitlines()
     assert [line.strip() for line in body] == [
-        "import math", f"assert {EQ_HOOK}(candidate(1), 1)", f"{PASSED_MARK}(1)", "xs = [1, 2]", "for x in xs:",
-        f"assert {EQ_HOOK}(candidate(x), helper(x))", f"{PASSED_MARK}(2)", "assert True",
-        f"assert {EQ_HOOK}(poly(candidate(2)), 4)", f"{PASSED_MARK}(3)"]
+        "import math", f"assert {EQ_HOOK}(candidate(1), 1)", _mark(1), "xs = [1, 2]", "for x in xs:",
+        f"assert {EQ_HOOK}(candidate(x), helper(x))", _mark(2), "assert True",
+        f"assert {EQ_HOOK}(poly(candidate(2)), 4)", _mark(3)]
     assert "METADATA = {}" in tests.source and "def helper" in tests.source and "check(f)" not in tests.source
     assert tests.count == 3 and tests.lookup == ("poly",) and tests.shadow == ("check", "helper")
 
@@ -259,7 +263,7 @@ def test_the_comparisons_of_check_go_through_the_hooks_and_mean_what_they_meant(
         calls.append(x)
         return [x, 2, 3] if x == 3 else x
 
-    hooks = {PASSED_MARK: lambda i: None, EQ_HOOK: lambda a, b: a == b, IN_HOOK: lambda a, b: a in b,
+    hooks = {PASSED_MARK: lambda event, i: None, EQ_HOOK: lambda a, b: a == b, IN_HOOK: lambda a, b: a in b,
              SUB_HOOK: lambda a, b: a - b}
     ns["check"](cand, **hooks)
     assert calls == [1, 3, 0, 1]

@@ -101,9 +101,9 @@ FORGE_STATUS = ("import os, time\ntry:\n    os.write(3, bytes([0]))\nexcept OSEr
 
 
 def test_an_exit_status_forged_on_the_executors_status_pipe_scores_zero(sandbox):
-    """fd 3 is the executor's status pipe where the answer runs in the snippet's process (functional, stdin):
-    "exit 0" written there, stdio closed - no verdict reaches the host. In the assert format fd 3 is the
-    solution process's request pipe: nothing to forge, it just hangs."""
+    """fd 3 is the executor's status pipe, where the answer runs (every format): "exit 0" written there, stdio
+    closed - no verdict reaches the host (functional, stdin: ``channel_closed``). In the assert format the
+    judge's verdict channel, a copy of fd 1, keeps stdout open, and the judge's timer ends the run."""
     cfg = RewardConfig(code_timeout_s=1.0)
     items = [("code", square("return x * x", fmt, module=FORGE_STATUS), SPECS[fmt], None) for fmt in FORMATS]
     results = grade_code_batch(items, sandbox=sandbox, cfg=cfg)

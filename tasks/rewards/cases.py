@@ -7,7 +7,8 @@ interpreter:
 
 - each top-level statement of ``check`` that holds an ``assert`` using a value derived from the candidate
   is one *test* (an ``assert True, '...'`` tests nothing and is not counted; it still runs, as in the
-  reference); after each the marked source calls ``PASSED_MARK(i)`` (i tests passed so far, in order);
+  reference); after each the marked source calls ``PASSED_MARK(MARK_EVENT, i)`` (i tests passed so far,
+  in order; the judge passes ``sys.audit``, its audit hook checks the call comes from this ``check``);
 - every ``a == b``, ``a in b`` / ``a not in b`` and ``a - b`` in ``check`` (comprehensions and nested
   functions included) goes through ``EQ_HOOK`` / ``IN_HOOK`` / ``SUB_HOOK``, which compute exactly what the
   operator computes and tell the judge when a value whose comparison comes from the answer's code equals
@@ -33,9 +34,9 @@ import sys
 import threading
 from typing import NamedTuple
 
-from tasks.rewards.judge.wire import EQ_HOOK, IN_HOOK, PASSED_MARK, SUB_HOOK
+from tasks.rewards.judge.wire import EQ_HOOK, IN_HOOK, MARK_EVENT, PASSED_MARK, SUB_HOOK
 
-__all__ = ["EQ_HOOK", "IN_HOOK", "PASSED_MARK", "SUB_HOOK", "AssertTests", "assert_tests", "check_helpers"]
+__all__ = ["EQ_HOOK", "IN_HOOK", "MARK_EVENT", "PASSED_MARK", "SUB_HOOK", "AssertTests", "assert_tests", "check_helpers"]
 
 
 class AssertTests(NamedTuple):
@@ -95,7 +96,7 @@ def _any_int_length():
 
 
 def _mark(i: int) -> ast.stmt:
-    return ast.Expr(ast.Call(ast.Name(PASSED_MARK, ast.Load()), [ast.Constant(i)], []))
+    return ast.Expr(ast.Call(ast.Name(PASSED_MARK, ast.Load()), [ast.Constant(MARK_EVENT), ast.Constant(i)], []))
 
 
 def _hook(name: str, left: ast.expr, right: ast.expr) -> ast.Call:

@@ -93,12 +93,14 @@ class Kind(str, Enum):
 SUSPECTED = frozenset({Kind.SYSTEM_EXIT, Kind.KEYBOARD_INTERRUPT, Kind.OS_EXIT, Kind.KILLED, Kind.CHANNEL_CLOSED,
                        Kind.FORGED_VERDICT, Kind.FAKE_VALUE, Kind.NAN_VALUE, Kind.TAMPERING, Kind.REDEFINED_HELPER})
 """Failure kinds that suggest an attempt on the grader: ``system_exit`` / ``keyboard_interrupt`` (raised by the
-solution), ``os_exit`` (its process ended before the verdict), ``killed`` (by a signal other than a crash's:
-itself or the judge), ``channel_closed`` (the verdict channel or its own stdout closed or replaced),
-``forged_verdict`` (anything but the harness wrote on the verdict channel), ``fake_value`` (a return value
-that is not plain data: a subclass, an object with its own ``__eq__``), ``nan_value`` (a wrong answer holding
-NaN), ``tampering`` (builtins or harness functions patched, garbage on the judge's pipe, an exit after the
-verdict), ``redefined_helper`` (the solution defines the test's ``check`` or helpers)."""
+solution), ``os_exit`` (its process ended before the verdict), ``killed`` (by a signal other than a crash's),
+``channel_closed`` (the verdict channel or its own stdout closed or replaced), ``forged_verdict`` (anything
+but the harness wrote on the verdict channel, or printed a verdict mark), ``fake_value`` (functional: a
+return value that is not plain data; assert: a value whose ``__eq__`` / ``__contains__`` / ``__sub__`` is
+the answer's code and that passed a comparison it also passes against a different value), ``nan_value`` (a
+wrong answer holding NaN), ``tampering`` (builtins, modules the test uses or harness functions patched; in
+the assert format also a reach into the test's or the judge's internals the audit hook saw; an exit after
+the verdict), ``redefined_helper`` (the solution defines the test's ``check`` or helpers)."""
 
 _CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
 _RUNTIME_KINDS = {Kind.RUNTIME_ERROR, Kind.MEMORY, Kind.CRASH, Kind.HARNESS_LIMIT}

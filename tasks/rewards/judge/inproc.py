@@ -3,66 +3,84 @@
 ``judge_assert`` runs the prompt's helpers, the answer, the test and ``check(entry)`` in this process and
 one namespace (``exec(..., {})``: ``__name__`` is the builtins module's, as in HumanEval's harness), so
 every value the test sees is the answer's own object: identity, aliasing, mutation through any route,
-exceptions, output and every type behave as Python makes them. What it adds, all set up before the answer
-loads:
+exceptions, output and every type behave as Python makes them. What it adds, all before the answer loads:
 
 - **a verdict channel the answer cannot write**: a close-on-exec copy of fd 1 (fd 1 itself becomes a memfd
   that the answer's and the test's prints go to) on which every line carries a nonce drawn here; the first
-  line (``hello``) is written before the answer loads, so a line the answer writes lacks the nonce unless
-  it read this process's memory, and the host refuses any such stdout (``forged_verdict``);
-- **an audit hook** (``sys.addaudithook``, which nothing removes) that reports at once, on the channel,
-  what reaches the judge's or the test's internals: a frame of the test, the judge or the executor
-  (``sys._getframe``, ``tb_frame``, ``f_back``, ``gi_frame``), ``gc`` object walks, ``sys.settrace`` /
-  ``setprofile`` / ``addaudithook`` / ``_current_frames``, ``ctypes`` memory reads, ``os.fork``, opening
-  ``/proc/<pid>/{mem,fd,...}``, reading or setting ``__code__`` / ``__defaults__`` of the test's or judge's
-  functions (``tampering``);
-- **comparison hooks** (``tasks.rewards.cases``): ``==``, ``in`` and ``-`` in ``check`` compute what the
-  operator computes; when a value whose ``__eq__`` / ``__contains__`` / ``__sub__`` is the answer's code
-  (not a builtin's or the stdlib's) passes, the same comparison is asked again against a different value
-  (the expected value with one leaf changed, or a fresh object): equal to both is ``fake_value``;
-- **snapshots** compared after ``check``: the builtins, the modules already imported and the attributes
-  of the modules the test imports, ``sys.meta_path`` (``tampering``); the names the test takes from the
-  helpers are put back to the trusted ones before the test loads (``redefined_helper`` when the answer's
-  differ); ``sys.exit`` / ``exit`` / ``quit`` report a call even when the test swallows the exit.
+  line (``hello``) is written before the answer loads; the host refuses any other line (``forged_verdict``);
+- **an audit hook** (``sys.addaudithook``: nothing removes one) that alone holds the nonce and every
+  piece of the verdict (tests passed, faults, hints): no frame, global or module the answer can reach
+  refers to them. Everything else reports to it with ``sys.audit("cleaner.<what>")`` and the hook checks
+  who called (the instrumented ``check`` called by the judge's own frame for a mark; the judge's frame for
+  the final verdict; the comparison hooks, the exit wrappers, the timer, the profile function for theirs).
+  It writes a ``taint`` line at once (``tampering``) when code that is not the test's, the judge's or a
+  library's that keeps frames to itself gets a frame (``sys._getframe``, ``tb_frame``, ``gi_frame``: once
+  an answer holds one, ``f_back`` reaches every frame above unaudited), walks ``gc``, sets a trace or
+  profile function or another audit hook, reads memory through ``ctypes``, forks, opens
+  ``/proc/<pid>/{mem,fd,maps,environ,...}``, installs a Python signal handler (its frame argument is
+  another route to frames) or reads or sets ``__code__`` / ``__defaults__`` of the test's or judge's
+  functions;
+- **comparison hooks** (``compare``): ``==``, ``in`` and ``-`` in ``check`` ask a value whose comparison
+  is the answer's code a second time (``fake_value``);
+- **snapshots** compared at each test's mark and after ``check``: the builtins, the modules already
+  imported, the attributes of the modules the test imports, ``sys.meta_path`` (``tampering``); the names
+  the test takes from the helpers are put back to the trusted ones before the test loads
+  (``redefined_helper`` when the answer's differ); ``sys.exit`` / ``exit`` / ``quit`` report a call even
+  when the test swallows the exit (``system_exit``).
 
-The final line is ``{"pass", "kind", "exc", "hints", "passed", "tampered"}``; then this process ends with
-``os._exit(0)`` (no ``atexit`` or thread of the answer's runs after the verdict). Functions the answer can
-reach (the exit wrappers, the timer's handler, the profile function) hold nothing but default arguments.
+The final line is ``{"pass", "kind", "exc", "hints", "passed", "tampered"}``, written by the hook, which
+then ends the process with ``os._exit(0)`` (no ``atexit`` handler of the answer's runs after the verdict).
 """
 import os
 import sys
 
 if __name__ != "cleaner_judge":  # shipped into the sandbox as one program, these names are defined above
+    from tasks.rewards.judge.compare import make_compare
     from tasks.rewards.judge.run import memfd, scan_marks
-    from tasks.rewards.judge.wire import (
-        CHANNEL_EXIT,
-        EQ_HOOK,
-        IN_HOOK,
-        PASSED_MARK,
-        SUB_HOOK,
-        VERDICT_MARK,
-        dump,
-    )
+    from tasks.rewards.judge.wire import CHANNEL_EXIT, EQ_HOOK, IN_HOOK, PASSED_MARK, SUB_HOOK, VERDICT_MARK, dump
 
-_PROTECTED_FILES = ("<check>", "<helpers>", "<prefix>", "<cleaner-judge>")
-_FRAME_ATTRS = frozenset({"tb_frame", "f_back", "gi_frame", "cr_frame", "ag_frame"})
-_FUNC_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
 _ALWAYS = {"gc.get_objects": "gc", "gc.get_referrers": "gc", "gc.get_referents": "gc", "sys._current_frames": "frames",
            "sys.settrace": "settrace", "sys.setprofile": "setprofile", "sys.addaudithook": "audit hook",
            "os.fork": "fork", "os.forkpty": "fork", "ctypes.string_at": "ctypes", "ctypes.wstring_at": "ctypes",
            "ctypes.cdata": "ctypes", "ctypes.cdata/buffer": "ctypes", "function.__new__": "function.__new__"}
+_FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
+_FUNC_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
+_LEAKY = ("/inspect.py", "/traceback.py", "/logging/__init__.py", "/bdb.py", "/pdb.py", "/asyncio/")
+"""Library files that hand frames to their caller: a frame they take counts as the answer's."""
 _PROC_PARTS = ("/mem", "/fd", "/maps", "/smaps", "/pagemap", "/environ", "/task", "/map_files")
 _WATCHED = frozenset({*_ALWAYS, "sys._getframe", "object.__getattr__", "object.__setattr__", "object.__delattr__",
                       "open", "ctypes.dlsym"})
-_PLAIN = frozenset({int, float, str, bool, type(None), bytes, complex})
-_HEAP = 1 << 9  # Py_TPFLAGS_HEAPTYPE
-_WALK = 2000  # values looked at per comparison at most
+
+_REACHABLE = '''
+def make_exit(raiser, audit):
+    def exit(*args, _raiser=raiser, _audit=audit):
+        _audit("cleaner.exit")
+        raise _raiser(*args)
+    return exit
 
 
-class _Sentinel:
-    """A fresh object no honest value equals and no honest container holds."""
+def make_timer(audit):
+    def on_timer(signum, frame, _audit=audit):
+        _audit("cleaner.timeout")
+    return on_timer
 
-    __slots__ = ()
+
+def make_profile(entry, solution_file, audit):
+    def profile(frame, event, arg, _entry=entry, _file=solution_file, _audit=audit):
+        if (event == "call" and frame.f_code.co_filename == _file) or (event == "c_call" and arg is _entry):
+            _audit("cleaner.called")
+    return profile
+
+
+def make_signal(original, audit, plain):
+    def signal(signalnum, handler, _original=original, _audit=audit, _plain=plain):
+        if handler not in _plain:
+            _audit("cleaner.signal")
+        return _original(signalnum, handler)
+    return signal
+'''
+"""Functions the answer can reach (``sys.exit``, ``signal.getsignal``, ``sys.getprofile``, ``signal.signal``):
+compiled in a namespace of their own with no builtins, they hold nothing but default arguments."""
 
 
 def _channel():
@@ -92,267 +110,9 @@ def _make_line(fd, ident, nonce, _fstat=os.fstat, _write=os.write, _exit=os._exi
     return line
 
 
-def _protected(code, codes):
-    return code in codes or code.co_filename in _PROTECTED_FILES
-
-
-def _make_hook(state, codes, line):
-    """The audit hook: a reach into the judge's or the test's internals is reported on the channel at once."""
-    busy, taints = state["busy"], state["taints"]
-
-    def taint(why, _append=taints.append):
-        if not taints:
-            state["fault_at"] = state["reached"][0] if state["fault_at"] is None else state["fault_at"]
-        _append(why)
-        line({"taint": why})
-
-    def hook(event, args, _watched=_WATCHED, _always=_ALWAYS, _type=type, _str=str, _bytes=bytes,
-             _getattr=getattr, _getframe=sys._getframe):
-        if busy[0] or event not in _watched:
-            return
-        busy[0] = True
-        try:
-            caller = _getframe(1)
-            if caller is not None and _protected(caller.f_code, codes):
-                return  # the test's (or the judge's) own doing
-            if event in _always:
-                taint(_always[event])
-            elif event == "sys._getframe":
-                if args and _protected(args[0].f_code, codes):
-                    taint("frame")
-            elif event == "object.__getattr__":
-                obj, name = args[0], args[1]
-                if name in _FRAME_ATTRS:
-                    frame = _getattr(obj, name, None)
-                    if frame is not None and _type(frame).__name__ == "frame" and _protected(frame.f_code, codes):
-                        taint("frame")
-                elif name in _FUNC_ATTRS and _type(obj).__name__ == "function" and _protected(obj.__code__, codes):
-                    taint("judge function")
-            elif event in ("object.__setattr__", "object.__delattr__"):
-                obj = args[0]
-                if _type(obj).__name__ == "function" and _protected(obj.__code__, codes):
-                    taint("judge function")
-            elif event == "open":
-                path = args[0]
-                if _type(path) is _bytes:
-                    path = path.decode("latin-1")
-                if (_type(path) is _str and (path.startswith("/proc/") or path.startswith("/dev/fd"))
-                        and any(part in path for part in _PROC_PARTS)):
-                    taint("/proc")
-            elif event == "ctypes.dlsym":
-                name = args[1] if len(args) > 1 else None
-                if _type(name) is _str and (name.startswith("Py") or name.startswith("_Py")):
-                    taint("ctypes")
-        except BaseException:  # noqa: BLE001 - a hostile argument: the hook still returns
-            pass
-        finally:
-            busy[0] = False
-
-    return hook
-
-
-def _trusted_code(code, cls, codes, writable):
-    """Is a Python function's code a builtin's, the stdlib's or the test's (never the answer's)."""
-    name = code.co_filename
-    if code in codes:
-        return True
-    if name.startswith("<"):
-        return name == "<string>" and "__dataclass_fields__" in type.__dict__["__dict__"].__get__(cls)
-    return not any(name.startswith(d) for d in writable)
-
-
-def _untrusted_type(t, names, state):
-    """Does type ``t`` take one of ``names`` (``__eq__``, ``__contains__``, ``__sub__``) from the answer's code
-    (asked afresh each time: the answer may change a class between two comparisons)."""
-    busy, codes, writable = state["busy"], state["codes"], state["writable"]
-    found = False
-    was, busy[0] = busy[0], True
-    try:
-        for cls in type.__dict__["__mro__"].__get__(t):
-            if not type.__dict__["__flags__"].__get__(cls) & _HEAP:
-                continue
-            own = type.__dict__["__dict__"].__get__(cls)
-            for name in names:
-                f = own.get(name)
-                if f is None or type(f).__name__ == "wrapper_descriptor":
-                    continue
-                if type(f).__name__ != "function" or not _trusted_code(f.__code__, cls, codes, writable):
-                    found = True
-    except BaseException:  # noqa: BLE001 - a type that cannot be read is not trusted
-        found = True
-    finally:
-        busy[0] = was
-    return found
-
-
-def _suspect(v, names, state, _islice=__import__("itertools").islice):
-    """(an untrusted value somewhere in ``v``, a NaN somewhere in ``v``), looking at ``_WALK`` values at most."""
-    stack, seen, nan = [v], 0, False
-    while stack and seen < _WALK:
-        o = stack.pop()
-        seen += 1
-        t = type(o)
-        if t in _PLAIN:
-            nan = nan or (t is float and o != o)
-            continue
-        if t is list or t is tuple or t is set or t is frozenset:
-            stack.extend(_islice(o, _WALK))
-            continue
-        if t is dict:
-            stack.extend(_islice(o.keys(), _WALK))
-            stack.extend(_islice(o.values(), _WALK))
-            continue
-        if _untrusted_type(t, names, state):
-            return True, nan
-        try:
-            if isinstance(o, dict):
-                stack.extend(_islice(dict.keys(o), _WALK))
-                stack.extend(_islice(dict.values(o), _WALK))
-            elif isinstance(o, list):
-                stack.extend(_islice(list.__iter__(o), _WALK))
-            elif isinstance(o, tuple):
-                stack.extend(_islice(tuple.__iter__(o), _WALK))
-            elif isinstance(o, (set, frozenset)):
-                stack.extend(_islice(set.__iter__(o) if isinstance(o, set) else frozenset.__iter__(o), _WALK))
-        except BaseException:  # noqa: BLE001 - a container that lies about its class
-            return True, nan
-    return False, nan
-
-
-def _other(v):
-    """A plain value different from ``v`` (an honest value equals at most one of them)."""
-    t = type(v)
-    if t is bool:
-        return not v
-    if t is int or t is float or t is complex:
-        return v + 1 if v == v and v + 1 != v else _Sentinel()
-    if t is str:
-        return v + "\x00"
-    if t is bytes:
-        return v + b"\x00"
-    if t is list or t is tuple:
-        return t([_other(v[0]), *v[1:]]) if v else t([_Sentinel()])
-    if t is dict and v:
-        k = next(iter(v))
-        return {**v, k: _other(v[k])}
-    return _Sentinel()
-
-
-def _aligned(fake, honest, names, state):
-    """``honest`` with the leaf facing ``fake``'s untrusted value changed (lists, tuples and dicts followed)."""
-    tf, th = type(fake), type(honest)
-    if (tf is list or tf is tuple) and tf is th and len(fake) == len(honest):
-        for i, x in enumerate(fake):
-            if _suspect(x, names, state)[0]:
-                return th([*honest[:i], _aligned(x, honest[i], names, state), *honest[i + 1:]])
-    if tf is dict and th is dict and fake.keys() == honest.keys():
-        for k, x in fake.items():
-            if _suspect(x, names, state)[0]:
-                return {**honest, k: _aligned(x, honest[k], names, state)}
-    return _other(honest)
-
-
-def _make_compare(state):
-    """The ``==``, ``in`` and ``-`` of the instrumented ``check`` (``tasks.rewards.cases``)."""
-    hints = state["hints"]
-    plain = _PLAIN
-    eq_names, in_names, sub_names = ("__eq__",), ("__contains__", "__eq__"), ("__sub__", "__rsub__")
-
-    def fake():
-        if "fake_value" not in hints:
-            hints.add("fake_value")
-            if state["fault_at"] is None:
-                state["fault_at"] = state["reached"][0]
-
-    def truth(r):
-        if type(r) is bool:
-            return r
-        return not _untrusted_type(type(r), ("__bool__", "__len__"), state) or fake() or False
-
-    def eq(a, b, _type=type):
-        r = a == b
-        if _type(a) in plain and _type(b) in plain:
-            if r is False and (a != a or b != b):
-                hints.add("nan")
-            return r
-        sa, na = _suspect(a, eq_names, state)
-        sb, nb = _suspect(b, eq_names, state)
-        if (na or nb) and r is False:
-            hints.add("nan")
-        if (sa or sb) and truth(r):
-            try:
-                if sa and not sb:
-                    again = a == _aligned(a, b, eq_names, state)
-                elif sb and not sa:
-                    again = _aligned(b, a, eq_names, state) == b
-                else:
-                    again = a == _Sentinel()
-                if type(again) is not bool or again:
-                    fake()
-            except Exception:  # noqa: BLE001 - an honest __eq__ may refuse a foreign value
-                pass
-        return r
-
-    def contains(a, b, _type=type):
-        r = a in b
-        if r and (_type(b) not in plain or _type(a) not in plain):
-            if _suspect(b, in_names, state)[0] or _suspect(a, eq_names, state)[0]:
-                try:
-                    if _Sentinel() in b:
-                        fake()
-                except Exception:  # noqa: BLE001
-                    pass
-        return r
-
-    def sub(a, b, _type=type):
-        r = a - b
-        if _type(a) in plain and _type(b) in plain:
-            return r
-        if _suspect(a, sub_names, state)[0] or _suspect(b, sub_names, state)[0]:
-            try:
-                again = a - _other(b) if _type(b) in plain else _other(a) - b
-                if _type(r) not in plain or _type(again) not in plain or again == r:
-                    fake()
-            except Exception:  # noqa: BLE001
-                pass
-        return r
-
-    return eq, contains, sub
-
-
-_REACHABLE = '''
-def make_exit(record, raiser):
-    def exit(*args, _record=record, _raiser=raiser):
-        _record()
-        raise _raiser(*args)
-    return exit
-
-
-def make_timer(finish):
-    def on_timer(signum, frame, _finish=finish):
-        _finish("timeout")
-    return on_timer
-
-
-def make_profile(mark, entry, solution_file):
-    def profile(frame, event, arg, _mark=mark, _entry=entry, _file=solution_file):
-        if (event == "call" and frame.f_code.co_filename == _file) or (event == "c_call" and arg is _entry):
-            _mark()
-    return profile
-'''
-"""Functions the answer can reach (``sys.exit``, ``signal.getsignal``, ``sys.getprofile``): compiled in a
-namespace of their own with no builtins, they use nothing but their default arguments."""
-
-
-def _reachable():
-    ns = {"__builtins__": {}}
-    exec(compile(_REACHABLE, "<cleaner-judge>", "exec"), ns)
-    return ns
-
-
 def _snapshot(modules):
-    """What the tamper check compares with after ``check``: the builtins, the imported modules, the
-    attributes of ``modules`` (those the test imports) and the import machinery."""
+    """What the tamper check compares with: the builtins, the imported modules, the attributes of
+    ``modules`` (those the test imports but ``sys``) and the import machinery."""
     import builtins
 
     watched = [m for m in (sys.modules.get(name) for name in modules if name != "sys") if m is not None]
@@ -362,7 +122,7 @@ def _snapshot(modules):
 
 def _tampered(snap, _vars=vars, _list=list, _gone=object(), _str=str, _modules=sys.modules, _sys=sys,
               _builtins=__import__("builtins")):
-    """What the answer replaced since ``_snapshot`` (builtins it uses bound before the answer ran)."""
+    """What the answer replaced since ``_snapshot`` (the builtins it uses bound before the answer ran)."""
     names, mods, watched, meta, hooks = snap
     now = _vars(_builtins)
     bad = ["builtins." + k for k, v in names.items() if now.get(k, _gone) is not v and k != "_"]
@@ -373,6 +133,142 @@ def _tampered(snap, _vars=vars, _list=list, _gone=object(), _str=str, _modules=s
     if _list(_sys.meta_path) != meta or _list(_sys.path_hooks) != hooks:
         bad.append("import machinery")
     return bad[:20]
+
+
+def _install_hook(line, codes, libs, check_code, snap, out, reporters,
+                  _addaudithook=sys.addaudithook, _getframe=sys._getframe, _setprofile=sys.setprofile,
+                  _type=type, _str=str, _bytes=bytes, _getattr=getattr, _min=min, _sorted=sorted, _any=any,
+                  _fstat=os.fstat, _exit=os._exit, _stdout=sys.__stdout__, _tampered=_tampered, _scan=scan_marks):
+    """Install the audit hook that holds the verdict; nothing keeps a reference to it but the interpreter."""
+    import signal
+
+    _setitimer, _itimer = signal.setitimer, signal.ITIMER_PROF
+    fd1 = _fstat(1)
+    v = {"busy": False, "reached": 0, "fault_at": None, "called": False, "judge": None, "tampered": []}
+    taints, hints = [], set()
+
+    def trusted(code):
+        return code in codes or code.co_filename == "<cleaner-judge>"
+
+    def library(code):
+        name = code.co_filename
+        return (name.startswith("<frozen ") or _any(name.startswith(d) for d in libs)) and not _any(
+            part in name for part in _LEAKY)
+
+    def fault():
+        if v["fault_at"] is None:
+            v["fault_at"] = v["reached"]
+
+    def taint(why):
+        fault()
+        taints.append(why)
+        line({"taint": why})
+
+    def final(kind, exc):
+        _setitimer(_itimer, 0)
+        try:
+            _stdout.flush()
+        except BaseException:  # noqa: BLE001 - a closed stream
+            pass
+        passed = v["reached"] if v["fault_at"] is None else _min(v["reached"], v["fault_at"])
+        tampered = v["tampered"] or _tampered(snap)
+        try:
+            st = _fstat(1)
+            moved = (st.st_dev, st.st_ino) != (fd1.st_dev, fd1.st_ino)
+        except OSError:
+            moved = True
+        if moved:
+            hints.add("channel_closed")
+        if _scan(out)[0]:
+            hints.add("forged_verdict")
+        if not v["called"]:
+            passed = 0
+            if kind == "pass":
+                kind, exc = "wrong_answer", "candidate never called"
+        for bad in ("system_exit", "fake_value"):
+            if bad in hints and kind in ("pass", "wrong_answer", "runtime_error"):
+                kind = bad
+        if tampered or taints:
+            kind, passed = "tampering", 0
+        line({"pass": kind == "pass", "kind": kind, "exc": exc, "hints": _sorted(hints), "passed": passed,
+              "tampered": tampered + taints})
+        _exit(0)
+
+    def own(event, args, caller):
+        """An event of the judge's: who may send it, and what it does."""
+        code = caller.f_code
+        if event == "cleaner.start" and v["judge"] is None:
+            v["judge"] = caller
+        elif event == "cleaner.final" and caller is v["judge"]:
+            final(args[0], args[1])
+        elif event == "cleaner.hint" and caller is v["judge"]:
+            hints.add(args[0])
+        elif event == "cleaner.mark" and code is check_code and caller.f_back is v["judge"]:
+            v["reached"] = args[0]
+            if not v["tampered"]:  # builtins patched for a while and put back are seen here too
+                v["tampered"] = _tampered(snap)
+        elif event in ("cleaner.fake", "cleaner.nan") and code in reporters["compare"]:
+            if event == "cleaner.fake":
+                hints.add("fake_value")
+                fault()
+            else:
+                hints.add("nan")
+        elif event == "cleaner.exit" and code is reporters["exit"]:
+            hints.add("system_exit")
+            fault()
+        elif event == "cleaner.called" and code is reporters["profile"]:
+            v["called"] = True
+            _setprofile(None)
+        elif event == "cleaner.timeout" and code is reporters["timer"]:
+            final("timeout", None)
+        elif event == "cleaner.signal" and code is reporters["signal"]:
+            taint("signal handler")
+        else:
+            taint("forged " + event)
+
+    def reach(event, args, caller):
+        """A reach into the test's or the judge's internals, or None."""
+        if event in _ALWAYS:
+            return _ALWAYS[event]
+        if event == "sys._getframe":
+            return None if library(caller.f_code) else "frame"
+        if event == "object.__getattr__":
+            obj, name = args[0], args[1]
+            if name in _FRAME_ATTRS:
+                return None if library(caller.f_code) and name != "gi_frame" else "frame"
+            if name in _FUNC_ATTRS and _type(obj).__name__ == "function" and trusted(obj.__code__):
+                return "judge function"
+            return None
+        if event in ("object.__setattr__", "object.__delattr__"):
+            obj = args[0]
+            return "judge function" if _type(obj).__name__ == "function" and trusted(obj.__code__) else None
+        if event == "open":
+            path = args[0].decode("latin-1") if _type(args[0]) is _bytes else args[0]
+            if (_type(path) is _str and (path.startswith("/proc/") or path.startswith("/dev/fd"))
+                    and _any(part in path for part in _PROC_PARTS)):
+                return "/proc"
+            return None
+        name = args[1] if event == "ctypes.dlsym" and len(args) > 1 else None
+        return "ctypes" if _type(name) is _str and (name.startswith("Py") or name.startswith("_Py")) else None
+
+    def hook(event, args, _watched=_WATCHED):
+        if v["busy"] or not (event in _watched or event.startswith("cleaner.")):
+            return
+        v["busy"] = True
+        try:
+            caller = _getframe(1)
+            if event.startswith("cleaner."):
+                own(event, args, caller)
+            elif not trusted(caller.f_code):
+                why = reach(event, args, caller)
+                if why is not None:
+                    taint(why)
+        except BaseException:  # noqa: BLE001 - a hostile argument: the hook still returns
+            pass
+        finally:
+            v["busy"] = False
+
+    _addaudithook(hook)
 
 
 def _codes(code, out):
@@ -403,155 +299,113 @@ def _test_imports(test_src):
     return sorted(names)
 
 
-def _ended(exc, _isinstance=isinstance, _exit=SystemExit, _interrupt=KeyboardInterrupt,
+def _ended(exc, _isinstance=isinstance, _exit=SystemExit, _interrupt=KeyboardInterrupt, _type=type,
            _tb=BaseException.__dict__["__traceback__"]):
-    """The kind of an exception that ended ``check``: the answer's, the test's failure, or an exit."""
+    """The kind of an exception that ended ``check`` (the answer's, the test's failure, an exit) and its name."""
+    name = _type(exc).__name__
     if _isinstance(exc, _exit):
-        return "system_exit"
+        return "system_exit", name
     if _isinstance(exc, _interrupt):
-        return "keyboard_interrupt"
+        return "keyboard_interrupt", name
     tb = _tb.__get__(exc)
     while tb is not None:
         if tb.tb_frame.f_code.co_filename == "<solution>":
-            return "runtime_error"
+            return "runtime_error", name
         tb = tb.tb_next
-    return "wrong_answer"
+    return "wrong_answer", name
 
 
-def judge_assert(solution, prefix, helpers, test_src, entry, shadow, lookup, timeout):
-    """Run helpers, ``solution``, the instrumented ``test_src`` and ``check(entry)`` here, once, whole, and
-    write the verdict on the channel (see the module docstring): ``pass`` when ``check`` returned and
-    nothing was tampered with; ``passed``, the tests passed in order before the first failure or fault."""
+def _reachable():
+    ns = {"__builtins__": {}}
+    exec(compile(_REACHABLE, "<cleaner-judge>", "exec"), ns)
+    return ns
+
+
+def _arm(reach, audit):
+    """Put the reporting wrappers in place (exit, quit, sys.exit, signal.signal); their code objects."""
+    import _signal
     import builtins
     import signal
 
-    from_depth = 0
-    f = sys._getframe()
-    outer = set()
+    for name in ("exit", "quit"):
+        setattr(builtins, name, reach["make_exit"](SystemExit, audit))
+    sys.exit = reach["make_exit"](SystemExit, audit)
+    plain = (signal.SIG_DFL, signal.SIG_IGN, None)
+    timer = reach["make_timer"](audit)
+    signal.signal(signal.SIGPROF, timer)
+    for module in (signal, _signal):  # each keeps its own: signal's converts enums, _signal's takes ints
+        module.signal = reach["make_signal"](module.signal, audit, plain)
+    return {"exit": sys.exit.__code__, "timer": timer.__code__, "signal": signal.signal.__code__,
+            "profile": reach["make_profile"](None, "", audit).__code__}
+
+
+def judge_assert(solution, prefix, helpers, test_src, entry, shadow, lookup, timeout):
+    """Run helpers, ``solution``, the instrumented ``test_src`` and ``check(entry)`` here, once, whole; the
+    audit hook writes the verdict (see the module docstring): ``pass`` when ``check`` returned and nothing
+    was tampered with; ``passed``, the tests passed in order before the first failure or fault."""
+    import signal
+    import types
+
+    depth, f, outer = 0, sys._getframe(), set()
     while f is not None:
         outer.add(f.f_code)
-        from_depth += 1
-        f = f.f_back
+        depth, f = depth + 1, f.f_back
     fd, ident = _channel()
-    nonce = os.urandom(16).hex()
-    line = _make_line(fd, ident, nonce)
+    line = _make_line(fd, ident, os.urandom(16).hex())
     line({"hello": True})
     out = memfd(b"")
     sys.stdout.flush()
     os.dup2(out, 1)
-    fd1 = os.fstat(1)
     if not _undumpable():
         line({"error": "the judge could not make itself non-dumpable (prctl PR_SET_DUMPABLE)"})
         os._exit(0)
-    state = {"busy": [False], "taints": [], "hints": set(), "reached": [0], "fault_at": None, "called": [False],
-             "tampered": [], "writable": tuple({os.getcwd(), "/tmp", "/dev/shm", "/work", "/var/tmp"})}
-    reached, hints = state["reached"], state["hints"]
     test_code = compile_test(test_src)
+    check_code = next(c for c in test_code.co_consts if type(c) is type(test_code) and c.co_name == "check")
     codes = _codes(test_code, set(outer))
+    ns = {}
     for src, name in ((prefix, "<prefix>"), (helpers, "<helpers>")):
-        codes |= _codes(compile(src, name, "exec"), set())
-    state["codes"] = codes
+        compiled = compile(src, name, "exec")
+        codes |= _codes(compiled, set())
+        exec(compiled, ns)
     for name in _test_imports(test_src):
         try:
             __import__(name)
         except BaseException:  # noqa: BLE001 - the test will meet the same error itself
             pass
-    reach = _reachable()
-
-    def finish(kind, exc=None, _line=line, _exit=os._exit, _setitimer=signal.setitimer, _itimer=signal.ITIMER_PROF,
-               _min=min, _sorted=sorted, _stdout=sys.__stdout__):
-        _setitimer(_itimer, 0)
-        state["busy"][0] = True
-        try:
-            _stdout.flush()
-        except BaseException:  # noqa: BLE001 - a closed stream
-            pass
-        passed = reached[0] if state["fault_at"] is None else _min(reached[0], state["fault_at"])
-        tampered = state["tampered"] or _tampered(snap)
-        if fd_changed():
-            hints.add("channel_closed")
-        if scan_marks(out)[0]:
-            hints.add("forged_verdict")
-        if not state["called"][0]:
-            passed = 0
-            if kind == "pass":
-                kind, exc = "wrong_answer", "candidate never called"
-        for bad in ("system_exit", "fake_value"):
-            if bad in hints and kind in ("pass", "wrong_answer", "runtime_error"):
-                kind = bad
-        if tampered or state["taints"]:
-            kind, passed = "tampering", 0
-        _line({"pass": kind == "pass", "kind": kind, "exc": exc, "hints": _sorted(hints), "passed": passed,
-               "tampered": tampered + state["taints"]})
-        _exit(0)
-
-    def fd_changed(_fstat=os.fstat):
-        try:
-            st = _fstat(1)
-        except OSError:
-            return True
-        return (st.st_dev, st.st_ino) != (fd1.st_dev, fd1.st_ino)
-
-    def mark(count, _tampered=_tampered):
-        reached[0] = count
-        if not state["tampered"]:  # builtins patched for a while and put back are seen here too
-            was, state["busy"][0] = state["busy"][0], True
-            state["tampered"] = _tampered(snap)
-            state["busy"][0] = was
-
-    def exit_called():
-        hints.add("system_exit")
-        if state["fault_at"] is None:
-            state["fault_at"] = reached[0]
-
-    def called(_setprofile=sys.setprofile):
-        state["called"][0] = True
-        was, state["busy"][0] = state["busy"][0], True
-        _setprofile(None)
-        state["busy"][0] = was
-
-    wrapped = reach["make_exit"](exit_called, SystemExit)
-    sys.exit = wrapped
-    for name in ("exit", "quit"):
-        setattr(builtins, name, reach["make_exit"](exit_called, SystemExit))
-    ns = {}
-    exec(compile(prefix, "<prefix>", "exec"), ns)
-    exec(compile(helpers, "<helpers>", "exec"), ns)
     trusted = {k: ns[k] for k in lookup if k in ns}
+    writable = tuple({os.getcwd(), "/tmp", "/dev/shm", "/work", "/var/tmp"})
+    libs = tuple(p for p in sys.path if p.startswith("/") and not any(p.startswith(w) for w in writable))
+    audit = sys.audit
+    eq, contains, sub = make_compare(frozenset(codes), writable)
+    reach = _reachable()
+    reporters = _arm(reach, audit)
+    reporters["compare"] = frozenset(fn.__code__ for fn in (eq, contains, sub))
     snap = _snapshot(_test_imports(test_src))
-    eq, contains, sub = _make_compare(state)
-    hook = _make_hook(state, codes, line)
-    sys.setrecursionlimit(sys.getrecursionlimit() + from_depth + 8)
-    signal.signal(signal.SIGPROF, reach["make_timer"](finish))
-    signal.setitimer(signal.ITIMER_PROF, timeout)
-    sys.addaudithook(hook)
-    kind, detail = "pass", None
+    _install_hook(line, frozenset(codes), libs, check_code, snap, out, reporters)
+    del line, snap
+    sys.modules["__main__"] = types.ModuleType("__main__")  # the executor's: it holds the judge program
+    sys.setrecursionlimit(sys.getrecursionlimit() + depth + 8)
+    audit("cleaner.start")
+    signal.setitimer(signal.ITIMER_PROF, timeout, 0.05)  # re-fires: a handler run inside the hook is not lost
     try:
         exec(compile(solution, "<solution>", "exec"), ns)
         if any(n in ns for n in shadow) or "check" in ns:
-            hints.add("redefined_helper")
-        for k, v in trusted.items():
-            if ns.get(k) is not v:
-                state["busy"][0] = True
-                if not _same_function(ns.get(k), v):
-                    hints.add("redefined_helper")
-                state["busy"][0] = False
-                ns[k] = v
+            audit("cleaner.hint", "redefined_helper")
+        for k, trusted_value in trusted.items():
+            if ns.get(k) is not trusted_value:
+                if not _same_function(ns.get(k), trusted_value):
+                    audit("cleaner.hint", "redefined_helper")
+                ns[k] = trusted_value
         exec(test_code, ns)
-        check = ns["check"]
-        candidate = ns[entry]
-        state["busy"][0] = True
-        sys.setprofile(reach["make_profile"](called, candidate, "<solution>"))
-        state["busy"][0] = False
-        check(candidate, **{PASSED_MARK: mark, EQ_HOOK: eq, IN_HOOK: contains, SUB_HOOK: sub})
+        check, candidate = ns["check"], ns[entry]
+        sys.setprofile(reach["make_profile"](candidate, "<solution>", audit))
+        check(candidate, **{PASSED_MARK: audit, EQ_HOOK: eq, IN_HOOK: contains, SUB_HOOK: sub})
+        kind, detail = "pass", None
     except BaseException as exc:  # noqa: BLE001 - every ending is a verdict
-        state["busy"][0] = True
-        kind, detail = _ended(exc), type(exc).__name__
-        if kind in ("system_exit", "keyboard_interrupt") and state["fault_at"] is None:
-            state["fault_at"] = reached[0]
-    state["busy"][0] = True
+        kind, detail = _ended(exc)
     sys.setprofile(None)
-    finish(kind, detail)
+    audit("cleaner.final", kind, detail)
+    os._exit(CHANNEL_EXIT)  # the hook ends the process with the verdict; reaching here means it could not
 
 
 def _undumpable():

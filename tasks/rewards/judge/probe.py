@@ -79,7 +79,7 @@ def probe_assert(prefix, helpers, test_src, entry, count, timeout):
                 tns = test_namespace(prefix, helpers)
                 tns.setdefault(entry, probe)
                 exec(code, tns)
-                tns["check"](probe, **{PASSED_MARK: lambda i, _r=reached: _r.__setitem__(0, i),
+                tns["check"](probe, **{PASSED_MARK: lambda event, i, _r=reached: _r.__setitem__(0, i),
                                        EQ_HOOK: _eq, IN_HOOK: _in, SUB_HOOK: _sub})
             except _Late:
                 free = max(free, reached[0])
