@@ -24,6 +24,7 @@ import pytest
 from tasks.rewards.code import grade_code_batch, parse_tests
 from tasks.rewards.config import RewardConfig
 from tasks.rewards.harness import SUSPECTED, Kind
+from tasks.rewards.registry import GraderError
 from tests.grading_sandbox import fenced, sandbox_fixture
 
 sandbox = sandbox_fixture()
@@ -279,3 +280,21 @@ def test_forty_thousand_calls_finish_as_the_reference_does(sandbox):
     assert res.correct and res.reward == 1.0, res.metrics
     print(f"\n40 000 calls: reference {ref_s:.3f} s (fresh interpreter), judge {judge_s:.3f} s "
           f"(grade_code_batch, probe included): ratio {judge_s / ref_s:.2f}")
+
+
+def test_a_traceback_the_answer_formats_counts_as_tampering(sandbox):
+    """The documented price of closing every route to a frame: ``traceback`` hands frames to its caller, so a
+    correct answer that formats one (``traceback.format_exc``) is counted as tampering (the threat model says so)."""
+    answer = ("import traceback\n\ndef square(x):\n    try:\n        1 / 0\n    except ZeroDivisionError:\n"
+              "        traceback.format_exc()\n    return x * x\n")
+    assert reference(SQUARE, answer)
+    (res,) = grade_code_batch([("code", fenced(answer), SQUARE, None)], sandbox=sandbox, cfg=CFG)
+    assert res.reward == 0.0 and res.metrics["suspected_hacks/tampering"] == 3.0, res.metrics
+
+
+def test_a_judge_that_cannot_set_the_test_up_is_a_grader_error_never_a_verdict(sandbox):
+    """Helpers that raise while the judge loads them (before any answer code runs) fail the grader, not the answer."""
+    spec = {**SQUARE, "helpers": "raise RuntimeError('broken helper')\n"}
+    (res,) = grade_code_batch([("code", fenced("def square(x):\n    return x * x\n"), spec, {"id": 7})],
+                              sandbox=sandbox, cfg=CFG)
+    assert isinstance(res, GraderError) and res.infra and "broken helper" in str(res), res

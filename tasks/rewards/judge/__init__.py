@@ -1,6 +1,6 @@
 """The sandbox side of the code harness: the program every test snippet runs (stdlib only, shipped whole).
 
-``tasks.rewards.harness`` compiles ``wire``, ``run``, ``compare``, ``inproc`` and ``probe`` (in that order, as one program,
+``tasks.rewards.harness`` compiles ``wire``, ``run``, ``compare``, ``watch``, ``inproc`` and ``probe`` (in that order, as one program,
 ``program_source``) once, ships the code object marshalled into each snippet (the source goes along for a
 sandbox whose Python differs) and calls one entry point; every run ends in verdict lines ``VERDICT_MARK
 {json}`` written on a copy of fd 1 taken before any solution code ran.
@@ -15,7 +15,7 @@ sandbox whose Python differs) and calls one entry point; every run ends in verdi
 - ``inproc.judge_assert`` (assert / HumanEval ``check(candidate)``): the test code holds the expected
   values and the reference harness runs it in the answer's interpreter, so it runs here, in the
   answer's process and namespace, with an audit hook, a nonce-bearing close-on-exec verdict channel,
-  comparison hooks (``compare``) and snapshots that make the tampering a plain interpreter lets through
+  comparison hooks (``compare``) and snapshots and reporting wrappers (``watch``) that make the tampering a plain interpreter lets through
   a failure of its own kind (see its docstring).
 - ``probe.probe_assert``: runs a test with trivial candidates only (no solution): does a non-solution
   pass it (then it earns no partial credit).
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PROGRAM_MODULES = ("wire", "run", "compare", "inproc", "probe")
+PROGRAM_MODULES = ("wire", "run", "compare", "watch", "inproc", "probe")
 """The modules of the shipped program, in the order they are concatenated."""
 
 

@@ -37,6 +37,7 @@ import sys
 if __name__ != "cleaner_judge":  # shipped into the sandbox as one program, these names are defined above
     from tasks.rewards.judge.compare import make_compare
     from tasks.rewards.judge.run import memfd, scan_marks
+    from tasks.rewards.judge.watch import arm, code_objects, reachable, same_function, snapshot, tampered, test_imports
     from tasks.rewards.judge.wire import CHANNEL_EXIT, EQ_HOOK, IN_HOOK, PASSED_MARK, SUB_HOOK, VERDICT_MARK, dump
 
 _ALWAYS = {"gc.get_objects": "gc", "gc.get_referrers": "gc", "gc.get_referents": "gc", "sys._current_frames": "frames",
@@ -50,38 +51,6 @@ _LEAKY = ("/inspect.py", "/traceback.py", "/logging/__init__.py", "/bdb.py", "/p
 _PROC_PARTS = ("/mem", "/fd", "/maps", "/smaps", "/pagemap", "/environ", "/task", "/map_files")
 _WATCHED = frozenset({*_ALWAYS, "sys._getframe", "object.__getattr__", "object.__setattr__", "object.__delattr__",
                       "open", "ctypes.dlsym"})
-
-_REACHABLE = '''
-def make_exit(raiser, audit):
-    def exit(*args, _raiser=raiser, _audit=audit):
-        _audit("cleaner.exit")
-        raise _raiser(*args)
-    return exit
-
-
-def make_timer(audit):
-    def on_timer(signum, frame, _audit=audit):
-        _audit("cleaner.timeout")
-    return on_timer
-
-
-def make_profile(entry, solution_file, audit):
-    def profile(frame, event, arg, _entry=entry, _file=solution_file, _audit=audit):
-        if (event == "call" and frame.f_code.co_filename == _file) or (event == "c_call" and arg is _entry):
-            _audit("cleaner.called")
-    return profile
-
-
-def make_signal(original, audit, plain):
-    def signal(signalnum, handler, _original=original, _audit=audit, _plain=plain):
-        if handler not in _plain:
-            _audit("cleaner.signal")
-        return _original(signalnum, handler)
-    return signal
-'''
-"""Functions the answer can reach (``sys.exit``, ``signal.getsignal``, ``sys.getprofile``, ``signal.signal``):
-compiled in a namespace of their own with no builtins, they hold nothing but default arguments."""
-
 
 def _channel():
     """A close-on-exec copy of fd 1 above fd 2, and its identity (device, inode)."""
@@ -110,35 +79,10 @@ def _make_line(fd, ident, nonce, _fstat=os.fstat, _write=os.write, _exit=os._exi
     return line
 
 
-def _snapshot(modules):
-    """What the tamper check compares with: the builtins, the imported modules, the attributes of
-    ``modules`` (those the test imports but ``sys``) and the import machinery."""
-    import builtins
-
-    watched = [m for m in (sys.modules.get(name) for name in modules if name != "sys") if m is not None]
-    return (dict(vars(builtins)), dict(sys.modules), [(m, dict(vars(m))) for m in watched],
-            list(sys.meta_path), list(sys.path_hooks))
-
-
-def _tampered(snap, _vars=vars, _list=list, _gone=object(), _str=str, _modules=sys.modules, _sys=sys,
-              _builtins=__import__("builtins")):
-    """What the answer replaced since ``_snapshot`` (the builtins it uses bound before the answer ran)."""
-    names, mods, watched, meta, hooks = snap
-    now = _vars(_builtins)
-    bad = ["builtins." + k for k, v in names.items() if now.get(k, _gone) is not v and k != "_"]
-    bad += ["sys.modules[" + k + "]" for k, v in mods.items() if _modules.get(k, _gone) is not v and k != "__main__"]
-    for m, attrs in watched:
-        now = _vars(m)
-        bad += [_str(m.__name__) + "." + k for k, v in attrs.items() if now.get(k, _gone) is not v]
-    if _list(_sys.meta_path) != meta or _list(_sys.path_hooks) != hooks:
-        bad.append("import machinery")
-    return bad[:20]
-
-
 def _install_hook(line, codes, libs, check_code, snap, out, reporters,
                   _addaudithook=sys.addaudithook, _getframe=sys._getframe, _setprofile=sys.setprofile,
                   _type=type, _str=str, _bytes=bytes, _getattr=getattr, _min=min, _sorted=sorted, _any=any,
-                  _fstat=os.fstat, _exit=os._exit, _stdout=sys.__stdout__, _tampered=_tampered, _scan=scan_marks):
+                  _fstat=os.fstat, _exit=os._exit, _stdout=sys.__stdout__, _tampered=tampered, _scan=scan_marks):
     """Install the audit hook that holds the verdict; nothing keeps a reference to it but the interpreter."""
     import signal
 
@@ -271,34 +215,6 @@ def _install_hook(line, codes, libs, check_code, snap, out, reporters,
     _addaudithook(hook)
 
 
-def _codes(code, out):
-    out.add(code)
-    for c in code.co_consts:
-        if type(c) is type(code):
-            _codes(c, out)
-    return out
-
-
-def _same_function(a, b):
-    fa, fb = getattr(a, "__code__", None), getattr(b, "__code__", None)
-    if fa is None or fb is None:
-        return a is b
-    return (fa.co_code, fa.co_names, fa.co_varnames) == (fb.co_code, fb.co_names, fb.co_varnames)
-
-
-def _test_imports(test_src):
-    """The top-level modules the test code imports (imported here before the answer loads)."""
-    import ast
-
-    names = set()
-    for node in ast.walk(ast.parse(test_src)):
-        if isinstance(node, ast.Import):
-            names |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module.split(".")[0])
-    return sorted(names)
-
-
 def _ended(exc, _isinstance=isinstance, _exit=SystemExit, _interrupt=KeyboardInterrupt, _type=type,
            _tb=BaseException.__dict__["__traceback__"]):
     """The kind of an exception that ended ``check`` (the answer's, the test's failure, an exit) and its name."""
@@ -313,30 +229,6 @@ def _ended(exc, _isinstance=isinstance, _exit=SystemExit, _interrupt=KeyboardInt
             return "runtime_error", name
         tb = tb.tb_next
     return "wrong_answer", name
-
-
-def _reachable():
-    ns = {"__builtins__": {}}
-    exec(compile(_REACHABLE, "<cleaner-judge>", "exec"), ns)
-    return ns
-
-
-def _arm(reach, audit):
-    """Put the reporting wrappers in place (exit, quit, sys.exit, signal.signal); their code objects."""
-    import _signal
-    import builtins
-    import signal
-
-    for name in ("exit", "quit"):
-        setattr(builtins, name, reach["make_exit"](SystemExit, audit))
-    sys.exit = reach["make_exit"](SystemExit, audit)
-    plain = (signal.SIG_DFL, signal.SIG_IGN, None)
-    timer = reach["make_timer"](audit)
-    signal.signal(signal.SIGPROF, timer)
-    for module in (signal, _signal):  # each keeps its own: signal's converts enums, _signal's takes ints
-        module.signal = reach["make_signal"](module.signal, audit, plain)
-    return {"exit": sys.exit.__code__, "timer": timer.__code__, "signal": signal.signal.__code__,
-            "profile": reach["make_profile"](None, "", audit).__code__}
 
 
 def judge_assert(solution, prefix, helpers, test_src, entry, shadow, lookup, timeout):
@@ -359,29 +251,33 @@ def judge_assert(solution, prefix, helpers, test_src, entry, shadow, lookup, tim
     if not _undumpable():
         line({"error": "the judge could not make itself non-dumpable (prctl PR_SET_DUMPABLE)"})
         os._exit(0)
-    test_code = compile_test(test_src)
-    check_code = next(c for c in test_code.co_consts if type(c) is type(test_code) and c.co_name == "check")
-    codes = _codes(test_code, set(outer))
-    ns = {}
-    for src, name in ((prefix, "<prefix>"), (helpers, "<helpers>")):
-        compiled = compile(src, name, "exec")
-        codes |= _codes(compiled, set())
-        exec(compiled, ns)
-    for name in _test_imports(test_src):
-        try:
-            __import__(name)
-        except BaseException:  # noqa: BLE001 - the test will meet the same error itself
-            pass
-    trusted = {k: ns[k] for k in lookup if k in ns}
-    writable = tuple({os.getcwd(), "/tmp", "/dev/shm", "/work", "/var/tmp"})
-    libs = tuple(p for p in sys.path if p.startswith("/") and not any(p.startswith(w) for w in writable))
-    audit = sys.audit
-    eq, contains, sub = make_compare(frozenset(codes), writable)
-    reach = _reachable()
-    reporters = _arm(reach, audit)
-    reporters["compare"] = frozenset(fn.__code__ for fn in (eq, contains, sub))
-    snap = _snapshot(_test_imports(test_src))
-    _install_hook(line, frozenset(codes), libs, check_code, snap, out, reporters)
+    try:  # the judge's own setup: a failure here is the grader's (infrastructure), never the answer's
+        test_code = compile_test(test_src)
+        check_code = next(c for c in test_code.co_consts if type(c) is type(test_code) and c.co_name == "check")
+        codes = code_objects(test_code, set(outer))
+        ns = {}
+        for src, name in ((prefix, "<prefix>"), (helpers, "<helpers>")):
+            compiled = compile(src, name, "exec")
+            codes |= code_objects(compiled, set())
+            exec(compiled, ns)
+        for name in test_imports(test_src):
+            try:
+                __import__(name)
+            except BaseException:  # noqa: BLE001 - the test will meet the same error itself
+                pass
+        trusted = {k: ns[k] for k in lookup if k in ns}
+        writable = tuple({os.getcwd(), "/tmp", "/dev/shm", "/work", "/var/tmp"})
+        libs = tuple(p for p in sys.path if p.startswith("/") and not any(p.startswith(w) for w in writable))
+        audit = sys.audit
+        eq, contains, sub = make_compare(frozenset(codes), writable)
+        reach = reachable()
+        reporters = arm(reach, audit)
+        reporters["compare"] = frozenset(fn.__code__ for fn in (eq, contains, sub))
+        snap = snapshot(test_imports(test_src))
+        _install_hook(line, frozenset(codes), libs, check_code, snap, out, reporters)
+    except Exception as err:  # noqa: BLE001 - reported as an error line, read as HarnessError
+        line({"error": f"the judge could not set up the test: {type(err).__name__}: {err}"})
+        os._exit(0)
     del line, snap
     sys.modules["__main__"] = types.ModuleType("__main__")  # the executor's: it holds the judge program
     sys.setrecursionlimit(sys.getrecursionlimit() + depth + 8)
@@ -393,7 +289,7 @@ def judge_assert(solution, prefix, helpers, test_src, entry, shadow, lookup, tim
             audit("cleaner.hint", "redefined_helper")
         for k, trusted_value in trusted.items():
             if ns.get(k) is not trusted_value:
-                if not _same_function(ns.get(k), trusted_value):
+                if not same_function(ns.get(k), trusted_value):
                     audit("cleaner.hint", "redefined_helper")
                 ns[k] = trusted_value
         exec(test_code, ns)
