@@ -390,8 +390,10 @@ def judge_results(test: CodeTest, result: ExecutionResult) -> list[Outcome]:
     outcome = judge_result(test, result)
     if outcome.passed or test.count == 1:
         return [outcome] * test.count
-    verdict, taints, problem = _read_assert(result) if test.mode == "assert" else (*_read_verdict(result)[:1], [],
-                                                                                    _read_verdict(result)[1])
+    if test.mode == "assert":
+        verdict, taints, problem = _read_assert(result)
+    else:
+        (verdict, problem), taints = _read_verdict(result), []
     clean = verdict is not None and problem is None and not taints and result.ok
     passed = verdict.get("passed") if clean and outcome.kind not in SUSPECTED else 0
     passed = min(passed, test.count - 1) if type(passed) is int and passed > 0 else 0

@@ -94,10 +94,20 @@ def _install_hook(line, codes, libs, check_code, snap, out, reporters,
     def trusted(code):
         return code in codes or code.co_filename == "<cleaner-judge>"
 
-    def library(code):
+    def in_libs(code):
         name = code.co_filename
-        return (name.startswith("<frozen ") or _any(name.startswith(d) for d in libs)) and not _any(
-            part in name for part in _LEAKY)
+        return name.startswith("<frozen ") or _any(name.startswith(d) for d in libs)
+
+    def library(frame):
+        """Does a library take this frame for itself: a library's code that hands frames to its caller
+        (``_LEAKY``) only when a library called it (``logging``'s ``findCaller``, ``traceback.format_exc``)."""
+        code = frame.f_code
+        if not in_libs(code):
+            return False
+        if not _any(part in code.co_filename for part in _LEAKY):
+            return True
+        back = frame.f_back
+        return back is not None and in_libs(back.f_code) and not trusted(back.f_code)
 
     def fault():
         if v["fault_at"] is None:
@@ -175,11 +185,11 @@ def _install_hook(line, codes, libs, check_code, snap, out, reporters,
         if event in _ALWAYS:
             return _ALWAYS[event]
         if event == "sys._getframe":
-            return None if library(caller.f_code) else "frame"
+            return None if library(caller) else "frame"
         if event == "object.__getattr__":
             obj, name = args[0], args[1]
             if name in _FRAME_ATTRS:
-                return None if library(caller.f_code) and name != "gi_frame" else "frame"
+                return None if library(caller) else "frame"
             if name in _FUNC_ATTRS and _type(obj).__name__ == "function" and trusted(obj.__code__):
                 return "judge function"
             return None
