@@ -318,3 +318,17 @@ def test_a_judge_that_cannot_set_the_test_up_is_a_grader_error_never_a_verdict(s
     (res,) = grade_code_batch([("code", fenced("def square(x):\n    return x * x\n"), spec, {"id": 7})],
                               sandbox=sandbox, cfg=CFG)
     assert isinstance(res, GraderError) and res.infra and "broken helper" in str(res), res
+
+
+def test_a_check_that_never_calls_the_candidate_passes_no_answer_but_a_builtin_candidate_is_called(sandbox):
+    """The one deliberate difference from the reference: a run that never called the candidate does not pass
+    (no free credit). A candidate that is a builtin (``sort_it = sorted``) is called like any other."""
+    never = {"test_code": "def check(candidate):\n    if False:\n        assert candidate(1) == 1\n", "entry_point": "f",
+             "import_prefix": ""}
+    builtin = {"test_code": "def check(candidate):\n    assert candidate([2, 1]) == [1, 2]\n", "entry_point": "sort_it",
+               "import_prefix": ""}
+    assert reference(never, "def f(x):\n    return x\n") and reference(builtin, "sort_it = sorted\n")
+    a, b = grade_code_batch([("code", fenced("def f(x):\n    return x\n"), never, None),
+                             ("code", fenced("sort_it = sorted\n"), builtin, None)], sandbox=sandbox, cfg=CFG)
+    assert (a.reward, a.correct, a.metrics["suspected_hacks"]) == (0.0, False, 0.0), a.metrics
+    assert (b.reward, b.correct) == (1.0, True), b.metrics

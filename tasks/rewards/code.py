@@ -24,7 +24,8 @@ exceptions, output capture, generators, argument and return types, binding forms
 (``tests/test_humaneval_exactness.py``), on both backends, except the tampering the reference lets
 pass, which scores 0 as a suspected hack (``test_tampering_the_reference_passes_scores_zero_as_a_hack``:
 an always-equal value, an exit before or during the asserts, patched builtins, helpers or modules the
-test uses, reads of the test's frame, tracing, a forged verdict line). Partial credit never disagrees
+test uses, reads of the test's frame, tracing, a forged verdict line), and a run that never called the
+candidate, which passes nothing (no free credit). Partial credit never disagrees
 with it: the tests count as passed only in order, up to the first failure or fault (the judge's
 marks, reported on the verdict channel), a run that fails after its last test fails that test, a
 tampered run earns nothing, and the reward is 1.0 only when ``check`` returned. ``cfg.code_timeout_s``
