@@ -144,6 +144,9 @@ CASES = [
          "def make(kind):\n    return {'deque': [1, 2], 'ordered': {'a': 1}, 'decimal': 0.1, 'date': '2024-01-02',"
          " 'frozen': {1}}[kind]\n",
          module="from collections import OrderedDict, deque\nfrom datetime import date\nfrom decimal import Decimal\n"),
+    Case("class-entry-point", "Point", _c("p = candidate(1, 2)", "assert (p.x, p.y) == (1, 2)", "assert p == candidate(1, 2)"),
+         "from dataclasses import dataclass\n\n@dataclass\nclass Point:\n    x: int\n    y: int\n",
+         "from dataclasses import dataclass\n\n@dataclass\nclass Point:\n    y: int\n    x: int\n"),
     # binding forms in the test code (each names a value the test itself bound)
     Case("match-capture", "pair", _c("match candidate(3):", "    case [x, *rest]:", "        assert x == 3 and rest == [4]",
                                      "    case _:", "        assert False"),

@@ -304,7 +304,7 @@ def judge_assert(solution, prefix, helpers, test_src, entry, shadow, lookup, tim
                 ns[k] = trusted_value
         exec(test_code, ns)
         check, candidate = ns["check"], ns[entry]
-        sys.setprofile(reach["make_profile"](candidate, "<solution>", audit))
+        sys.setprofile(reach["make_profile"](candidate, "<solution>", audit, isinstance(candidate, type)))
         check(candidate, **{PASSED_MARK: audit, EQ_HOOK: eq, IN_HOOK: contains, SUB_HOOK: sub})
         kind, detail = "pass", None
     except BaseException as exc:  # noqa: BLE001 - every ending is a verdict

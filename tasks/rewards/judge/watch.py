@@ -24,9 +24,10 @@ def make_timer(audit):
     return on_timer
 
 
-def make_profile(entry, solution_file, audit):
-    def profile(frame, event, arg, _entry=entry, _file=solution_file, _audit=audit):
-        if (event == "call" and frame.f_code.co_filename == _file) or (event == "c_call" and arg is _entry):
+def make_profile(entry, solution_file, audit, is_class=False):
+    def profile(frame, event, arg, _entry=entry, _file=solution_file, _audit=audit, _any=is_class):
+        if (_any or (event == "call" and frame.f_code.co_filename == _file)
+                or (event == "c_call" and arg is _entry)):
             _audit("cleaner.called")
     return profile
 
