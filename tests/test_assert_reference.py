@@ -147,6 +147,10 @@ CASES = [
     Case("class-entry-point", "Point", _c("p = candidate(1, 2)", "assert (p.x, p.y) == (1, 2)", "assert p == candidate(1, 2)"),
          "from dataclasses import dataclass\n\n@dataclass\nclass Point:\n    x: int\n    y: int\n",
          "from dataclasses import dataclass\n\n@dataclass\nclass Point:\n    y: int\n    x: int\n"),
+    Case("expected-exit", "cli", _c("try:", "    candidate(['--bad'])", "except SystemExit as e:", "    assert e.code == 2",
+                                     "else:", "    assert False"),
+         "import sys\n\ndef cli(argv):\n    if '--bad' in argv:\n        sys.exit(2)\n",
+         "import sys\n\ndef cli(argv):\n    if '--bad' in argv:\n        sys.exit(1)\n"),
     # binding forms in the test code (each names a value the test itself bound)
     Case("match-capture", "pair", _c("match candidate(3):", "    case [x, *rest]:", "        assert x == 3 and rest == [4]",
                                      "    case _:", "        assert False"),

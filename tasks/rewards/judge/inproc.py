@@ -264,7 +264,8 @@ def judge_assert(solution, prefix, helpers, test_src, entry, shadow, lookup, tim
     try:  # the judge's own setup: a failure here is the grader's (infrastructure), never the answer's
         test_code = compile_test(test_src)
         check_code = next(c for c in test_code.co_consts if type(c) is type(test_code) and c.co_name == "check")
-        codes = code_objects(test_code, set(outer))
+        test_codes = code_objects(test_code, set())
+        codes = test_codes | outer
         ns = {}
         for src, name in ((prefix, "<prefix>"), (helpers, "<helpers>")):
             compiled = compile(src, name, "exec")
@@ -281,7 +282,7 @@ def judge_assert(solution, prefix, helpers, test_src, entry, shadow, lookup, tim
         audit = sys.audit
         eq, contains, sub = make_compare(frozenset(codes), writable)
         reach = reachable()
-        reporters = arm(reach, audit)
+        reporters = arm(reach, audit, not any("SystemExit" in c.co_names for c in test_codes))
         reporters["compare"] = frozenset(fn.__code__ for fn in (eq, contains, sub))
         snap = snapshot(test_imports(test_src))
         _install_hook(line, frozenset(codes), libs, check_code, snap, out, reporters)

@@ -49,21 +49,23 @@ def reachable():
     return ns
 
 
-def arm(reach, audit):
-    """Put the reporting wrappers in place (exit, quit, sys.exit, signal.signal); their code objects."""
+def arm(reach, audit, exits=True):
+    """Put the reporting wrappers in place (exit, quit, sys.exit unless the test itself names ``SystemExit``:
+    then an exit is what it expects; signal.signal); their code objects."""
     import _signal
     import builtins
     import signal
 
-    for name in ("exit", "quit"):
-        setattr(builtins, name, reach["make_exit"](SystemExit, audit))
-    sys.exit = reach["make_exit"](SystemExit, audit)
+    if exits:
+        for name in ("exit", "quit"):
+            setattr(builtins, name, reach["make_exit"](SystemExit, audit))
+        sys.exit = reach["make_exit"](SystemExit, audit)
     plain = (signal.SIG_DFL, signal.SIG_IGN, None)
     timer = reach["make_timer"](audit)
     signal.signal(signal.SIGPROF, timer)
     for module in (signal, _signal):  # each keeps its own: signal's converts enums, _signal's takes ints
         module.signal = reach["make_signal"](module.signal, audit, plain)
-    return {"exit": sys.exit.__code__, "timer": timer.__code__, "signal": signal.signal.__code__,
+    return {"exit": reach["make_exit"](SystemExit, audit).__code__, "timer": timer.__code__, "signal": signal.signal.__code__,
             "profile": reach["make_profile"](None, "", audit).__code__}
 
 
