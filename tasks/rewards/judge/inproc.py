@@ -100,14 +100,15 @@ def _install_hook(line, codes, libs, check_code, snap, out, reporters,
 
     def library(frame):
         """Does a library take this frame for itself: a library's code that hands frames to its caller
-        (``_LEAKY``) only when a library called it (``logging``'s ``findCaller``, ``traceback.format_exc``)."""
+        (``_LEAKY``) only when a library or the test called it (``logging``'s ``findCaller``,
+        ``traceback.format_exc``)."""
         code = frame.f_code
         if not in_libs(code):
             return False
         if not _any(part in code.co_filename for part in _LEAKY):
             return True
         back = frame.f_back
-        return back is not None and in_libs(back.f_code) and not trusted(back.f_code)
+        return back is not None and (in_libs(back.f_code) or trusted(back.f_code))
 
     def fault():
         if v["fault_at"] is None:
