@@ -1,8 +1,8 @@
 """A test passes exactly when the reference harness would pass it (issue 37): an independent oracle.
 
-The reference harness runs ``check(candidate)`` once, in one process. The code reward runs it once too
-(``tasks.rewards.cases``, ``judge/check.py``) and counts the asserts passed in order before the first
-failure for partial credit. ``CASES`` is a hand-written table of stateful tests (in-place mutation checked
+The reference harness runs ``check(candidate)`` once, in one process. The code reward runs it once too, in
+the answer's own interpreter (``tasks.rewards.cases``, ``judge/inproc.py``), and counts the asserts passed in
+order before the first failure for partial credit. ``CASES`` is a hand-written table of stateful tests (in-place mutation checked
 after an asserted call, generators advanced across asserts, objects and closures with state, setup between
 asserts, helpers from the prompt), each with a correct and a wrong answer and the wrong answer's reward
 worked out by hand: ``(k - f) / (n - f)`` with ``n`` the tests (top-level asserts using the candidate),
@@ -248,7 +248,7 @@ HELPERS = [
          "n=2, k=1, F=0", GRID),
 ]
 
-CROSSING = [  # what crosses between the judge and the answer's process fails where Python would fail
+CROSSING = [  # objects of the answer's own classes, used by the test as Python uses them
     Case("falsy-object", "is_odd", _c("assert candidate(3)", "assert not candidate(4)"),
          "def is_odd(n):\n    return n % 2 == 1\n",
          "class _No:\n    def __bool__(self):\n        return False\n\ndef is_odd(n):\n    return _No()\n", 0.0,

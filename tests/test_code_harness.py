@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from sandbox.result import ExecutionResult
-from tasks.rewards.cases import PASSED_MARK, assert_tests
+from tasks.rewards.cases import EQ_HOOK, IN_HOOK, MARK_EVENT, PASSED_MARK, SUB_HOOK, assert_tests
 from tasks.rewards.code import finish
 from tasks.rewards.harness import (
     CHANNEL_EXIT,
@@ -92,25 +92,30 @@ def test_json_plain_is_a_json_round_trip():
     assert normal_lines("  a   b \n\n c\n\n") == "a b\n\nc" and len(digest("x")) == 64
 
 
+def _mark(i: int) -> str:
+    return f"{PASSED_MARK}({MARK_EVENT!r}, {i})"
+
+
 def test_assert_tests_keep_check_whole_and_mark_each_test():
     test_code = ("METADATA = {}\n\ndef helper(v):\n    return v\n\ndef check(candidate):\n    import math\n"
                  "    assert candidate(1) == 1\n    xs = [1, 2]\n    for x in xs:\n        assert candidate(x) == helper(x)\n"
                  "    assert True\n    assert poly(candidate(2)) == 4\n\ncheck(f)\n")
     tests = assert_tests(test_code)
-    body = tests.source.split("def check(candidate):\n", 1)[1].splitlines()
+    head = f"def check(candidate, *, {PASSED_MARK}=None, {EQ_HOOK}=None, {IN_HOOK}=None, {SUB_HOOK}=None):\n"
+    body = tests.source.split(head, 1)[1].splitlines()
     assert [line.strip() for line in body] == [
-        "import math", "assert candidate(1) == 1", f"{PASSED_MARK}(1)", "xs = [1, 2]", "for x in xs:",
-        "assert candidate(x) == helper(x)", f"{PASSED_MARK}(2)", "assert True", "assert poly(candidate(2)) == 4",
-        f"{PASSED_MARK}(3)"]
+        "import math", f"assert {EQ_HOOK}(candidate(1), 1)", _mark(1), "xs = [1, 2]", "for x in xs:",
+        f"assert {EQ_HOOK}(candidate(x), helper(x))", _mark(2), "assert True",
+        f"assert {EQ_HOOK}(poly(candidate(2)), 4)", _mark(3)]
     assert "METADATA = {}" in tests.source and "def helper" in tests.source and "check(f)" not in tests.source
     assert tests.count == 3 and tests.lookup == ("poly",) and tests.shadow == ("check", "helper")
 
 
 def test_assert_tests_count_one_per_line_as_the_reference_writes_them():
     tests = assert_tests("def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(3) == 9\n")
-    assert tests.count == 2 and tests.source.count(PASSED_MARK) == 2
+    assert tests.count == 2 and tests.source.count(f"{PASSED_MARK}(") == 2
     whole = assert_tests("def check(candidate):\n    _eq(candidate(1), 1)\n")
-    assert whole.count == 1 and PASSED_MARK not in whole.source  # no assert: the whole run is the test
+    assert whole.count == 1 and f"{PASSED_MARK}(" not in whole.source  # no assert: the whole run is the test
 
 
 @pytest.mark.parametrize("bad", ["def check(candidate:\n", "assert True\n"])
@@ -125,6 +130,11 @@ def _result(stdout="", *, ok=True, exit_code=0, timed_out=False, memory=False, t
 
 def _line(payload: dict) -> str:
     return VERDICT_MARK + json.dumps(payload) + "\n"
+
+
+def _judged(*payloads: dict, nonce: str = "n0nce") -> str:
+    """The assert judge's stdout: its hello line, then ``payloads``, each with the run's nonce."""
+    return "".join(_line({**p, "n": nonce}) for p in ({"hello": True}, *payloads))
 
 
 STDIN = CodeTest("", "stdin", "4\n")
@@ -173,15 +183,26 @@ OK_RUN = {"end": "ok", "tampered": [], "shadowed": [], "marked": False}
     (FUNCTIONAL, _result(_line({**OK_RUN, "value": 0, "tampered": ["int.__eq__"]})), Kind.TAMPERING),
     (FUNCTIONAL, _result(_line({**OK_RUN, "channel": "closed"})), Kind.CHANNEL_CLOSED),
     (FUNCTIONAL, _result(_line({"end": "later", "value": [1, 2]})), Kind.FORGED_VERDICT),
-    (ASSERT, _result(_line({"pass": True, "kind": "pass", "exc": None, "hints": []})), Kind.PASS),
-    (ASSERT, _result(_line({"pass": True, "kind": "pass", "exc": None, "hints": []}), ok=False, exit_code=-9),
+    (ASSERT, _result(_judged({"pass": True, "kind": "pass", "exc": None, "hints": []})), Kind.PASS),
+    (ASSERT, _result(_judged({"pass": True, "kind": "pass", "exc": None, "hints": []}), ok=False, exit_code=-9),
      Kind.TAMPERING),
-    (ASSERT, _result(_line({"pass": True, "kind": "wrong_answer"})), Kind.FORGED_VERDICT),
-    (ASSERT, _result(_line({"pass": False, "kind": "no_such_kind"})), Kind.FORGED_VERDICT),
-    (ASSERT, _result(_line({"pass": False, "kind": "wrong_answer", "hints": ["nan"]})), Kind.NAN_VALUE),
-    (ASSERT, _result(_line({"pass": False, "kind": "wrong_answer", "hints": ["tampered", "forged_verdict"]})),
+    (ASSERT, _result(_judged({"pass": True, "kind": "wrong_answer"})), Kind.FORGED_VERDICT),
+    (ASSERT, _result(_judged({"pass": False, "kind": "no_such_kind"})), Kind.FORGED_VERDICT),
+    (ASSERT, _result(_judged({"pass": False, "kind": "wrong_answer", "hints": ["nan"]})), Kind.NAN_VALUE),
+    (ASSERT, _result(_judged({"pass": False, "kind": "wrong_answer", "hints": ["tampered", "forged_verdict"]})),
      Kind.FORGED_VERDICT),
-    (ASSERT, _result(_line({"pass": False, "kind": "system_exit", "hints": ["tampered"]})), Kind.SYSTEM_EXIT),
+    (ASSERT, _result(_judged({"pass": False, "kind": "system_exit", "hints": ["tampered"]})), Kind.SYSTEM_EXIT),
+    # the assert judge's channel: every line carries the nonce of its hello, a taint fails the run
+    (ASSERT, _result(_line({"pass": True, "kind": "pass", "exc": None, "hints": []})), Kind.FORGED_VERDICT),
+    (ASSERT, _result(_judged({"pass": True, "kind": "pass", "hints": []}) + _line({"pass": True, "kind": "pass"})),
+     Kind.FORGED_VERDICT),
+    (ASSERT, _result(_judged() + _line({"n": "guess", "pass": True, "kind": "pass"})), Kind.FORGED_VERDICT),
+    (ASSERT, _result(_judged({"pass": True, "kind": "pass"}, {"pass": True, "kind": "pass"})), Kind.FORGED_VERDICT),
+    (ASSERT, _result(_judged({"taint": "frame"}, {"pass": True, "kind": "pass", "hints": []})), Kind.TAMPERING),
+    (ASSERT, _result(_judged({"taint": "gc"})), Kind.TAMPERING),
+    (ASSERT, _result(_judged({"pass": True, "kind": "pass", "tampered": ["builtins.abs"]})), Kind.TAMPERING),
+    (ASSERT, _result(_judged()), Kind.OS_EXIT),
+    (ASSERT, _result(_judged(), ok=False, exit_code=-9), Kind.KILLED),
 ])
 def test_judge_result(test, result, kind):
     assert judge_result(test, result).kind is kind
@@ -189,7 +210,7 @@ def test_judge_result(test, result, kind):
 
 def test_a_judge_that_cannot_run_is_infrastructure():
     with pytest.raises(HarnessError, match="non-dumpable"):
-        judge_result(ASSERT, _result(_line({"error": "the judge could not make itself non-dumpable"})))
+        judge_result(ASSERT, _result(_judged({"error": "the judge could not make itself non-dumpable"})))
     assert judge_result(STDIN, _result(_line({"error": "x", **OK_RUN, "out": "4\n"}))).kind is Kind.PASS
 
 
@@ -199,16 +220,17 @@ P, W = Kind.PASS, Kind.WRONG_ANSWER
 
 
 @pytest.mark.parametrize("result,kinds", [
-    (_result(_line({"pass": True, "kind": "pass", "exc": None, "hints": [], "passed": 4})), [P, P, P, P]),
-    (_result(_line({**FAILED_AT, "passed": 2})), [P, P, W, W]),
-    (_result(_line({**FAILED_AT, "passed": 0})), [W, W, W, W]),
-    (_result(_line({**FAILED_AT, "passed": 4})), [P, P, P, W]),  # failed after its last test: never all passed
-    (_result(_line({**FAILED_AT, "passed": 9})), [P, P, P, W]),
-    (_result(_line({**FAILED_AT, "passed": -1})), [W, W, W, W]),
-    (_result(_line({**FAILED_AT, "passed": "3"})), [W, W, W, W]),
-    (_result(_line({**FAILED_AT, "passed": 2}), ok=False, exit_code=-9), [Kind.TAMPERING] * 4),
-    (_result(_line({**FAILED_AT, "kind": "timeout", "passed": 1})), [P] + [Kind.TIMEOUT] * 3),
-    (_result(_line({**FAILED_AT, "passed": 2}) * 2), [Kind.FORGED_VERDICT] * 4),
+    (_result(_judged({"pass": True, "kind": "pass", "exc": None, "hints": [], "passed": 4})), [P, P, P, P]),
+    (_result(_judged({**FAILED_AT, "passed": 2})), [P, P, W, W]),
+    (_result(_judged({**FAILED_AT, "passed": 0})), [W, W, W, W]),
+    (_result(_judged({**FAILED_AT, "passed": 4})), [P, P, P, W]),  # failed after its last test: never all passed
+    (_result(_judged({**FAILED_AT, "passed": 9})), [P, P, P, W]),
+    (_result(_judged({**FAILED_AT, "passed": -1})), [W, W, W, W]),
+    (_result(_judged({**FAILED_AT, "passed": "3"})), [W, W, W, W]),
+    (_result(_judged({**FAILED_AT, "passed": 2}), ok=False, exit_code=-9), [Kind.TAMPERING] * 4),
+    (_result(_judged({**FAILED_AT, "kind": "timeout", "passed": 1})), [P] + [Kind.TIMEOUT] * 3),
+    (_result(_judged({**FAILED_AT, "passed": 2}, {**FAILED_AT, "passed": 2})), [Kind.FORGED_VERDICT] * 4),
+    (_result(_judged({"taint": "frame"}, {**FAILED_AT, "passed": 2})), [Kind.TAMPERING] * 4),
 ])
 def test_judge_results_count_the_tests_passed_in_order_before_the_first_failure(result, kinds):
     assert [o.kind for o in judge_results(WHOLE, result)] == kinds
@@ -220,7 +242,38 @@ def test_partial_credit_is_the_tests_passed_past_the_free_ones(passed, free, rew
     """(k - min(k, F)) / (n - min(k, F)) for a check of n = 4 tests failed after k, F of them free; 1.0 only whole."""
     verdict = {"pass": passed == 4, "kind": "pass" if passed == 4 else "wrong_answer", "exc": None, "hints": [],
                "passed": passed}
-    res = finish("x", [replace(WHOLE, free=free)], [_result(_line(verdict))], 0)
+    res = finish("x", [replace(WHOLE, free=free)], [_result(_judged(verdict))], 0)
     assert res.reward == pytest.approx(reward) and res.correct is (passed == 4)
     assert res.metrics["tests_passed"] == passed and res.metrics["tests_total"] == 4.0
     assert res.metrics["tests_free"] == free
+
+
+def test_the_comparisons_of_check_go_through_the_hooks_and_mean_what_they_meant():
+    """``==``, ``in``, ``not in`` and ``-`` become the hooks (operands once, in order); other operators and
+    chained comparisons stay; the hooks given plain operators, the instrumented check computes the same."""
+    tests = assert_tests("def check(candidate):\n    assert candidate(1) == 1 and 2 in candidate(3)\n"
+                         "    assert 5 not in [candidate(0) - 1]\n    assert 0 < candidate(1) <= 1 != 2\n")
+    assert f"{EQ_HOOK}(candidate(1), 1) and {IN_HOOK}(2, candidate(3))" in tests.source
+    assert f"not {IN_HOOK}(5, [{SUB_HOOK}(candidate(0), 1)])" in tests.source
+    assert "0 < candidate(1) <= 1 != 2" in tests.source
+    ns, calls = {}, []
+    exec(tests.source, ns)
+
+    def cand(x):
+        calls.append(x)
+        return [x, 2, 3] if x == 3 else x
+
+    hooks = {PASSED_MARK: lambda event, i: None, EQ_HOOK: lambda a, b: a == b, IN_HOOK: lambda a, b: a in b,
+             SUB_HOOK: lambda a, b: a - b}
+    ns["check"](cand, **hooks)
+    assert calls == [1, 3, 0, 1]
+
+
+@pytest.mark.parametrize("test_code", [
+    "def check(candidate):\n    try:\n        candidate(0)\n    except ValueError as e:\n        assert e.args == ('x',)\n",
+    "def check(candidate):\n    match candidate(1):\n        case [a, *rest]:\n            assert a == 1 and rest == []\n"
+    "        case {'k': v, **others}:\n            assert v and not others\n",
+    "def check(candidate):\n    assert (n := candidate(2)) == 4 and n\n    with open(0) as fh:\n        assert fh and candidate(1)\n",
+])
+def test_every_binding_form_of_the_test_code_binds_its_name(test_code):
+    assert assert_tests(test_code).lookup == ()

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tasks.data.formats import DatasetError, load_tasks
-from tasks.rewards.cases import PASSED_MARK, assert_tests
+from tasks.rewards.cases import EQ_HOOK, PASSED_MARK, assert_tests
 from tasks.rewards.code import grade_code_batch, parse_tests
 from tasks.rewards.config import RewardConfig
 from tasks.rewards.harness import Kind
@@ -101,9 +101,9 @@ FORGE_STATUS = ("import os, time\ntry:\n    os.write(3, bytes([0]))\nexcept OSEr
 
 
 def test_an_exit_status_forged_on_the_executors_status_pipe_scores_zero(sandbox):
-    """fd 3 is the executor's status pipe where the answer runs in the snippet's process (functional, stdin):
-    "exit 0" written there, stdio closed - no verdict reaches the host. In the assert format fd 3 is the
-    solution process's request pipe: nothing to forge, it just hangs."""
+    """fd 3 is the executor's status pipe, where the answer runs (every format): "exit 0" written there, stdio
+    closed - no verdict reaches the host (functional, stdin: ``channel_closed``). In the assert format the
+    judge's verdict channel, a copy of fd 1, keeps stdout open, and the judge's timer ends the run."""
     cfg = RewardConfig(code_timeout_s=1.0)
     items = [("code", square("return x * x", fmt, module=FORGE_STATUS), SPECS[fmt], None) for fmt in FORMATS]
     results = grade_code_batch(items, sandbox=sandbox, cfg=cfg)
@@ -121,8 +121,8 @@ def test_asserts_that_never_use_the_candidate_are_no_tests():
     tests = assert_tests(test_code)
     assert tests.count == 3  # candidate(2) == 4; x (from the candidate) == 9; xs (handed to it) == [1, 2]
     lines = [line.strip() for line in tests.source.splitlines()]
-    assert [lines[i - 1] for i, line in enumerate(lines) if line.startswith(PASSED_MARK)] == [
-        "assert candidate(2) == 4", "assert x == 9", "assert xs == [1, 2]"]
+    assert [lines[i - 1] for i, line in enumerate(lines) if line.startswith(f"{PASSED_MARK}(")] == [
+        f"assert {EQ_HOOK}(candidate(2), 4)", f"assert {EQ_HOOK}(x, 9)", f"assert {EQ_HOOK}(xs, [1, 2])"]
     with pytest.raises(ValueError, match="uses the candidate"):
         assert_tests("def check(candidate):\n    assert True\n")
 

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TEXT = (ROOT / "sandbox" / "THREAT_MODEL.md").read_text()
 MODULES = {"test_sandbox_local", "test_sandbox_docker", "test_sandbox_setup", "test_reward_hacks", "test_code_harness",
            "test_reward_dodges", "test_compare", "test_assert_exactness", "test_humaneval_exactness",
-           "test_sandbox_cputime"}
+           "test_sandbox_cputime", "test_assert_reference"}
 
 
 def _test_functions() -> set[str]:

@@ -1,15 +1,26 @@
 """The tests of an assert-format code ground truth (``check(candidate)``), read and checked on the host.
 
-The reference harness runs ``check(candidate)`` once, in one process: the test passes when it returns.
-``assert_tests`` keeps that run whole and only marks it for partial credit: each top-level statement of
-``check`` that holds an ``assert`` using a value derived from the candidate is one *test* (an ``assert
-True, '...'`` tests nothing and is not counted; it still runs, as in the reference), and after each such
-statement the marked source calls ``PASSED_MARK(i)`` (i tests passed so far, in order). The judge
-(``tasks.rewards.judge.check``) runs that source whole and reports the last mark reached before the
-first failure; nothing is split, so a later assert always sees what the earlier ones did (a list
-mutated in place, a generator advanced, an object's state). ``check_helpers`` makes sure every name the
-test uses but does not define comes from a trusted spec field (``helpers``: the prompt's definitions;
-``import_prefix``), never from the answer. Used by ``tasks.rewards.harness`` and ``tasks.rewards.code``.
+The reference harness runs the prompt's helpers, the answer, the test and ``check(candidate)`` in one
+interpreter: the test passes when ``check`` returns. ``assert_tests`` keeps that run whole and only
+instruments ``check`` for the judge (``tasks.rewards.judge.inproc``), which runs it in the answer's own
+interpreter:
+
+- each top-level statement of ``check`` that holds an ``assert`` using a value derived from the candidate
+  is one *test* (an ``assert True, '...'`` tests nothing and is not counted; it still runs, as in the
+  reference); after each the marked source calls ``PASSED_MARK(MARK_EVENT, i)`` (i tests passed so far,
+  in order; the judge passes ``sys.audit``, its audit hook checks the call comes from this ``check``);
+- every ``a == b``, ``a in b`` / ``a not in b`` and ``a - b`` in ``check`` (comprehensions and nested
+  functions included) goes through ``EQ_HOOK`` / ``IN_HOOK`` / ``SUB_HOOK``, which compute exactly what the
+  operator computes and tell the judge when a value whose comparison comes from the answer's code equals
+  two different values (an always-true ``__eq__``: ``fake_value``);
+- those names are keyword-only parameters of ``check`` the judge passes, so they are locals of the
+  running ``check``, out of the answer's reach but through its frame (which the judge's audit hook sees).
+
+Nothing is split, so a later assert always sees what the earlier ones did (a list mutated in place, a
+generator advanced, an object's state). ``check_helpers`` makes sure every name the test uses but does not
+define (or bind: assignments, ``except ... as``, ``match`` captures, ``with ... as``, walrus, imports,
+parameters) comes from a trusted spec field (``helpers``: the prompt's definitions; ``import_prefix``),
+never from the answer. Used by ``tasks.rewards.harness`` and ``tasks.rewards.code``.
 """
 
 from __future__ import annotations
@@ -23,17 +34,18 @@ import sys
 import threading
 from typing import NamedTuple
 
-from tasks.rewards.judge.wire import PASSED_MARK
+from tasks.rewards.judge.wire import EQ_HOOK, IN_HOOK, MARK_EVENT, PASSED_MARK, SUB_HOOK
 
-__all__ = ["PASSED_MARK", "AssertTests", "assert_tests", "check_helpers"]
+__all__ = ["EQ_HOOK", "IN_HOOK", "MARK_EVENT", "PASSED_MARK", "SUB_HOOK", "AssertTests", "assert_tests", "check_helpers"]
 
 
 class AssertTests(NamedTuple):
     """An assert-format test code, ready for the judge."""
 
     source: str
-    """The test module with ``check`` marked: ``PASSED_MARK(i)`` after the i-th test (a top-level
-    ``check(...)`` call the file ends with is left out: the judge makes that call)."""
+    """The test module with ``check`` instrumented: ``PASSED_MARK(i)`` after the i-th test, comparisons
+    through the hooks (a top-level ``check(...)`` call the file ends with is left out: the judge makes that
+    call, passing the hooks by keyword)."""
     count: int
     """How many tests ``check`` holds (1 when it holds no counted assert: the whole run is the test)."""
     lookup: tuple[str, ...]
@@ -43,13 +55,20 @@ class AssertTests(NamedTuple):
 
 
 def _names(tree: ast.AST) -> tuple[set[str], set[str]]:
-    """Names a module loads, and names it binds anywhere (assignments, defs, imports, parameters)."""
+    """Names a module loads, and names it binds anywhere (assignments, defs, imports, parameters,
+    ``except ... as``, ``match`` captures)."""
     loaded, bound = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
             (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             bound.add(node.name)
+        elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)):
+            if node.name:
+                bound.add(node.name)
+        elif isinstance(node, ast.MatchMapping):
+            if node.rest:
+                bound.add(node.rest)
         elif isinstance(node, ast.arg):
             bound.add(node.arg)
         elif isinstance(node, ast.alias):
@@ -77,7 +96,39 @@ def _any_int_length():
 
 
 def _mark(i: int) -> ast.stmt:
-    return ast.Expr(ast.Call(ast.Name(PASSED_MARK, ast.Load()), [ast.Constant(i)], []))
+    return ast.Expr(ast.Call(ast.Name(PASSED_MARK, ast.Load()), [ast.Constant(MARK_EVENT), ast.Constant(i)], []))
+
+
+def _hook(name: str, left: ast.expr, right: ast.expr) -> ast.Call:
+    return ast.Call(ast.Name(name, ast.Load()), [left, right], [])
+
+
+class _Hooked(ast.NodeTransformer):
+    """``a == b`` -> ``EQ_HOOK(a, b)``, ``a in b`` -> ``IN_HOOK(a, b)``, ``a not in b`` -> ``not IN_HOOK(a, b)``
+    (Python defines it so), ``a - b`` -> ``SUB_HOOK(a, b)``; operands evaluated once, in the same order.
+    Chained comparisons and other operators are left as written."""
+
+    def visit_Compare(self, node: ast.Compare) -> ast.expr:
+        self.generic_visit(node)
+        if len(node.ops) != 1:
+            return node
+        op, left, right = node.ops[0], node.left, node.comparators[0]
+        if isinstance(op, ast.Eq):
+            return ast.copy_location(_hook(EQ_HOOK, left, right), node)
+        if isinstance(op, ast.In):
+            return ast.copy_location(_hook(IN_HOOK, left, right), node)
+        if isinstance(op, ast.NotIn):
+            return ast.copy_location(ast.UnaryOp(ast.Not(), _hook(IN_HOOK, left, right)), node)
+        return node
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.expr:
+        self.generic_visit(node)
+        if isinstance(node.op, ast.Sub):
+            return ast.copy_location(_hook(SUB_HOOK, node.left, node.right), node)
+        return node
+
+
+_HOOKS = (PASSED_MARK, EQ_HOOK, IN_HOOK, SUB_HOOK)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -117,7 +168,10 @@ def assert_tests(test_code: str, entry: str = "") -> AssertTests:
     lookup = tuple(sorted(n for n in loaded - bound - {entry} if not hasattr(builtins, n)))
     shadow = tuple(sorted(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))))
     marked = copy.copy(check)
-    marked.body = body
+    marked.body = [_Hooked().visit(stmt) for stmt in body]
+    marked.args = copy.copy(check.args)
+    marked.args.kwonlyargs = [*check.args.kwonlyargs, *(ast.arg(name) for name in _HOOKS)]
+    marked.args.kw_defaults = [*check.args.kw_defaults, *(ast.Constant(None) for _ in _HOOKS)]
     module = [marked if n is check else n for n in module]
     try:
         with _any_int_length():

@@ -15,19 +15,21 @@ Ground truth (a dict or its JSON string) is one of three test formats:
   the reference's data); names the test uses but does not define come from the trusted ``helpers``
   field (the prompt's definitions), never from the answer (``tasks.rewards.cases``).
 
-**The assert rule (exactness).** ``correct`` is true exactly when running the original
-``check(candidate)`` once, in one process, passes (the reference harness): the judge runs it once
-and whole, so a later assert sees what earlier ones did (a list mutated in place, a generator
-advanced, an object's or a closure's state). Partial credit never disagrees with it: the tests
-count as passed only in order, up to the first failure (the judge's marks, reported on the protected
-verdict channel), and a run that fails after its last test fails that test; the reward is 1.0 only
-when ``check`` returned. ``cfg.code_timeout_s`` bounds the whole ``check`` (a timeout keeps the tests
-passed before it). What crosses between the test and the answer's process is plain data and handles
-(``judge/check.py``), so an answer that holds on to an argument after its call returned and mutates
-it later, or returns a builtin type's subclass or an object the test does arithmetic on, is where
-the judge can differ from the reference
-(listed in the threat model; ``tests/test_humaneval_exactness.py``: 0 disagreements on HumanEval's
-164 canonical solutions and their mutants).
+**The assert rule.** ``check`` runs once, whole, in the answer's own interpreter and namespace, after
+the helpers and the answer, as the reference harness runs it (``judge/inproc.py``), so a later assert
+sees what earlier ones did and every value is the answer's own object. ``correct`` equals the
+reference harness's verdict on every case of ``tests/test_assert_reference.py`` (aliasing, mutation,
+exceptions, output capture, generators, argument and return types, binding forms), of
+``tests/test_assert_exactness.py`` and of HumanEval's canonical solutions and mutants
+(``tests/test_humaneval_exactness.py``), on both backends, except the tampering the reference lets
+pass, which scores 0 as a suspected hack (``test_tampering_the_reference_passes_scores_zero_as_a_hack``:
+an always-equal value, an exit before or during the asserts, patched builtins, helpers or modules the
+test uses, reads of the test's frame, tracing, a forged verdict line), and a run that never called the
+candidate, which passes nothing (no free credit). Partial credit never disagrees
+with it: the tests count as passed only in order, up to the first failure or fault (the judge's
+marks, reported on the verdict channel), a run that fails after its last test fails that test, a
+tampered run earns nothing, and the reward is 1.0 only when ``check`` returned. ``cfg.code_timeout_s``
+bounds the whole ``check`` (a timeout keeps the tests passed before it).
 
 Each stdin / functional test and each assert ``check`` is one sandbox snippet (built by
 ``tasks.rewards.harness``), so a crash, an exit or a time-out fails only that snippet's tests, and a

@@ -8,11 +8,13 @@ with its source as a fallback for another Python) and ends in one verdict line. 
   enters the sandbox.
   Long answers travel as the sha256 of a canonical form (``INLINE_CHARS``); they are then compared
   exactly (whitespace-normalised lines / canonical JSON) instead of with the 1e-6 number tolerance.
-- **assert** (``check(candidate)``): the test code must run in the sandbox; it runs whole, once,
-  in a judge process that never runs the solution (see ``judge/check.py``): one snippet holds all
-  of a problem's tests. Its pass is trusted when it is the one verdict line on an otherwise empty
-  stdout of a snippet that exited 0; the verdict also says how many tests passed in order before
-  the run stopped (``passed``).
+- **assert** (``check(candidate)``): the test code must run in the sandbox; it runs whole, once, in
+  the answer's own interpreter as the reference harness runs it (see ``judge/inproc.py``): one snippet
+  holds all of a problem's tests. Its stdout must be nothing but verdict lines that all carry the nonce
+  of the first (``hello``, written before the answer loaded), from a snippet that exited 0; a line
+  ``{"taint": ...}`` (the judge's audit hook saw a reach into the test's or the judge's internals) fails
+  the run as ``tampering``; the last line is the verdict, which also says how many tests passed in order
+  before the run stopped (``passed``).
 
 Every test gets an ``Outcome``: ``pass`` or the kind of failure (in the assert format, the tests after
 the first failure did not run and count under the kind of the failure that stopped the run). Kinds in ``SUSPECTED`` are what a
@@ -91,12 +93,14 @@ class Kind(str, Enum):
 SUSPECTED = frozenset({Kind.SYSTEM_EXIT, Kind.KEYBOARD_INTERRUPT, Kind.OS_EXIT, Kind.KILLED, Kind.CHANNEL_CLOSED,
                        Kind.FORGED_VERDICT, Kind.FAKE_VALUE, Kind.NAN_VALUE, Kind.TAMPERING, Kind.REDEFINED_HELPER})
 """Failure kinds that suggest an attempt on the grader: ``system_exit`` / ``keyboard_interrupt`` (raised by the
-solution), ``os_exit`` (its process ended before the verdict), ``killed`` (by a signal other than a crash's:
-itself or the judge), ``channel_closed`` (the verdict channel or its own stdout closed or replaced),
-``forged_verdict`` (anything but the harness wrote on the verdict channel), ``fake_value`` (a return value
-that is not plain data: a subclass, an object with its own ``__eq__``), ``nan_value`` (a wrong answer holding
-NaN), ``tampering`` (builtins or harness functions patched, garbage on the judge's pipe, an exit after the
-verdict), ``redefined_helper`` (the solution defines the test's ``check`` or helpers)."""
+solution), ``os_exit`` (its process ended before the verdict), ``killed`` (by a signal other than a crash's),
+``channel_closed`` (the verdict channel or its own stdout closed or replaced), ``forged_verdict`` (anything
+but the harness wrote on the verdict channel, or printed a verdict mark), ``fake_value`` (functional: a
+return value that is not plain data; assert: a value whose ``__eq__`` / ``__contains__`` / ``__sub__`` is
+the answer's code and that passed a comparison it also passes against a different value), ``nan_value`` (a
+wrong answer holding NaN), ``tampering`` (builtins, modules the test uses or harness functions patched; in
+the assert format also a reach into the test's or the judge's internals the audit hook saw; an exit after
+the verdict), ``redefined_helper`` (the solution defines the test's ``check`` or helpers)."""
 
 _CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
 _RUNTIME_KINDS = {Kind.RUNTIME_ERROR, Kind.MEMORY, Kind.CRASH, Kind.HARNESS_LIMIT}
@@ -164,9 +168,8 @@ def _boot(modules: tuple[str, ...]) -> str:
 
 
 def _call(entry: str, *args) -> str:
-    judged = entry == "judge_assert"  # the in-process runner needs neither the judge nor the child server
-    head = _boot(PROGRAM_MODULES if entry != "run_program" else PROGRAM_MODULES[:2])
-    return head + f"_g[{entry!r}]({', '.join(map(repr, args))}{', _program' if judged else ''})\n"
+    head = _boot(PROGRAM_MODULES if entry != "run_program" else PROGRAM_MODULES[:2])  # run_program: wire + run
+    return head + f"_g[{entry!r}]({', '.join(map(repr, args))})\n"
 
 
 PROBE_S = 1.0
@@ -187,7 +190,7 @@ def build_tests(code: str, spec: dict, timeout_s: float) -> list[CodeTest]:
         prefix, helpers, entry = spec.get("import_prefix", ""), spec.get("helpers", ""), spec["entry_point"]
         probe_s = min(PROBE_S, timeout_s)
         return [CodeTest(_call("judge_assert", code, prefix, helpers, tests.source, entry, list(tests.shadow),
-                               timeout_s), "assert",
+                               list(tests.lookup), timeout_s), "assert",
                          probe=_call("probe_assert", prefix, helpers, tests.source, entry, tests.count, probe_s),
                          count=tests.count)]
     fn_name = spec.get("fn_name")
@@ -240,6 +243,37 @@ def _read_verdict(result: ExecutionResult) -> tuple[dict | None, Kind | None]:
     return (verdict, None) if isinstance(verdict, dict) else (None, Kind.FORGED_VERDICT)
 
 
+def _read_assert(result: ExecutionResult) -> tuple[dict | None, list[str], Kind | None]:
+    """The assert judge's stdout: (its final verdict or None, the taints it reported, the kind of failure
+    the stdout itself shows). Every line must be a verdict line carrying the nonce of the first, a
+    ``hello`` (a line without it, or anything else on stdout, is a forged verdict)."""
+    out = result.stdout
+    if VERDICT_MARK not in out:
+        flooded = out.strip() or result.stdout_truncated or result.error_kind == "output_limit"
+        return None, [], Kind.FORGED_VERDICT if flooded else None
+    if result.stdout_truncated or not out.endswith("\n"):
+        return None, [], Kind.FORGED_VERDICT
+    lines = []
+    for line in out[:-1].split("\n"):
+        if not line.startswith(VERDICT_MARK) or line.count(VERDICT_MARK) != 1:
+            return None, [], Kind.FORGED_VERDICT
+        try:
+            obj = json.loads(line[len(VERDICT_MARK):])
+        except (ValueError, RecursionError, MemoryError):
+            return None, [], Kind.FORGED_VERDICT
+        if not isinstance(obj, dict):
+            return None, [], Kind.FORGED_VERDICT
+        lines.append(obj)
+    nonce = lines[0].get("n")
+    if lines[0].get("hello") is not True or type(nonce) is not str or any(o.get("n") != nonce for o in lines):
+        return None, [], Kind.FORGED_VERDICT
+    taints = [str(o["taint"]) for o in lines[1:] if "taint" in o]
+    final = [o for o in lines[1:] if "taint" not in o]
+    if len(final) > 1:
+        return None, taints, Kind.FORGED_VERDICT
+    return (final[0] if final else None), taints, None
+
+
 def _is_timeout(result: ExecutionResult) -> bool:
     return result.timed_out or result.exit_code == TIMEOUT_EXIT
 
@@ -275,6 +309,8 @@ def _assert_outcome(verdict: dict) -> Outcome:
         return Outcome(Kind.FORGED_VERDICT, "unknown kind")
     if (verdict.get("pass") is True) != (kind is Kind.PASS):
         return Outcome(Kind.FORGED_VERDICT, "inconsistent verdict")
+    if kind is Kind.PASS and verdict.get("tampered"):
+        return Outcome(Kind.TAMPERING, "inconsistent verdict")
     hints = verdict.get("hints") if isinstance(verdict.get("hints"), list) else []
     detail = verdict.get("exc") if isinstance(verdict.get("exc"), str) else None
     if kind in (Kind.WRONG_ANSWER, Kind.RUNTIME_ERROR):
@@ -354,14 +390,23 @@ def judge_results(test: CodeTest, result: ExecutionResult) -> list[Outcome]:
     outcome = judge_result(test, result)
     if outcome.passed or test.count == 1:
         return [outcome] * test.count
-    verdict, problem = _read_verdict(result)
-    passed = verdict.get("passed") if verdict is not None and problem is None and result.ok else 0
+    if test.mode == "assert":
+        verdict, taints, problem = _read_assert(result)
+    else:
+        (verdict, problem), taints = _read_verdict(result), []
+    clean = verdict is not None and problem is None and not taints and result.ok
+    passed = verdict.get("passed") if clean and outcome.kind not in SUSPECTED else 0
     passed = min(passed, test.count - 1) if type(passed) is int and passed > 0 else 0
     return [Outcome(Kind.PASS)] * passed + [outcome] * (test.count - passed)
 
 
 def _judge_result(test: CodeTest, result: ExecutionResult) -> Outcome:
-    verdict, problem = _read_verdict(result)
+    if test.mode == "assert":
+        verdict, taints, problem = _read_assert(result)
+        if problem is None and taints:
+            return Outcome(Kind.TAMPERING, taints[0])
+    else:
+        verdict, problem = _read_verdict(result)
     if problem is not None:
         return Outcome(problem)
     if verdict is None:

@@ -1,4 +1,4 @@
-"""Probes (shipped in the judge program after ``check``): does a non-solution pass an assert-format test.
+"""Probes (shipped in the judge program after ``inproc``): does a non-solution pass an assert-format test.
 
 ``probe_assert`` runs a problem's trusted code (prefix, helpers, the marked ``check``) whole with trivial
 candidates only (``_PROBES``: return None, raise an error of every common type, return or empty the first
@@ -12,8 +12,9 @@ import os
 import signal
 
 if __name__ != "cleaner_judge":  # shipped into the sandbox as one program, these names are defined above
-    from tasks.rewards.judge.check import compile_test, test_namespace
+    from tasks.rewards.judge.inproc import compile_test, test_namespace
     from tasks.rewards.judge.run import emit, verdict_channel
+    from tasks.rewards.judge.wire import EQ_HOOK, IN_HOOK, PASSED_MARK, SUB_HOOK
 
 
 class _Late(BaseException):
@@ -47,6 +48,18 @@ _PROBES = (lambda *a, **k: None, _probe_raise, lambda *a, **k: a[0] if a else No
 (0, 1, -1, '', [], (), {}, True, False: a fresh copy per call)."""
 
 
+def _eq(a, b):
+    return a == b
+
+
+def _in(a, b):
+    return a in b
+
+
+def _sub(a, b):
+    return a - b
+
+
 def probe_assert(prefix, helpers, test_src, entry, count, timeout):
     """How many of the ``count`` tests of ``test_src`` a non-solution (``_PROBES``) passes in order: emit
     ``{"free": n}``. No solution runs here: only the spec's trusted code, with ``candidate`` a trivial
@@ -63,10 +76,11 @@ def probe_assert(prefix, helpers, test_src, entry, count, timeout):
         for probe in _PROBES:
             reached = [0]
             try:
-                tns = test_namespace(prefix, helpers, reached)
+                tns = test_namespace(prefix, helpers)
                 tns.setdefault(entry, probe)
                 exec(code, tns)
-                tns["check"](probe)
+                tns["check"](probe, **{PASSED_MARK: lambda event, i, _r=reached: _r.__setitem__(0, i),
+                                       EQ_HOOK: _eq, IN_HOOK: _in, SUB_HOOK: _sub})
             except _Late:
                 free = max(free, reached[0])
                 break

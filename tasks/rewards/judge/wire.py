@@ -16,6 +16,8 @@ import os
 
 VERDICT_MARK = "\x1e__CLEANER_VERDICT__"
 PASSED_MARK = "__cleaner_passed__"  # what the marked check calls after each test (``tasks.rewards.cases``)
+MARK_EVENT = "cleaner.mark"  # ``PASSED_MARK(MARK_EVENT, i)``: the judge passes ``sys.audit`` as ``PASSED_MARK``
+EQ_HOOK, IN_HOOK, SUB_HOOK = "__cleaner_eq__", "__cleaner_in__", "__cleaner_sub__"  # its ==, in, - (the same)
 TIMEOUT_EXIT = 124
 CHANNEL_EXIT = 125
 _MAX_FRAME = 1 << 26
