@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from tasks.rollout.r3l_config import R3LConfig
 
@@ -120,3 +120,12 @@ class RolloutConfig(BaseModel):
     partial: PartialConfig = PartialConfig()
     """APRIL partial rollouts (off by default; ``mode: standard``, ``scheduling: continuous``, tool-use prompts)."""
 
+    @model_serializer(mode="wrap")
+    def _omit_default_truncate_side(self, handler):
+        """``tool_response_truncate_side`` left at ``right`` (the cut every run made before the field existed) is out
+        of the dump, hence out of every stage's cache key: runs made before it keep their keys
+        (``tests/test_stage_keys.py``)."""
+        out = handler(self)
+        if out.get("tool_response_truncate_side") == "right":
+            del out["tool_response_truncate_side"]
+        return out
