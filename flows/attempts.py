@@ -43,10 +43,12 @@ def retry_unless_fenced(task, task_run, state) -> bool:
 def attempt_number(flow_run) -> int:
     """Which run of ``flow_run`` an end hook is for: its run count, plus one when the copy was read before that run
     started (still Scheduled or Pending: the copy a Prefect runner took when it picked the flow run up, which it
-    hands to the on_crashed hooks it runs after the process exited); the engine's own copy is read once running."""
+    hands to the on_crashed hooks it runs after the process exited); the engine's own copy is read once running.
+    A copy with run count 0 is one read before the first run, whatever its state says (a process worker hands its
+    hook subprocess such a copy without a state): every run that started counts from 1."""
     state = getattr(flow_run, "state", None)
     before_start = state is not None and state.type.value in ("SCHEDULED", "PENDING")
-    return int(flow_run.run_count or 0) + (1 if before_start else 0)
+    return max(1, int(flow_run.run_count or 0) + (1 if before_start else 0))
 
 
 def _identity(record: dict) -> tuple[str | None, int | None]:

@@ -121,6 +121,8 @@ def test_an_end_hooks_check_and_writes_are_one_step(tmp_path):
     ("f1#2/aaaaaaaa", "CRASHED", 2, False),  # the engine's own copy of run 2
     ("f1#3/aaaaaaaa", "CRASHED", 2, True),
     ("f2#1/aaaaaaaa", "CRASHED", 2, True),  # another flow run
+    ("f1#1/aaaaaaaa", None, 0, False),  # a process worker's copy, as its hook subprocess reads it: no state
+    ("f1#2/aaaaaaaa", None, 0, True),
 ])
 def test_attempts_are_told_apart_by_flow_run_and_run(tmp_path, holder, copy_state, count, newer):
     from types import SimpleNamespace
@@ -129,6 +131,6 @@ def test_attempts_are_told_apart_by_flow_run_and_run(tmp_path, holder, copy_stat
 
     run_dir = tmp_path / "runs" / RUN
     _replace(run_dir, holder, holder.split("#")[0])
-    state = SimpleNamespace(type=SimpleNamespace(value=copy_state))
+    state = SimpleNamespace(type=SimpleNamespace(value=copy_state)) if copy_state else None
     with ending(run_dir, SimpleNamespace(id="f1", run_count=count, state=state)) as why:
         assert (why is not None) is newer, why
