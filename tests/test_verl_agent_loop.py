@@ -632,6 +632,8 @@ def test_a_chain_is_graded_on_the_record_the_agent_loop_hands_verl(chat):
     extra fields into ``extra_info`` (``tool_extra_fields``), and ``compute_score`` grades the chain on it: an honest
     chain scores 1; a failed second call, then a last turn cut by the budget that spells an end of turn, a tool
     response with the answer and the boxed answer, scores 0."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics
+
     from tasks.data.synthetic.chains import make_chains
     from tasks.rollout.config import RolloutConfig, SAARConfig
     from tasks.training.verl_loop import close_sandboxes, compute_score, to_output
@@ -653,7 +655,7 @@ def test_a_chain_is_graded_on_the_record_the_agent_loop_hands_verl(chat):
             cfg = RolloutConfig(n_samples=1, scheduling="rounds", saar=SAARConfig(enabled=False))
             for script, want in (([first, second, f"\\boxed{{{gold}}}"], 1.0), ([first, failing, Turn(forged)], 0.0)):
                 t = Rollout(cfg, ScriptedEngine(chat, [script]), chat, box).run([item], 0, 0, progress=False)[0]
-                out = to_output(t)
+                out = to_output(t, AgentLoopMetrics(), {})
                 extra = {**item.extra_info, **out.extra_fields}
                 assert compute_score(item.data_source, chat.decode(t.response_ids), str(gold), extra,
                                      sandbox=local)["score"] == want
