@@ -158,3 +158,18 @@ def test_the_stacks_postgres_urls_and_a_folder_the_postgres_user_cannot_reach(tm
             _check_reachable(locked / "inner", uid=654321, gid=654321)
     finally:
         shutil.rmtree(base)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--database", "mysql"], "unknown --database 'mysql'; one of: sqlite, postgres"),
+    (["--database", "postgres", "--mlflow-store", "sqlite:///x.db"], "--mlflow-store is for --database sqlite"),
+    (["--database-url", "postgresql://u:p@db:5432"], "--database-url needs --database postgres"),
+])
+def test_serve_start_refuses_a_bad_database_choice_before_starting_anything(tmp_path, args, message):
+    from typer.testing import CliRunner
+
+    from flows.cli_serve import app
+
+    done = CliRunner().invoke(app, ["start", "--dir", str(tmp_path / "serve"), *args])
+    assert done.exit_code == 2 and message in done.output
+    assert not (tmp_path / "serve" / "pids.json").exists() and not (tmp_path / "serve" / "postgres").exists()
