@@ -41,15 +41,27 @@ of 2 calls (budget 3), the first call failing once::
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from models.chat import parse_tool_call
+from models.chat import ChatFormat, parse_tool_call
 from models.engine import GenOutput
+from tasks.rollout.config import RolloutConfig
 from tasks.rollout.saar import splice
 from tasks.rollout.types import SaarEvent, State, Trajectory
 
-if TYPE_CHECKING:
-    from tasks.rollout.machine import Rollout
+
+class Rollout(Protocol):
+    """What a decision uses of ``tasks.rollout.machine.Rollout`` (which imports this module)."""
+
+    cfg: RolloutConfig
+    engine: object
+    chat: ChatFormat
+
+    def closer(self, out: GenOutput) -> list[int]: ...
+
+    def budget(self, t: Trajectory) -> int: ...
+
+    def turn_cap(self, t: Trajectory) -> int: ...
 
 IS_CLIP = 700.0
 """Log-ratios above this are taken as this before ``exp`` (IS ≈ 1e304 ≥ any threshold; no overflow)."""
@@ -119,7 +131,7 @@ def take_importance(r: Rollout, t: Trajectory, out: GenOutput, versions: list[in
     t.assistant_turns += 1
     t.snapshot, t.appended = None, (position, snap.retries)
     if len(t.response_ids) > r.budget(t):
-        return r._terminate(t, "length")
+        return _end(t, "length")
     _to_execute(r, t, text, start)
 
 
@@ -141,8 +153,12 @@ def _to_execute(r: Rollout, t: Trajectory, text: str, start: int) -> None:
                                       error_kind=t.snapshot.error_kind, error_text=t.snapshot.error_text))
             t.saar_on, t.snapshot = False, None
         t.appended = None
-        return r._terminate(t, "turn_cap")
+        return _end(t, "turn_cap")
     t.pending, t.pending_start, t.state = parse_tool_call(text), start, State.EXECUTING
+
+
+def _end(t: Trajectory, reason: str) -> None:
+    t.state, t.finish_reason, t.pending = State.TERMINATED, reason, None
 
 
 def close_append(t: Trajectory, ok: bool) -> None:
