@@ -116,7 +116,10 @@ def test_an_appended_turn_counts_against_the_turn_budget(chat, box, scheduling):
     engine = ScoringEngine(chat, [FAILED, FIXED, ANSWER], math.log(0.25))
     t = Rollout(cfg, engine, chat, box).run([item], seed=0, step=0, progress=False)[0]
     assert t.finish_reason == "turn_cap" and t.assistant_turns == 2 and len(t.executions) == 1
-    assert [e.kind for e in t.events] == ["triggered", "append"], "R2 is the second turn: its call never runs"
+    assert [(e.kind, e.position) for e in t.events] == [("triggered", 0), ("append", 0), ("turn_cap", 0)], \
+        "R2 is the second turn: its call never runs, the rollback failed"
+    assert (t.stats.rollbacks_triggered, t.stats.rollbacks_failed, t.stats.rollbacks_recovered) == (1, 1, 0)
+    assert t.appended is None
 
 
 def test_similarity_decisions_never_score(chat, box, scheduling):

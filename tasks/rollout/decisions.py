@@ -29,7 +29,7 @@ regeneration R2 of the failed turn R1 to:
 or a replace: ``Trajectory.retry_turns``). A regeneration kept as its own turn (an append, or one SAAR cannot use)
 is a visible turn already and counts once. A turn with a call arriving when the turns used reach the budget
 (``turn_budget``) ends the trajectory unrun (``turn_cap``), a regeneration too (event ``turn_cap``, the rollback
-counted failed). So a purified trajectory has exactly the turns left that its raw version would have had. A chain
+counted failed; so is an appended regeneration that does not fit in the response: event ``length``). So a purified trajectory has exactly the turns left that its raw version would have had. A chain
 of 2 calls (budget 3), the first call failing once::
 
     raw          R1 fails | error | R2 ok | tool | turn 3 call  ──▶ turn_cap
@@ -131,7 +131,7 @@ def take_importance(r: Rollout, t: Trajectory, out: GenOutput, versions: list[in
     t.assistant_turns += 1
     t.snapshot, t.appended = None, (position, snap.retries)
     if len(t.response_ids) > r.budget(t):
-        return _end(t, "length")
+        return _unrun(t, "length")
     _to_execute(r, t, text, start)
 
 
@@ -145,16 +145,23 @@ def _replaced(r: Rollout, t: Trajectory, out: GenOutput, text: str, event: SaarE
 
 
 def _to_execute(r: Rollout, t: Trajectory, text: str, start: int) -> None:
-    """The regenerated turn's call runs, unless the budget is spent (``turn_cap``, the open rollback failed)."""
+    """The regenerated turn's call runs, unless the budget is spent (``turn_cap``)."""
     if turns_used(t) >= r.turn_cap(t):
-        if t.snapshot is not None:
-            t.stats.rollbacks_failed += 1
-            t.events.append(SaarEvent(t.assistant_turns - 1, t.snapshot.retries, "turn_cap",
-                                      error_kind=t.snapshot.error_kind, error_text=t.snapshot.error_text))
-            t.saar_on, t.snapshot = False, None
-        t.appended = None
-        return _end(t, "turn_cap")
+        return _unrun(t, "turn_cap")
     t.pending, t.pending_start, t.state = parse_tool_call(text), start, State.EXECUTING
+
+
+def _unrun(t: Trajectory, reason: str) -> None:
+    """The trajectory ends before the regeneration's call runs: its open rollback failed (event ``reason``)."""
+    snap = t.snapshot
+    if snap is not None or t.appended is not None:
+        position, attempt = (t.assistant_turns - 1, snap.retries) if snap is not None else t.appended
+        t.stats.rollbacks_failed += 1
+        t.events.append(SaarEvent(position, attempt, reason, error_kind=snap.error_kind if snap else None,
+                                  error_text=snap.error_text if snap else None))
+    t.saar_on = t.saar_on and snap is None
+    t.snapshot, t.appended = None, None
+    _end(t, reason)
 
 
 def _end(t: Trajectory, reason: str) -> None:
