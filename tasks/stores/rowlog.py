@@ -237,8 +237,9 @@ def load(store: str | Path, run_ids: Iterable[str], tables: Iterable[str]) -> du
         try:
             for table, files in table_files(store, run_ids, tables).items():
                 if files:
+                    # by name: a unit written before a column existed lacks it (NULL), whichever file comes first
                     mem.execute(f"INSERT INTO {table} BY NAME SELECT * FROM read_parquet([{', '.join(map(_literal, files))}], "
-                                f"hive_partitioning = false)")
+                                f"hive_partitioning = false, union_by_name = true)")
             return mem
         except duckdb.IOException:
             mem.close()
