@@ -143,3 +143,26 @@ def test_a_trained_token_stamped_injected_or_a_row_without_versions_is_an_error_
     mixed = [Sample([1], [5], [1], 1.0, sampled_version=[3]), Sample([1], [5, 6], [1, 1], 1.0, row_id="0:p1:0")]
     with pytest.raises(ValueError, match=r"row 0:p1:0: none sampled versions for 2 response tokens"):
         staleness_metrics(mixed, 4)
+
+
+@pytest.mark.parametrize(("cap", "loss", "weight"), [(None, 0.5, None), (2.0, 1.0, 2.0)])
+def test_the_update_measures_staleness_from_its_checkpoint_and_applies_the_cap(warm_model_dir, chat, tmp_path, cap,
+                                                                              loss, weight):
+    """One update from ``policy_000004`` (lr 1e-9: the ratio stays 1) on a 3-token row (A = +1, sampled by versions
+    3, 3, 2) and a 12-token row (A = −1, 9 trained tokens sampled by 4, 3 injected). Behaviour log-probs −50: π_old/π_b
+    is far above any cap, so w = cap on every token. Off: −(3 − 9)/12 = 0.5 (π_b not in the loss); cap 2:
+    −(2·3 − 2·9)/12 = 1.0. Staleness over the 12 trained tokens: lags 1, 1, 2 and nine 0s → mean 4/12, max 2."""
+    from models.checkpoint import copy_checkpoint
+    from models.trainer import update
+
+    start = copy_checkpoint(warm_model_dir, tmp_path / "policy_000004", {"policy_version": "policy_000004"})
+    prompt = chat.prompt_ids([{"role": "user", "content": "What is 2 + 2?"}])
+    short = chat.encode("It is 4")[:3]
+    long_ = (chat.encode("The answer is \\boxed{4}, I am sure of it.") + [chat.eos_id])[:12]
+    rows_ = [Sample(prompt, short, [1] * 3, 1.0, rollout_lp=[-50.0] * 3, sampled_version=[3, 3, 2]),
+             Sample(prompt, long_, [1] * 9 + [0] * 3, -1.0, rollout_lp=[-50.0] * 12, sampled_version=[4] * 9 + [-1] * 3)]
+    cfg = TrainerConfig(lr=1e-9, mini_batches=1, behaviour_is_cap=cap)
+    m = update(start, rows_, cfg, tmp_path / "policy_000005", chat.tokenizer.pad_token_id, seed=0)
+    assert m["train/loss"] == pytest.approx(loss, abs=1e-4)
+    assert m["perf/staleness_mean"] == pytest.approx(4 / 12) and m["perf/staleness_max"] == 2.0
+    assert m.get("train/behaviour_is_weight") == (pytest.approx(weight) if weight else None)
