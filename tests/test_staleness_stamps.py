@@ -210,3 +210,23 @@ def test_row_log_units_written_before_the_column_load_beside_new_ones(tmp_path, 
     con.close()
     want = {0: [0, -1], 1: [1, -1]}
     assert got == [(s, None if s == aged else want[s]) for s in (0, 1)]
+
+
+@pytest.mark.parametrize("retry_from_step", [0, 1])
+def test_r3l_rows_carry_the_version_of_the_policy_that_sampled_them(chat, retry_from_step):
+    """R3L at step 3 sampled by version 2: the base, its retry (the base's turns up to the pivot, then new ones),
+    the distill copy (guidance swapped back for the plain tool response) and the reflection all stamp 2 on their
+    sampled tokens and −1 on injected ones (tool responses, guidance) and on the pivot-masked turns."""
+    from tasks.r3l.driver import R3LRollout
+    from tasks.rollout.r3l_config import R3LConfig
+    from tests.test_r3l_rollout import RuleEngine, report, reward_fn
+
+    cfg = RolloutConfig(n_samples=1, max_turns=4, saar=SAARConfig(raw_share=0.0))
+    runner = Rollout(cfg, RuleEngine(chat, report(retry_from_step=retry_from_step)), chat, Box())
+    runner.policy_version = 2
+    res = R3LRollout(runner, R3LConfig(), reward_fn(chat)).run([ITEM], seed=0, step=3, progress=False)
+    assert {t.kind for t in res.rows} >= {"base", "retry", "distill", "reflect"}
+    rows = trajectory_frames(res.rows, "run", 3, chat.decode)["trajectories"]
+    for r in rows.iter_rows(named=True):
+        assert r["sampled_version"] == [2 if m else -1 for m in r["response_mask"]], r["traj_id"]
+        assert set(r["token_versions"]) == {2}, r["traj_id"]

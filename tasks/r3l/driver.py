@@ -157,6 +157,7 @@ class R3LRollout:
 
     def run(self, items: list[PromptItem], seed: int, step: int, progress: bool = True,
             refill_round: int = 0) -> R3LResult:
+        self.base_runner.policy_version = self.runner.policy_version  # the bases are sampled by the same policy
         bases = self.base_runner.run(items, seed, step, progress, refill_round=refill_round)
         refl = [Reflection(t, self.reward_fn(t), count_steps(split_messages(t, self.chat)[1])) for t in bases]
         self._reflect(refl, seed, step, refill_round)
