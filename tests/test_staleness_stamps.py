@@ -230,3 +230,13 @@ def test_r3l_rows_carry_the_version_of_the_policy_that_sampled_them(chat, retry_
     for r in rows.iter_rows(named=True):
         assert r["sampled_version"] == [2 if m else -1 for m in r["response_mask"]], r["traj_id"]
         assert set(r["token_versions"]) == {2}, r["traj_id"]
+
+
+def test_environment_rollouts_stamp_the_version_on_sampled_tokens():
+    from tasks.training.env_stages import stamped
+
+    df = pl.DataFrame({"traj_id": ["a", "b"], "response_mask": [[1, 1, 0, 1], [0, 1]]},
+                      schema_overrides={"response_mask": pl.List(pl.Int8)})
+    out = stamped(df, 6)
+    assert out["sampled_version"].to_list() == [[6, 6, -1, 6], [-1, 6]]
+    assert out.schema["sampled_version"] == pl.List(pl.Int32)
