@@ -8,6 +8,9 @@ writing the same checkpoint never fill one folder (a killed writer's is left beh
 removes it); the swap runs inside ``commit(out_dir)``, a context the caller
 passes to make it conditional (the train flow's attempt fence, ``tasks.stores.fence.guarded``: a replaced attempt
 stops there without swapping anything in).
+
+``policy_version(ckpt)`` reads which policy version a checkpoint holds (the number every sampled token is stamped
+with, ``tasks.stores.records``, and the trainer's staleness is measured against).
 """
 
 from __future__ import annotations
@@ -28,6 +31,39 @@ from models.lora import copy_tokenizer
 
 Commit = Callable[[Path], AbstractContextManager]
 """What a checkpoint's swap-in runs inside (given the final folder); raises to stop it."""
+
+
+POLICY_NAME = re.compile(r"^policy_(\d{6})$")
+"""A checkpoint folder of a run (``flows.prepare.ckpt_dir``): ``policy_NNNNNN`` holds policy version NNNNNN."""
+
+
+def policy_version(ckpt: str | Path) -> int:
+    """The policy version ``ckpt`` holds: its ``trainer_state.json``'s ``policy_version`` (``"policy_000007"`` → 7,
+    written by every update), else its folder name ``policy_NNNNNN``, else 0 for a model folder no update wrote (no
+    ``trainer_state.json``: the run's start policy). Anything else — a missing folder, a malformed state or
+    version, a trainer-written folder that says no version, a name and a state that disagree — is an error naming
+    the path. (A run started from another run's checkpoint starts at that checkpoint's version.)"""
+    path = Path(ckpt)
+    if not path.is_dir():
+        raise ValueError(f"{path}: no checkpoint folder there; its policy version cannot be read")
+    named = POLICY_NAME.match(path.name)
+    state_path = path / "trainer_state.json"
+    if not state_path.exists():
+        return int(named.group(1)) if named else 0
+    try:
+        stated = json.loads(state_path.read_text()).get("policy_version")
+    except (json.JSONDecodeError, AttributeError) as err:
+        raise ValueError(f"{state_path}: not a JSON object ({err}); the policy version cannot be read") from err
+    if stated is None:
+        if named:
+            return int(named.group(1))
+        raise ValueError(f"{state_path}: no policy_version, and the folder is not named policy_NNNNNN")
+    match = POLICY_NAME.match(str(stated))
+    if not match:
+        raise ValueError(f"{state_path}: policy_version {stated!r} is not of the form policy_NNNNNN")
+    if named and named.group(1) != match.group(1):
+        raise ValueError(f"{state_path}: policy_version {stated!r} disagrees with the folder's name {path.name!r}")
+    return int(match.group(1))
 
 
 def _tmp_of(out_dir: Path) -> Path:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 
 class TinyModelConfig(BaseModel):
@@ -397,6 +397,22 @@ class TrainerConfig(BaseModel):
             raise ValueError(f"unknown splice treatment {name!r}; registered: {', '.join(sorted(TREATMENTS))}")
         return name
 
+    behaviour_is_cap: float | None = Field(None, gt=0)
+    """Weight every trained token's surrogate numerator by min(cap, π_old/π_behaviour) (AReaL's
+    ``behav_imp_weight_cap``, verl's TIS; ``models.behaviour``): π_old recomputed under the version the update starts
+    from, π_behaviour the engine's log-probs (version s − k with ``rollout.staleness: k``). Spliced tokens under
+    ``splice`` truncated_is / behaviour_old keep that treatment's correction alone. None: off (out of the dump while
+    off, so no stage key changes)."""
+
+    @model_serializer(mode="wrap")
+    def _omit_off(self, handler):
+        """``behaviour_is_cap`` left at None (every run made before the field existed) is out of the dump, hence out
+        of every stage's cache key (``tests/test_stage_keys.py``)."""
+        out = handler(self)
+        if out.get("behaviour_is_cap", 0) is None:
+            del out["behaviour_is_cap"]
+        return out
+
     @model_validator(mode="after")
     def _splice_fits_loss(self) -> TrainerConfig:
         if self.splice == "behaviour_old" and self.loss != "dapo":
@@ -405,4 +421,7 @@ class TrainerConfig(BaseModel):
         if self.splice == "truncated_is" and self.opob:
             raise ValueError("trainer.splice=truncated_is and trainer.opob exclude each other (OPOB builds its "
                              "loss per row without the treatment's weights)")
+        if self.behaviour_is_cap is not None and self.opob:
+            raise ValueError("trainer.behaviour_is_cap and trainer.opob exclude each other (OPOB builds its loss per "
+                             "row without per-token weights)")
         return self

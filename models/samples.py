@@ -23,3 +23,6 @@ class Sample:
     """The row's trajectory id, for errors that name rows."""
     spliced: list[int] | None = None
     """1 on response tokens SAAR spliced in after a failed call (sampled in the error context); ``models.splice``."""
+    sampled_version: list[int] | None = None
+    """The policy version that sampled each response token (−1 on injected ones; the trajectories table's
+    ``sampled_version``); None for rows of step folders written before it: ``perf/staleness_*`` (``models.behaviour``)."""

@@ -17,6 +17,9 @@ response mask into what the loss sees (``Treated``):
 * ``truncated_is``: their policy loss is weighted by w = min(1, π_clean/π_error) (a fixed per-token weight, the
   ratio still starts at 1) — in the surrogate's numerator only (``models.losses.LossBatch.weight``): token counts,
   ``seq-mean-token-mean``'s per-row denominators, the KL and value losses and the clip fraction do not see it.
+  Under bounded staleness (``rollout.staleness`` ≥ 1) π_error is the behaviour policy of version s − k in the error
+  context and π_clean the version s the update starts from, so w corrects the context shift and the version lag
+  together (docs/rl_rules.md, "Bounded staleness").
 
 Every treatment reports, over a batch (``splice_metrics``): ``splice/tokens`` (spliced trained tokens),
 ``splice/logp_gap`` (their mean log π_clean − log π_error, ≈ −3 nats on the tiny model at step 0) and
@@ -69,13 +72,18 @@ Treatment = Callable[[SpliceView, object], Treated]
 TREATMENTS: dict[str, Treatment] = {}
 CUTS: set[str] = set()
 """Treatments that take the spliced tokens out of the response mask (``trains``)."""
+BEHAVIOURAL: set[str] = set()
+"""Treatments that correct spliced tokens against their behaviour log-probs themselves: ``trainer.behaviour_is_cap``
+(``models.behaviour``) leaves those tokens to them."""
 
 
-def register_treatment(name: str, cuts: bool = False) -> Callable[[Treatment], Treatment]:
+def register_treatment(name: str, cuts: bool = False, behavioural: bool = False) -> Callable[[Treatment], Treatment]:
     def add(fn: Treatment) -> Treatment:
         TREATMENTS[name] = fn
         if cuts:
             CUTS.add(name)
+        if behavioural:
+            BEHAVIOURAL.add(name)
         return fn
     return add
 
@@ -105,13 +113,13 @@ def mask(view: SpliceView, cfg) -> Treated:
     return Treated(view.old_lp, view.mask * (1 - view.spliced), view.mask.new_ones(view.mask.shape))
 
 
-@register_treatment("behaviour_old")
+@register_treatment("behaviour_old", behavioural=True)
 def behaviour_old(view: SpliceView, cfg) -> Treated:
     old = view.old_lp * (1 - view.spliced) + view.behaviour_lp * view.spliced
     return Treated(old, view.mask, view.mask.new_ones(view.mask.shape))
 
 
-@register_treatment("truncated_is")
+@register_treatment("truncated_is", behavioural=True)
 def truncated_is(view: SpliceView, cfg) -> Treated:
     w = (view.old_lp - view.behaviour_lp).exp().clamp(max=1.0)
     return Treated(view.old_lp, view.mask, w * view.spliced + (1 - view.spliced))

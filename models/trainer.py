@@ -14,7 +14,9 @@ One call of ``update`` is one RL step on the policy side:
    treatment ``cfg.splice`` (``models.splice``) then decides how the spliced tokens train (``full``: like the
    others; ``mask``: cut like a response mask — before the ESS weights and GAE, and a row left with nothing to train
    is dropped; ``truncated_is``: weights in the policy loss's numerator only; ``behaviour_old``; any but ``full``
-   turns the fusion off) and logs ``splice/*``;
+   turns the fusion off) and logs ``splice/*``; ``behaviour_is_cap`` multiplies every trained token's weight by
+   min(cap, π_old/π_behaviour) (``models.behaviour``, the bounded-staleness loss of docs/rl_rules.md), and the
+   rows' ``sampled_version`` give ``perf/staleness_mean`` / ``_max`` against the version ``ckpt_dir`` holds;
 3. for each mini-batch: the registered loss ``cfg.loss`` (``models.losses``: ``dapo`` =
    -min(ratio·A, clip(ratio, 1-ε_low, 1+ε_high)·A) with ratio = exp(new - old), ``opmd`` =
    -A·log π / (1 + τ)), token-mean over the mini-batch's mask-1 tokens (``loss_agg``: or the mean over its
@@ -47,7 +49,8 @@ from pathlib import Path
 
 import torch
 
-from models.checkpoint import Commit, save_checkpoint
+from models.behaviour import behaviour_weights, staleness_metrics
+from models.checkpoint import Commit, policy_version, save_checkpoint
 from models.config import TrainerConfig
 from models.critic import load_critic, token_gae, whiten
 from models.engine import load_causal_lm
@@ -95,6 +98,8 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
         first = []  # fused, every micro-batch's graph would stay alive until the step: micro-batching's bound lost
     forwards, recomputed, t_old, first_prompts = first_forwards(model, samples, first, pad_id, cfg)
     samples, old, weights, splice_stats = treat_rows(samples, recomputed, cfg)  # masks cut: ESS and GAE see them
+    weights, is_stats = behaviour_weights(samples, recomputed, weights, cfg)
+    stale = staleness_metrics(samples, policy_version(ckpt_dir)) if any(s.sampled_version for s in samples) else {}
     targets = _critic_targets(model, critic[0], samples, pad_id, cfg) if critic is not None else None
     ref = _reference_logprobs(ref_dir, samples, pad_id, cfg) if cfg.kl_coef > 0 else None
     model.train()
@@ -128,6 +133,7 @@ def update(ckpt_dir: Path, samples: list[Sample], cfg: TrainerConfig, out_dir: P
     model.eval()
     save_checkpoint(model, ckpt_dir, out_dir, opt, state, critic=critic, commit=commit)
     return {**_ess_metrics(ess_seen), **_critic_metrics(totals, n_steps, samples, targets), **splice_stats,
+            **is_stats, **stale,
             **_train_metrics(totals, n_steps, len(samples), cfg.epochs, ref is not None), "time/old_logprobs_s": t_old}
 
 

@@ -42,6 +42,16 @@ def test_flow_fills_duckdb_for_every_step(finished_run):
         "SELECT bool_and(len(response_ids) = len(response_mask) AND len(response_ids) = len(rollout_logprobs)) FROM trajectories"
     ).fetchone()[0]
     assert masks_ok
+    # a synchronous run: step s is sampled by policy_00000s, so every sampled token says s, every injected one -1,
+    # and the update measures staleness 0
+    stamps_ok = con.execute(
+        "SELECT bool_and(list_transform(list_zip(sampled_version, response_mask), x -> CASE WHEN x[2] = 1 THEN "
+        "x[1] = step ELSE x[1] = -1 END) = list_transform(response_mask, x -> true)) FROM trajectories "
+        "WHERE run_id = 'flowtest'").fetchone()[0]
+    assert stamps_ok
+    stale = con.execute("SELECT key, max(value), count(*) FROM metrics WHERE run_id = 'flowtest' AND key LIKE "
+                        "'perf/staleness_%' GROUP BY key ORDER BY key").fetchall()
+    assert stale == [("perf/staleness_max", 0.0, 2), ("perf/staleness_mean", 0.0, 2)]
     evals = dict(con.execute("SELECT policy_version, count(*) FROM evaluations WHERE run_id = 'flowtest' GROUP BY ALL").fetchall())
     assert set(evals) == {0, 2} and min(evals.values()) > 10
     assert (work / "runs" / "flowtest" / "checkpoints" / "policy_000002" / "config.json").exists()

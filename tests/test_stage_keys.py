@@ -50,6 +50,7 @@ TABLE = [
     ("eval.n_prompts=3", {"eval"}, {"eval"}),
     ("data.eval_path=held.parquet", {"eval"}, {"eval"}),
     ("trainer.lr=0.001", {"update", "log"}, ALL),
+    ("trainer.behaviour_is_cap=2.0", {"update", "log"}, ALL),
     ("mix.adv_eps=0.001", {"mix", "advantage", "update", "log"}, ALL),
     ("mix.dynamic_sampling=false", {"mix", "advantage", "update", "log"}, ALL),
     ("trainer.mini_batches=4", {"mix", "advantage", "update", "log"}, ALL),
@@ -129,7 +130,8 @@ def test_fields_added_off_are_not_hashed():
     dumped = load_config(TINY).setups().model_dump_json()
     assert all(name not in dumped for name in ("failed_turns", "fresh_path", "fresh_prompts", "fresh_samples",
                                                "wall_timeout_s", "register_models", "extra_turns",
-                                               "retries_cost_turns", "decide", "importance_threshold"))
+                                               "retries_cost_turns", "decide", "importance_threshold",
+                                               "behaviour_is_cap"))
     assert "wall_timeout_s" in load_config(TINY, ["sandbox.wall_timeout_s=30"]).setups().model_dump_json()
 
 

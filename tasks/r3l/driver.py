@@ -157,6 +157,7 @@ class R3LRollout:
 
     def run(self, items: list[PromptItem], seed: int, step: int, progress: bool = True,
             refill_round: int = 0) -> R3LResult:
+        self.base_runner.policy_version = self.runner.policy_version  # the bases are sampled by the same policy
         bases = self.base_runner.run(items, seed, step, progress, refill_round=refill_round)
         refl = [Reflection(t, self.reward_fn(t), count_steps(split_messages(t, self.chat)[1])) for t in bases]
         self._reflect(refl, seed, step, refill_round)
@@ -242,9 +243,9 @@ class R3LRollout:
         t = Trajectory(f"{base.traj_id}:retry", base.item, base.sample_idx, base.raw,
                        chat.prompt_ids(messages) if k == 0 else list(base.prompt_ids), messages,
                        saar_on=self.runner.cfg.saar.enabled and not base.raw, kind=Kind.RETRY.value,
-                       parent=base.traj_id)
+                       parent=base.traj_id, version=base.version)
         for j, (s, e) in enumerate(segs):
-            t.append(base.response_ids[s:e], 1, base.logprobs[s:e])
+            t.append(base.response_ids[s:e], 1, base.logprobs[s:e], base.versions[s:e])
             if j < k - 1:
                 t.append(chat.tool_response_ids(texts[j]), 0)
             else:
@@ -265,13 +266,14 @@ class R3LRollout:
                        [*r.plain_prefix, *retry.messages[r.retry_prefix_len:]], kind=Kind.DISTILL.value,
                        parent=base.traj_id, state=State.TERMINATED, finish_reason=retry.finish_reason,
                        assistant_turns=retry.assistant_turns, stats=retry.stats, events=list(retry.events),
-                       executions=list(retry.executions))
-        ids, mask, lps, spl = retry.response_ids, retry.response_mask, retry.logprobs, retry.spliced
+                       executions=list(retry.executions), version=retry.version)
+        ids, mask, lps, spl, ver = retry.response_ids, retry.response_mask, retry.logprobs, retry.spliced, retry.versions
         if r.guidance is not None:
             s, e, plain = r.guidance
             ids, mask, lps = ids[:s] + plain + ids[e:], mask[:s] + [0] * len(plain) + mask[e:], lps[:s] + [0.0] * len(plain) + lps[e:]
-            spl = spl[:s] + [0] * len(plain) + spl[e:]
+            spl, ver = spl[:s] + [0] * len(plain) + spl[e:], ver[:s] + [retry.version] * len(plain) + ver[e:]
         d.response_ids, d.response_mask, d.logprobs, d.spliced = list(ids), list(mask), list(lps), list(spl)
+        d.versions = list(ver)
         r.distill = d
         r.r2 = self.reward_fn(d)
         r.steps2 = count_steps(split_messages(d, self.chat)[1])
@@ -308,7 +310,8 @@ class R3LRollout:
     def _reflect_row(self, r: Reflection) -> Trajectory:
         t = Trajectory(f"{r.base.traj_id}:reflect", r.base.item, r.base.sample_idx, r.base.raw, list(r.prompt_ids),
                        [*r.messages, {"role": "assistant", "content": self._body(r.response_ids)}],
-                       parent=r.base.traj_id, state=State.TERMINATED, finish_reason=r.finish_reason)
+                       parent=r.base.traj_id, state=State.TERMINATED, finish_reason=r.finish_reason,
+                       version=r.base.version)
         t.append(r.response_ids, 1, r.logprobs)
         t.assistant_turns = 1
         return t

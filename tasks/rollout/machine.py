@@ -72,6 +72,13 @@ class Rollout:
         self.spawned: list[Trajectory] = []
         """Trajectories a handler started mid-rollout (``tasks.rollout.paired``'s SAAR-off twins), each with its
         ``stream_key``; the continuous driver takes them in."""
+        self.policy_version: int | None = None
+        """The policy version the engine samples with (the rollout stage sets it from the checkpoint,
+        ``models.checkpoint.policy_version``); None: the step (a synchronous run's version)."""
+
+    def version_at(self, step: int) -> int:
+        """The policy version stamped on the tokens sampled now in ``step`` (``Trajectory.version``)."""
+        return step if self.policy_version is None else self.policy_version
 
     def new_trajectories(self, items: list[PromptItem], seed: int, step: int) -> list[Trajectory]:
         """``n_samples`` trajectories per prompt; ids ``step:prompt:sample`` are unique because prompts are."""
@@ -91,7 +98,8 @@ class Rollout:
         saar = self.cfg.saar
         raw = saar.enabled and is_raw(seed, step, item.prompt_id, sample_idx, saar.raw_share)
         return Trajectory(f"{step}:{item.prompt_id}:{sample_idx}", item, sample_idx, raw, self.chat.prompt_ids(messages),
-                          list(messages), saar_on=saar.enabled and not raw, version=step, start_step=step)
+                          list(messages), saar_on=saar.enabled and not raw, version=self.version_at(step),
+                          start_step=step)
 
     async def drive(self, t: Trajectory, agenerate, aexecute) -> Trajectory:
         """Run one trajectory to its end with async callables, through the same handlers as ``run``.

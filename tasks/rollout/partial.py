@@ -153,7 +153,7 @@ class PartialRollout:
         for g in take:
             self.submitted.append(g)
             for t in g.trajs:
-                t.version = self.step
+                t.version = self.runner.version_at(self.step)
                 self.of[t.traj_id], self.by_id[t.traj_id] = g, t
         for g in take:
             for t in g.trajs:

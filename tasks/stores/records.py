@@ -4,7 +4,9 @@ A rollout writes four Parquet files into the step folder; every later stage read
 writes its own file, and the tracking stage loads them into DuckDB as they are::
 
     trajectories.parquet   one row per trajectory: ids, mask, log-probs, the policy version of each token
-                           (``token_versions``; ``start_step`` < step for a partial rollout carried over), the
+                           (``token_versions``; ``start_step`` < step for a partial rollout carried over) and
+                           ``sampled_version`` (``sampled_versions``: the version that sampled each response
+                           token, −1 on injected ones), the
                            tokens SAAR spliced in from an error context (``spliced``), SAAR
                            statistics, and its training role (``kind``, advantage ``group_id``, ``fixed_reward``,
                            R3L ``masked_turns``, ``parent``) and its prompt's ``extra_info`` (JSON: what the
@@ -45,7 +47,7 @@ def trajectory_frames(trajs: list[Trajectory], run_id: str, step: int, decode) -
             "extra_info": json.dumps(t.item.extra_info or {}, ensure_ascii=False),
             "num_turns": t.assistant_turns, "kind": t.kind, "group_id": t.group_id or t.item.prompt_id,
             "fixed_reward": t.fixed_reward, "masked_turns": t.pivot, "parent": t.parent, "start_step": t.start_step,
-            "token_versions": t.versions, "spliced": t.spliced, **t.stats.scalars(),
+            "token_versions": t.versions, "sampled_version": sampled_versions(t), "spliced": t.spliced, **t.stats.scalars(),
             "failure_reasons": json.dumps(dict(t.stats.failure_reasons)),
         })
         for i, m in enumerate(t.messages):
@@ -68,10 +70,21 @@ def trajectory_frames(trajs: list[Trajectory], run_id: str, step: int, decode) -
     }
 
 
+def sampled_versions(t: Trajectory) -> list[int]:
+    """Per response token, the policy version that sampled it (``Trajectory.versions``; a spliced token is a sampled
+    one), −1 where the response mask is 0: injected tokens (tool responses, notes, R3L guidance) and an R3L row's
+    pivot-masked turns, which never train. Read by the update (``models.samples.Sample.sampled_version``) for
+    ``perf/staleness_*``."""
+    if len(t.versions) != len(t.response_ids):
+        raise ValueError(f"{t.traj_id}: {len(t.versions)} token versions for {len(t.response_ids)} response tokens "
+                         "(the rollout's per-token bookkeeping lost its alignment)")
+    return [v if m else -1 for v, m in zip(t.versions, t.response_mask)]
+
+
 _ID_LISTS = {
     "prompt_ids": pl.List(pl.Int32), "response_ids": pl.List(pl.Int32),
     "response_mask": pl.List(pl.Int8), "rollout_logprobs": pl.List(pl.Float32), "token_versions": pl.List(pl.Int32),
-    "spliced": pl.List(pl.Int8),
+    "sampled_version": pl.List(pl.Int32), "spliced": pl.List(pl.Int8),
 }
 _ROW_META = {"extra_info": pl.String, "kind": pl.String, "group_id": pl.String, "fixed_reward": pl.Float64, "masked_turns": pl.Int64,
              "parent": pl.String, "start_step": pl.Int64}

@@ -24,7 +24,8 @@ before its rename: the unit is loaded again at each ingest, unchanged, until the
 A hidden folder is named ``.tmp-<version>-<pid>-<random>-<host>``: the unit's next write removes those of writers
 on its own host that no longer run (a write in progress, or one of another machine sharing the row log, is kept).
 Files are written through an in-memory DuckDB holding the store's schema: types and primary keys are checked in
-the run that wrote them, and every file has exactly its table's columns.
+the run that wrote them, and every file has exactly its table's columns (as of the code that wrote it: a column
+added later is NULL in older files, whatever order the files are read in).
 
 Readers of one run's rows (plots, the compare report) read the files of those runs (``load``), not the store.
 """
@@ -237,8 +238,9 @@ def load(store: str | Path, run_ids: Iterable[str], tables: Iterable[str]) -> du
         try:
             for table, files in table_files(store, run_ids, tables).items():
                 if files:
+                    # by name: a unit written before a column existed lacks it (NULL), whichever file comes first
                     mem.execute(f"INSERT INTO {table} BY NAME SELECT * FROM read_parquet([{', '.join(map(_literal, files))}], "
-                                f"hive_partitioning = false)")
+                                f"hive_partitioning = false, union_by_name = true)")
             return mem
         except duckdb.IOException:
             mem.close()

@@ -4,7 +4,7 @@ Schema (primary keys in brackets)::
 
     runs            [run_id]                                  name, config, MLflow run id, status
     steps           [run_id, step]                            checkpoint, policy version, seconds
-    trajectories    [run_id, step, traj_id]                   ids, mask (and loss_mask), reward, advantage, dropped, SAAR stats, kind
+    trajectories    [run_id, step, traj_id]                   ids, mask (and loss_mask), sampled_version, reward, advantage, dropped, SAAR stats, kind
     r3l_reflections [run_id, step, traj_id]                   R3L: report, validity, pivot, retry reward, replays
     turns           [run_id, step, traj_id, turn_idx]         final (purified) conversation
     tool_executions [run_id, step, traj_id, exec_idx]         every execution, failed attempts included
@@ -53,6 +53,7 @@ ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS sampled_tokens BIGINT;
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS sandbox_calls BIGINT;
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS loss_mask TINYINT[];
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS extra_info JSON;
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS sampled_version INTEGER[];
 CREATE TABLE IF NOT EXISTS env_steps (
     run_id VARCHAR, step BIGINT, traj_id VARCHAR, turn_idx BIGINT, env VARCHAR, seed BIGINT, state VARCHAR,
     response VARCHAR, think VARCHAR, parsed BOOLEAN, actions JSON, executed JSON, invalid JSON, reward DOUBLE,

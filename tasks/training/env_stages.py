@@ -3,7 +3,8 @@
 They stand in for ``rollout_stage`` / ``score_stage`` / ``eval_stage`` and write the same step
 files, so mix, advantage, update and log run unchanged:
 
-    rollout   trajectories / turns / env_steps .parquet (executions and saar_events empty), the
+    rollout   trajectories / turns / env_steps .parquet (executions and saar_events empty; every sampled token
+              stamped with the checkpoint's policy version, ``sampled_version``), the
               per-step signals (success, pass@k, valid-action rate, response length) and, on
               schedule, RAGEN-2's MI probe
     score     scores.parquet from the episode scores (no grading from text)
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import polars as pl
 
+from models.checkpoint import policy_version
 from models.config import ChatConfig
 from tasks.rollout.saar import TrajStats
 from tasks.stores import db, fence
@@ -44,11 +46,19 @@ def env_rollout_stage(step_dir: Path, step: int, ckpt: str, run_id: str, setup: 
         live = get_engine(setup.engine, ckpt, chat)
         frames, signals, _ = play_step(live, chat.tokenizer, env, run_id, seed, step, rollout.n_samples,
                                        rollout.max_new_tokens, rollout.max_response_tokens, ckpt, _TOOL_COLUMNS)
+        frames["trajectories"] = stamped(frames["trajectories"], policy_version(ckpt))
         empty = trajectory_frames([], run_id, step, chat.decode)
         write_frames({**frames, "executions": empty["executions"], "saar_events": empty["saar_events"]},
                      Path(step_dir))
         metrics.update(signals)
     return Path(step_dir)
+
+
+def stamped(trajs: pl.DataFrame, version: int) -> pl.DataFrame:
+    """``trajs`` with ``sampled_version``: ``version`` (the policy that played the episodes) on every sampled token,
+    −1 on injected ones (response mask 0: the environment's observations), as ``tasks.stores.records`` writes it."""
+    versions = pl.col("response_mask").list.eval(pl.when(pl.element() == 1).then(version).otherwise(-1))
+    return trajs.with_columns(versions.cast(pl.List(pl.Int32)).alias("sampled_version"))
 
 
 def env_score_stage(step_dir: Path) -> Path:

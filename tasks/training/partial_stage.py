@@ -11,6 +11,10 @@ never started at the stop), ``aborted_tokens``, ``buffer_groups`` (carried to th
 ``dropped_groups`` (prompt gone), ``off_policy_tokens`` and ``off_policy_ratio`` (policy tokens of the
 batch sampled by an older policy version, over all its policy tokens), ``version_lag_mean`` /
 ``version_lag_max`` and the histogram ``version_lag/<k>`` (policy tokens sampled k versions ago).
+
+Versions are policy versions (``Rollout.version_at``: the checkpoint's, ``models.checkpoint.policy_version``; the
+step in a synchronous run), so a carried token keeps the version that sampled it and a stale rollout
+(``rollout.staleness``) is checked and measured against the version it samples with.
 """
 
 from __future__ import annotations
@@ -35,14 +39,15 @@ def partial_rollout(step_dir: Path, step: int, seed: int, run_id: str, runner: R
     """One step of partial rollouts; returns the batch's trajectories and the ``partial/*`` metrics."""
     step_dir = Path(step_dir)
     prev = step_dir.parent / f"{step - 1:06d}" if step > 0 else None
-    buffered, dropped, position = read_buffer(prev, {i.prompt_id: i for i in items}, version=step)
+    version = runner.version_at(step)
+    buffered, dropped, position = read_buffer(prev, {i.prompt_id: i for i in items}, version=version)
     cursor = PromptCursor(items, seed, position)
     driver = PartialRollout(runner, rollout.partial, prompts_per_step, grade, dynamic_sampling)
     res = driver.run(buffered, cursor.take, seed, step)
     write_buffer(step_dir, buffer_frame(res.buffer, run_id, step), cursor.position, fence.publish)
     maybe_crash("in_partial_rollout", step)
     trajs = [t for g in res.batch for t in g.trajs]
-    return trajs, partial_metrics(res, trajs, step, dropped)
+    return trajs, partial_metrics(res, trajs, version, dropped)
 
 
 def partial_metrics(res: PartialResult, trajs: list[Trajectory], version: int, dropped: int) -> dict[str, float]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import polars as pl
 
-from models.checkpoint import copy_checkpoint
+from models.checkpoint import copy_checkpoint, policy_version
 from models.config import ChatConfig
 from models.splice import trains
 from models.trainer import Sample, update
@@ -82,6 +82,7 @@ def rollout_stage(step_dir: Path, step: int, ckpt: str, run_id: str, setup: Roll
         items = load_prompts(setup.train_path)
         box = get_sandbox(setup.sandbox)
         runner = Rollout(rollout, get_engine(setup.engine, ckpt, chat), chat, box)
+        runner.policy_version = policy_version(ckpt)  # stamped on every sampled token (``sampled_version``)
         used: set[str] = set()
 
         def draw(round_: int, n: int):
@@ -160,7 +161,7 @@ def update_stage(step_dir: Path, ckpt: str, out_ckpt: Path, setup: UpdateSetup) 
     with _timed(step_dir, "update", metrics):
         samples = [Sample(r["prompt_ids"], r["response_ids"], r["response_mask"], r["advantage"],
                           r.get("rollout_logprobs"), r.get("reward") or 0.0, r.get("group_id") or r["prompt_id"],
-                          r.get("traj_id") or "", r.get("spliced"))
+                          r.get("traj_id") or "", r.get("spliced"), r.get("sampled_version"))
                    for r in training_rows(step_dir).iter_rows(named=True)
                    if trains(r["response_mask"], r.get("spliced"), trainer.splice)]
         pad = get_chat(ckpt, ChatConfig()).tokenizer.pad_token_id or 0
