@@ -17,10 +17,11 @@ from tasks.rewards.scoring import _count_hacks
 from tasks.training.eval_measures import cluster_ratio, measures, per_trajectory, prompt_shares
 
 # t1 clean and right; t2 first call failed, cut at the cap; t3 (SAAR on) first attempt failed, its regeneration ran,
-# wrong; t4 no call; t5 ungraded (a grader error) after a clean call, cut at the cap
-TRAJS = pl.DataFrame({"traj_id": ["t1", "t2", "t3", "t4", "t5"], "prompt_id": ["p1", "p1", "p2", "p2", "p2"],
-                      "finish_reason": ["stop", "turn_cap", "stop", "stop", "turn_cap"],
-                      "graded": [True, True, True, True, False], "correct": [True, False, False, False, None]})
+# wrong; t4 no call; t5 ungraded (a grader error) after a clean call, cut at the cap; t6 cut by length, no call
+TRAJS = pl.DataFrame({"traj_id": ["t1", "t2", "t3", "t4", "t5", "t6"], "prompt_id": ["p1", "p1", "p2", "p2", "p2", "p1"],
+                      "finish_reason": ["stop", "turn_cap", "stop", "stop", "turn_cap", "length"],
+                      "graded": [True, True, True, True, False, True],
+                      "correct": [True, False, False, False, None, False]})
 EXECS = pl.DataFrame({"traj_id": ["t1", "t1", "t2", "t2", "t3", "t3", "t3", "t5"],
                       "exec_idx": [0, 1, 0, 1, 0, 1, 2, 0], "position": [0, 1, 0, 1, 0, 0, 1, 0],
                       "ok": [True, True, False, True, False, True, True, True]})
@@ -28,10 +29,10 @@ EXECS = pl.DataFrame({"traj_id": ["t1", "t1", "t2", "t2", "t3", "t3", "t3", "t5"
 
 def test_eval_measures_by_hand():
     """First-call success: t1, t5 of the 4 that call = 0.5 (t3's first attempt failed; its regeneration does not
-    count); cut at the cap: t2, t5 of all 5 = 0.4; every call clean: t1 and t3 (the last execution at each position
+    count); cut at the cap: t2, t5 of all 6 (t6 was cut by length); every call clean: t1 and t3 (the last execution at each position
     ran; t5 is ungraded), of which t1 is right: 0.5 over 2."""
     m = measures(TRAJS, EXECS)
-    assert m == {"tools/first_call_success_rate": 0.5, "rollout/turn_cap_share": 0.4,
+    assert m == {"tools/first_call_success_rate": 0.5, "rollout/turn_cap_share": 2 / 6,
                  "tools/p_correct_all_clean": 0.5, "tools/all_clean_trajectories": 2.0}
 
 
@@ -52,11 +53,11 @@ def test_cluster_ratio_by_hand():
 
 
 def test_prompt_shares_pool_each_prompt():
-    """p1: 1 right of 2, p2: 0 of 3 → pass@1 1/5; P(correct | all clean): p1 1 of 1 (t1), p2 0 of 1 (t3) → 0.5."""
+    """p1: 1 right of 3, p2: 0 of 3 → pass@1 1/6; P(correct | all clean): p1 1 of 1 (t1), p2 0 of 1 (t3) → 0.5."""
     s = prompt_shares(per_trajectory(TRAJS, EXECS))
-    assert s["pass@1"]["share"] == pytest.approx(0.2) and s["pass@1"]["prompts"] == 2
+    assert s["pass@1"]["share"] == pytest.approx(1 / 6) and s["pass@1"]["prompts"] == 2
     assert s["p_correct_all_clean"]["share"] == 0.5 and s["p_correct_all_clean"]["n"] == 2
-    assert s["first_call_success"]["share"] == 0.5 and s["turn_cap_share"]["share"] == pytest.approx(0.4)
+    assert s["first_call_success"]["share"] == 0.5 and s["turn_cap_share"]["share"] == pytest.approx(1 / 3)
 
 
 RUNS = {arm: [f"c-{arm}-s{s}" for s in (1, 2)] for arm in ("a1", "b1", "b3", "a3")}
