@@ -146,3 +146,26 @@ def test_part_c_compare_config():
     used = {s for other in ("multicall.yaml", "t4.yaml", "t4_long.yaml", "t2.yaml")
             for s in load_config(MULTICALL_C.parent / other).compare.seeds}
     assert not used & set(cmp.seeds)
+
+
+def test_part_c_arms_parse_with_the_rollout_options():
+    """Every arm's overrides build a config with the values Part C names (runs once the rollout branch that adds
+    ``rollout.extra_turns`` and the ``rollout.saar`` decision fields is merged; skipped before, saying so)."""
+    from tasks.rollout.config import RolloutConfig
+
+    if "extra_turns" not in RolloutConfig.model_fields:
+        pytest.skip("rollout.extra_turns does not exist yet: the Part C rollout branch is not merged")
+    cmp = load_config(MULTICALL_C).compare
+    got = {}
+    for arm, overrides in cmp.arms.items():
+        c = load_config(MULTICALL_C, [*cmp.shared, *overrides])
+        s = c.rollout.saar
+        got[arm] = (c.rollout.extra_turns, s.enabled, s.raw_share if s.enabled else None, s.retries_cost_turns,
+                    s.decide, c.trainer.splice if s.enabled else None)
+    assert got == {"dapo_c1": (0, False, None, False, "similarity", None),
+                   "mask_raw0_c1": (0, True, 0.0, False, "similarity", "mask"),
+                   "dapo_c3": (2, False, None, False, "similarity", None),
+                   "mask_raw0_c3": (2, True, 0.0, False, "similarity", "mask"),
+                   "keepcost_c1": (0, True, 0.0, True, "similarity", "mask"),
+                   "adaptive_c1": (0, True, 0.0, False, "importance", "full")}
+    assert load_config(MULTICALL_C, cmp.arms["adaptive_c1"]).rollout.saar.importance_threshold == 0.5
