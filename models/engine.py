@@ -3,7 +3,9 @@
 An engine takes a batch of ``GenRequest`` (token ids so far, a token budget) and returns,
 per request, the new token ids, their log-probs under the sampling distribution and why
 generation stopped (``stop`` = end-of-turn token, ``length`` = budget used up). Stopping
-is on the end-of-turn id only: a hermes turn ends ``...</tool_call><|im_end|>``.
+is on the end-of-turn id only: a hermes turn ends ``...</tool_call><|im_end|>``. An engine may also
+``score(prompt_ids, response_ids)``: each response id's log-prob given everything before it, same weights, one
+prefill (SAAR's importance decision, ``tasks.rollout.decisions``).
 
 ``TransformersEngine`` runs a ``from_pretrained`` checkpoint in-process (CPU or one GPU) — a full
 folder, or a frozen base + LoRA adapter whose weight sync loads only the adapter. By
@@ -126,6 +128,13 @@ class TransformersEngine:
             self.model.load_state_dict(load_causal_lm(path, "cpu").state_dict())
         self.model_path = str(path)
 
+    def score(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+        """Log-prob of each response id given everything before it, under this engine's sampling distribution
+        (temperature-scaled as the sampled log-probs are; at temperature 0 the log-prob at temperature 1): one
+        forward without gradients, no random draw."""
+        return token_logprobs(self.model, prompt_ids + response_ids, len(prompt_ids), self.cfg.temperature or 1.0,
+                              self.cfg.device)
+
     def stream(self, seed: int, keep_prefix: bool = True):
         """A continuous decoding batch (``models.decode.DecodeStream``) on this engine's model."""
         from models.decode import DecodeStream
@@ -189,3 +198,14 @@ class TransformersEngine:
             out = GenOutput(toks[:cap], lps[:cap], "length")
         self.counters["generated"] += len(out.token_ids)
         return out
+
+
+@torch.no_grad()
+def token_logprobs(model, ids: list[int], start: int, temperature: float = 1.0, device: str = "cpu") -> list[float]:
+    """``log softmax(logits / temperature)`` of ``ids[k]`` given ``ids[:k]``, for every ``k >= start`` (``start``
+    >= 1: the first id has nothing before it), from one forward of ``model`` over ``ids``."""
+    if not 1 <= start <= len(ids):
+        raise ValueError(f"token_logprobs: start={start} must be within 1..{len(ids)} (the first id has no context)")
+    x = torch.tensor([ids], dtype=torch.long, device=device)
+    logits = model(input_ids=x).logits[0, start - 1 : len(ids) - 1].float() / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, x[0, start:].unsqueeze(-1)).squeeze(-1).tolist()

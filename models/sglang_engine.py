@@ -18,6 +18,9 @@ router URL works as a single server. Infrastructure failures (connection errors,
 ``abort`` finish) are retried ``max_retries`` times on the next server, then raise
 ``EngineError`` naming the URL: they never become an empty generation.
 
+``score(prompt_ids, response_ids)`` (SAAR's importance decision) is one more native ``/generate`` with
+``logprob_start_len``, reading ``meta_info.input_token_logprobs`` (its first entry is ``None``, see ``score``).
+
 Run: ``engine.kind=sglang engine.server_urls=[http://127.0.0.1:30000]`` in a run config, with a
 server from ``infra/sglang/launch_server.sh`` (GPU) or ``python -m models.sglang_test_server``
 (CPU test double, same JSON contract).
@@ -138,6 +141,35 @@ class SGLangEngine:
         """All requests concurrently (bounded by ``max_concurrency``); results in request order."""
         return list(self.pool.map(self._generate_one, requests))
 
+    def score(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+        """Log-prob of each response id given everything before it: a native ``/generate`` of ``prompt + response``
+        with ``return_logprob`` and ``logprob_start_len = len(prompt) - 1``, one greedy token (SGLang samples at
+        least one; greedy draws nothing). SGLang answers ``meta_info.input_token_logprobs`` =
+        ``[logprob, token_id, text]`` for every input position from ``logprob_start_len`` on, the first ``None``
+        (``SchedulerLogprobResultProcessor._process_input_token_logprobs`` shifts the prefill's log-probs by one):
+        the last prompt id's entry is that ``None``, the response's follow. These are log-probs of the raw logits
+        (temperature 1) while sampled ones are temperature-scaled, so a temperature other than 1 is refused."""
+        if self.cfg.temperature != 1.0:
+            raise EngineError(f"sglang score: engine.temperature={self.cfg.temperature} but SGLang's prefill "
+                              "log-probs are at temperature 1; the importance decision needs both at the same one")
+        body, errors, first = self.score_payload(prompt_ids, response_ids), [], self._first_url()
+        for attempt in range(self.cfg.max_retries + 1):
+            url = self.urls[(first + attempt) % len(self.urls)]
+            try:
+                return _input_logprobs(self._post_generate(url, body), response_ids, url)
+            except _Retryable as err:
+                errors.append(str(err))
+                time.sleep(min(0.25 * 2**attempt, 4.0))
+        raise EngineError(f"SGLang /generate (score) failed {len(errors)} times; last: {errors[-1]}")
+
+    @staticmethod
+    def score_payload(prompt_ids: list[int], response_ids: list[int]) -> dict:
+        """The ``/generate`` body of ``score``."""
+        if not prompt_ids or not response_ids:
+            raise ValueError("sglang score: prompt_ids and response_ids must both be non-empty")
+        return {"input_ids": list(prompt_ids) + list(response_ids), "return_logprob": True,
+                "logprob_start_len": len(prompt_ids) - 1, "sampling_params": {"temperature": 0.0, "max_new_tokens": 1}}
+
     def stream(self, seed: int = 0, keep_prefix: bool = True) -> SGLangStream:
         """Continuous scheduling over HTTP (``SGLangStream``); the servers sample and cache prefixes themselves."""
         return SGLangStream(self)
@@ -246,6 +278,24 @@ class SGLangStream:
         key = self.futures.pop(fut)
         out = fut.result()
         return key, out.token_ids, out.logprobs, out.finish_reason
+
+
+def _input_logprobs(data: dict, response_ids: list[int], url: str) -> list[float]:
+    """The response ids' log-probs from a score answer (see ``SGLangEngine.score``); a shape that is not SGLang's
+    is an ``EngineError`` naming the server, never a made-up value."""
+    meta = data.get("meta_info") or {}
+    finish = meta.get("finish_reason") or {}
+    if isinstance(finish, dict) and finish.get("type") == "abort":
+        raise _Retryable(url, f"score aborted ({finish.get('message')!r})")
+    entries = meta.get("input_token_logprobs")
+    if not isinstance(entries, list) or len(entries) != len(response_ids) + 1 or entries[0][0] is not None:
+        raise EngineError(f"SGLang server {url}/generate: input_token_logprobs for {len(response_ids)} response ids "
+                          f"should be {len(response_ids) + 1} entries, the first None; got {str(entries)[:200]}")
+    ids = [int(e[1]) for e in entries[1:]]
+    if ids != list(response_ids) or any(e[0] is None for e in entries[1:]):
+        raise EngineError(f"SGLang server {url}/generate: input_token_logprobs do not score the response ids "
+                          f"(ids {ids[:8]}..., expected {list(response_ids)[:8]}...)")
+    return [float(e[0]) for e in entries[1:]]
 
 
 def _json(r: httpx.Response):

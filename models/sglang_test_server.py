@@ -2,8 +2,10 @@
 
 What: ``POST /generate`` (``input_ids`` — one list or a batch — ``sampling_params`` with
 ``temperature``, ``top_p``, ``max_new_tokens``, ``stop_token_ids``, ``stop`` strings, ``ignore_eos``;
-``return_logprob``) answers ``{"text", "output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens",
-"completion_tokens", "output_token_logprobs": [[logprob, token_id, null], ...]}}`` like ``sglang.launch_server``
+``return_logprob``, ``logprob_start_len``) answers ``{"text", "output_ids", "meta_info": {"id", "finish_reason",
+"prompt_tokens", "completion_tokens", "output_token_logprobs": [[logprob, token_id, null], ...],
+"input_token_logprobs": [[null, id, null], [logprob, id, null], ...]}}`` (input positions from
+``logprob_start_len`` on, none without it, the first logprob null, raw logits) like ``sglang.launch_server``
 (0.5.14, the release ``requirements-gpu.lock`` pins; ``tests/test_sglang_contract.py`` decodes these answers with
 SGLang's own types and compares them with its own finish-reason classes and stop rule). Stops are SGLang's, in its
 order (``Req.update_finish_state``): the token budget first (``{"type": "length", "length": max_new_tokens}``), then
@@ -50,7 +52,7 @@ import time
 from pathlib import Path
 
 from models.config import EngineConfig
-from models.engine import GenRequest, TransformersEngine
+from models.engine import GenRequest, TransformersEngine, token_logprobs
 
 BATCH_QUIET_S = 0.02
 """A batch closes once no request arrived for this long (SGLang batches continuously instead)."""
@@ -211,6 +213,17 @@ class Backend:
                           "output_token_logprobs": [[lp, t, None] for lp, t in zip(lps, ids)]},
         }
 
+    async def input_logprobs(self, ids: list[int], start: int) -> list[list]:
+        """SGLang's ``input_token_logprobs`` from ``logprob_start_len`` = ``start`` on: ``[logprob, id, null]`` per
+        input position, the first logprob ``null`` (SGLang shifts the prefill's log-probs by one), raw logits
+        (temperature 1)."""
+        if start >= len(ids):
+            return []
+        async with self.lock:
+            lps = await asyncio.to_thread(token_logprobs, self.engine.model, ids, start + 1) if start + 1 < len(ids) \
+                else []
+        return [[None, ids[start], None]] + [[lp, t, None] for lp, t in zip(lps, ids[start + 1 :])]
+
     async def update_weights(self, path: str) -> tuple[bool, str]:
         async with self.lock:
             try:
@@ -219,6 +232,13 @@ class Backend:
                 return False, f"Failed to update weights from {path}: {type(err).__name__}: {err}"
             self.model_path = path
             return True, "Succeeded to update model weights."
+
+
+def _start_error(start: int, n: int) -> dict:
+    """SGLang's answer (HTTP 400) to a ``logprob_start_len`` past the input: the scheduler aborts it as a bad request
+    (``Scheduler.handle_generate_request``), the tokenizer manager raises its message, ``/generate`` answers it."""
+    return {"error": {"message": f"req.logprob_start_len={start} is higher than the number of input tokens "
+                                 f"len(req.origin_input_ids)={n}. Please use a smaller logprob_start_len."}}
 
 
 def build_app(load, start_delay: float = 0.0):
@@ -245,7 +265,15 @@ def build_app(load, start_delay: float = 0.0):
         batch = isinstance(ids[0], list)
         rid = body.get("rid")
         rids = rid if batch and isinstance(rid, list) else [rid] * (len(ids) if batch else 1)
-        outs = await asyncio.gather(*[backend.generate(x, params, r) for x, r in zip(ids if batch else [ids], rids)])
+        start = body.get("logprob_start_len")
+        start = -1 if start is None else int(start)
+        rows = ids if batch else [ids]
+        if body.get("return_logprob") and any(start > len(x) for x in rows):
+            return JSONResponse(_start_error(start, min(len(x) for x in rows)), 400)
+        outs = await asyncio.gather(*[backend.generate(x, params, r) for x, r in zip(rows, rids)])
+        if body.get("return_logprob"):
+            for x, out in zip(rows, outs):
+                out["meta_info"]["input_token_logprobs"] = await backend.input_logprobs(x, len(x) if start < 0 else start)
         return JSONResponse(list(outs) if batch else outs[0])
 
     async def abort_request(request: Request):

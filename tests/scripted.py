@@ -2,7 +2,8 @@
 
 Each trajectory (by request order) answers with the next text of its script, encoded with
 the real tokenizer and ended by the real end-of-turn id; log-probs are a fixed per-call value
-so splices can be traced. A script entry ``Turn(text, end)`` ends otherwise: ``endoftext`` (the
+so splices can be traced (``-0.01 * call number``, or ``lp`` for every token when given: exact binary fractions
+for hand-computed sums). A script entry ``Turn(text, end)`` ends otherwise: ``endoftext`` (the
 tokenizer's other eos id, a ``stop`` without the end-of-turn id, as Qwen emits it) or ``length``
 (cut by the budget: no end id); its ``text`` may instead be a list of token ids, sampled as they are (a turn
 that spells a special token's text with ordinary tokens, which ``encode`` would turn into the special id). ``stream`` offers the continuous-batching contract of
@@ -35,8 +36,9 @@ def scripted_turn(chat, entry, lp: float) -> tuple[list[int], list[float], str]:
 
 
 class ScriptedEngine:
-    def __init__(self, chat, scripts: list[list[str]]):
+    def __init__(self, chat, scripts: list[list[str]], lp: float | None = None):
         self.chat = chat
+        self.lp = lp
         self.eos_id = chat.eos_id
         self.scripts = [list(s) for s in scripts]
         self.calls = 0
@@ -52,8 +54,12 @@ class ScriptedEngine:
         for req, script in zip(requests, live):
             self.calls += 1
             self.requests.append(req)
-            outs.append(GenOutput(*scripted_turn(self.chat, script.pop(0), -0.01 * self.calls)))
+            outs.append(GenOutput(*scripted_turn(self.chat, script.pop(0), self.turn_lp())))
         return outs
+
+    def turn_lp(self) -> float:
+        """The per-token log-prob of the turn just counted in ``calls``."""
+        return self.lp if self.lp is not None else -0.01 * self.calls
 
     def stream(self, seed: int, keep_prefix: bool = True) -> ScriptedStream:
         return ScriptedStream(self)
@@ -86,5 +92,5 @@ class ScriptedStream:
             assert script, f"script of {key!r} ran out"
             self.engine.calls += 1
             self.engine.requests.append(req)
-            out.append((key, *scripted_turn(self.engine.chat, script.pop(0), -0.01 * self.engine.calls)))
+            out.append((key, *scripted_turn(self.engine.chat, script.pop(0), self.engine.turn_lp())))
         return out

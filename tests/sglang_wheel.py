@@ -31,14 +31,16 @@ PINNED = _lock.read_lock(ROOT / _lock.GPU_LOCK)[1]["sglang"]
 TYPES = "0.5.23"
 FILES = ("sglang/srt/sampling/sampling_params.py", "sglang/srt/managers/schedule_batch.py",
          "sglang/srt/managers/io_struct.py", "sglang/srt/managers/tokenizer_manager.py",
-         "sglang/srt/configs/model_config.py", "sglang/srt/entrypoints/http_server.py", "sglang/api/v1/api_types.py")
+         "sglang/srt/configs/model_config.py", "sglang/srt/entrypoints/http_server.py", "sglang/api/v1/api_types.py",
+         "sglang/srt/managers/scheduler_components/logprob_result_processor.py", "sglang/srt/managers/scheduler.py")
 CACHE = Path(os.environ.get("CLEANER_SGLANG_WHEELS", Path.home() / ".cache" / "cleaner" / "sglang-wheels"))
 
 
 def sglang_sources(version: str) -> Path:
-    """A folder holding ``FILES`` (those the release has) of ``sglang==version``'s Linux x86_64 wheel."""
-    target = CACHE / version
-    if (target / ".complete").exists():
+    """A folder holding ``FILES`` (those the release has) of ``sglang==version``'s Linux x86_64 wheel; a folder
+    unpacked for another ``FILES`` (its ``.complete`` lists them) is unpacked again."""
+    target, marker = CACHE / version, "\n".join(FILES)
+    if (target / ".complete").exists() and (target / ".complete").read_text() == marker:
         return target
     with tempfile.TemporaryDirectory() as tmp:
         argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--platform",
@@ -49,7 +51,7 @@ def sglang_sources(version: str) -> Path:
             raise RuntimeError(f"pip download sglang=={version} failed (PyPI is needed): {proc.stderr[-1500:]}")
         with zipfile.ZipFile(next(Path(tmp).glob("sglang-*.whl"))) as wheel:
             wheel.extractall(target, [name for name in wheel.namelist() if name in FILES])
-    (target / ".complete").touch()
+    (target / ".complete").write_text(marker)
     return target
 
 

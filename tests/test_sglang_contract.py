@@ -283,3 +283,54 @@ def _status(url: str) -> int | None:
         return httpx.get(f"{url}/health", timeout=5).status_code
     except httpx.TransportError:
         return None
+
+
+def test_the_score_request_is_valid_for_sglangs_own_types(own, types, tokenizer):
+    """``SGLangEngine.score``'s body: its sampling params built (and verified) by SGLang's ``SamplingParams`` — one
+    greedy token, what a prefill needs at least — its fields within ``GenerateReqInput``, decoded by the types."""
+    body = SGLangEngine.score_payload([5, 6, 7], [8, 9])
+    sp = own.SamplingParams(**body["sampling_params"])
+    sp.verify(vocab_size=len(tokenizer))
+    assert (sp.max_new_tokens, sp.top_k) == (1, 1), "temperature 0: SGLang samples greedily (top_k 1)"
+    assert set(body) <= fields(PINNED, "sglang/srt/managers/io_struct.py", "GenerateReqInput")
+    decoded = types.GenerateRequest.from_json_value(body).to_json_value()
+    assert decoded["input_ids"] == [5, 6, 7, 8, 9] and decoded["logprob_start_len"] == 2
+    with pytest.raises(ValueError, match="non-empty"):
+        SGLangEngine.score_payload([5], [])
+
+
+def test_input_logprobs_answer_as_sglang_builds_them(server, types, prompt, warm_model_dir):
+    """``logprob_start_len`` = s: SGLang's own ``_process_input_token_logprobs`` turns the prefill's log-probs
+    (position k's logits score id k + 1; the last scores the sampled token) into entries for ids s.., the first
+    ``None``; the server answers those entries (raw logits, temperature 1) and the engine's ``score`` reads the
+    response's from them — the in-process model's own log-probs. A start past the input is SGLang's 400."""
+    from models.engine import load_causal_lm, token_logprobs
+
+    url, _ = server
+    ids, start = prompt + [11, 12, 13], len(prompt) - 1
+    answer = _decoded(types, httpx.post(f"{url}/generate", json=SGLangEngine.score_payload(prompt, [11, 12, 13]),
+                                        timeout=120).json())
+    model = load_causal_lm(warm_model_dir)
+    prefill = token_logprobs(model, ids, start + 1) + [-0.5]  # SGLang's last entry: the sampled token's, dropped
+    process = definitions(PINNED, "sglang/srt/managers/scheduler_components/logprob_result_processor.py",
+                          ["SchedulerLogprobResultProcessor._process_input_token_logprobs"])
+    req = SimpleNamespace(logprob=SimpleNamespace(), origin_input_ids=ids, logprob_start_len=start)
+    me = SimpleNamespace(_is_multi_item_scoring=lambda r: False, model_config=SimpleNamespace(vocab_size=10**6))
+    process["_process_input_token_logprobs"](me, req, prefill)
+    entries = answer["meta_info"]["input_token_logprobs"]
+    assert [e[1] for e in entries] == req.logprob.input_token_logprobs_idx == ids[start:]
+    assert entries[0][0] is None and req.logprob.input_token_logprobs_val[0] is None
+    assert [e[0] for e in entries[1:]] == pytest.approx(req.logprob.input_token_logprobs_val[1:], abs=1e-5)
+    eng = SGLangEngine(EngineConfig(kind="sglang", server_urls=[url]), "m", 2, 0)
+    try:
+        assert eng.score(prompt, [11, 12, 13]) == [e[0] for e in entries[1:]]
+        eng.cfg = eng.cfg.model_copy(update={"temperature": 0.7})
+        with pytest.raises(EngineError, match="temperature"):
+            eng.score(prompt, [11])
+    finally:
+        eng.close()
+    bad = httpx.post(f"{url}/generate", json={"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": 5,
+                                              "sampling_params": {"max_new_tokens": 1}})
+    assert bad.status_code == 400 and "logprob_start_len=5 is higher than" in bad.json()["error"]["message"]
+    source = (sglang_sources(PINNED) / "sglang/srt/managers/scheduler.py").read_text()
+    assert "is higher than the number of input tokens" in source

@@ -59,6 +59,10 @@ TABLE = [
     ("reward.correct_reward=2.0", ALL, ALL),
     ("rollout.max_response_tokens=256", ALL, ALL),
     ("rollout.saar.similarity_threshold=0.7", ALL, ALL),
+    ("rollout.extra_turns=2", ALL, ALL),
+    ("rollout.saar.retries_cost_turns=true", ALL, ALL),
+    ("rollout.saar.decide=importance", ALL, ALL),
+    ("rollout.saar.importance_threshold=0.7", ALL, ALL),
     ("engine.temperature=0.7", ALL, ALL),
     ("sandbox.timeout_s=3", ALL, ALL),
     ("model.chat.system_prompt=hi", ALL, ALL),
@@ -124,7 +128,8 @@ def test_fields_added_off_are_not_hashed():
     they existed (the setups hash the dump)."""
     dumped = load_config(TINY).setups().model_dump_json()
     assert all(name not in dumped for name in ("failed_turns", "fresh_path", "fresh_prompts", "fresh_samples",
-                                               "wall_timeout_s", "register_models"))
+                                               "wall_timeout_s", "register_models", "extra_turns",
+                                               "retries_cost_turns", "decide", "importance_threshold"))
     assert "wall_timeout_s" in load_config(TINY, ["sandbox.wall_timeout_s=30"]).setups().model_dump_json()
 
 

@@ -52,7 +52,7 @@ from tasks.r3l.prompts import (
     reflection_request,
 )
 from tasks.r3l.report import ReportCheck, read_reflection
-from tasks.rollout.machine import Rollout, sampling_salt, setup_of, turn_budget
+from tasks.rollout.machine import Rollout, sampling_salt, setup_of
 from tasks.rollout.r3l_config import R3LConfig
 from tasks.rollout.types import PromptItem, State, Trajectory
 
@@ -253,7 +253,7 @@ class R3LRollout:
                 r.guidance = (start, len(t.response_ids), plain)
                 t.budget_extra = len(t.response_ids) - start - len(plain)
         t.assistant_turns = k
-        if k >= turn_budget(base.item, self.runner.cfg.max_turns):
+        if k >= self.runner.turn_cap(base):
             t.state, t.finish_reason = State.TERMINATED, "turn_cap"
         return t
 

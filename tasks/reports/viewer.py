@@ -31,8 +31,11 @@ import polars as pl
 from tasks.envs.view import ENV_CSS, env_summary, render_env_section
 from tasks.r3l.view import R3L_CSS, render_r3l_section
 
-CUTS = ("shallow", "deep")
-ENDS = {"recovered": "ok", "exhausted": "bad", "no_call": "bad", "length": "bad"}
+CUTS = ("shallow", "deep", "replace", "append")
+"""Decisions drawn per attempt: the similarity splices, and the importance decisions (``tasks.rollout.decisions``:
+``append`` keeps the failed call and its error, the attempt drawn is not cut)."""
+ENDS = {"recovered": "ok", "exhausted": "bad", "no_call": "bad", "length": "bad", "turn_cap": "bad",
+        "append_failed": "bad"}
 _ERROR_LINE = re.compile(r"(?m)^\s*[A-Za-z_.]*(Error|Exception|Exit|Interrupt)\b|tool_call_format_error|malformed_call")
 
 CSS = """
@@ -126,11 +129,13 @@ def _cut_block(position: int, evs: list[dict]) -> str:
     if first:
         parts.append(f"<div>first failure: <b>{escape(str(first['error_kind']))}</b></div>")
     for e in cuts:
-        sim = e["similarity"]
+        ratio = e.get("is_log_ratio")
+        basis = (f"similarity <span class='sim'>{_num(e['similarity'])}</span>" if ratio is None
+                 else f"log importance ratio <span class='sim'>{_num(ratio)}</span>")
+        fate = "was kept, its error too" if e["kind"] == "append" else "was cut"
         parts.append(
             f"<div class='attempt' data-kind='{escape(e['kind'])}'>attempt {e['attempt']}: the failed call "
-            f"(<b>{escape(str(e['error_kind']))}</b>) was cut, similarity "
-            f"<span class='sim'>{_num(sim)}</span> → <b>{escape(e['kind'])}</b>"
+            f"(<b>{escape(str(e['error_kind']))}</b>) {fate}, {basis} → <b>{escape(e['kind'])}</b>"
             f"<pre class='failed'>{escape(e['failed_turn'] or '')}</pre>"
             f"<div>error:</div><pre class='error'>{escape(e['error_text'] or '')}</pre></div>")
     if end and end["kind"] in ("exhausted", "no_call", "length") and end.get("error_text"):

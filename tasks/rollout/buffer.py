@@ -67,13 +67,15 @@ def _record(t: Trajectory) -> dict:
     s = t.stats
     return {
         "raw": t.raw, "saar_on": t.saar_on, "assistant_turns": t.assistant_turns, "messages": t.messages,
-        "stats": {**s.scalars(), "failure_reasons": dict(s.failure_reasons), "similarities": s.similarities},
+        "stats": {**s.scalars(), "failure_reasons": dict(s.failure_reasons), "similarities": s.similarities,
+                  "is_log_ratios": s.is_log_ratios},
         "events": [e.__dict__ for e in t.events],
         "executions": [{"position": e.position, "attempt": e.attempt, "code": e.code, "result": e.result.to_dict()}
                        for e in t.executions],
         "snapshot": t.snapshot.__dict__ if t.snapshot else None, "kind": t.kind, "group_id": t.group_id,
         "fixed_reward": t.fixed_reward, "pivot": t.pivot, "parent": t.parent, "budget_extra": t.budget_extra,
-        "has_carry": t.carry is not None, "spliced": t.spliced,
+        "has_carry": t.carry is not None, "spliced": t.spliced, "retry_turns": t.retry_turns,
+        "appended": list(t.appended) if t.appended else None,
     }
 
 
@@ -81,8 +83,9 @@ def trajectory_of(row: dict, item: PromptItem) -> Trajectory:
     """The trajectory a buffer row stores, bound to the dataset's current ``item``."""
     rec = json.loads(row["record"])
     st = rec["stats"]
-    stats = TrajStats(**{k: v for k, v in st.items() if k not in ("failure_reasons", "similarities")},
-                      failure_reasons=Counter(st["failure_reasons"]), similarities=list(st["similarities"]))
+    stats = TrajStats(**{k: v for k, v in st.items() if k not in ("failure_reasons", "similarities", "is_log_ratios")},
+                      failure_reasons=Counter(st["failure_reasons"]), similarities=list(st["similarities"]),
+                      is_log_ratios=list(st.get("is_log_ratios") or []))
     carry = Carry(list(row["carry_ids"]), list(row["carry_logprobs"]), list(row["carry_versions"]))
     return Trajectory(
         traj_id=row["traj_id"], item=item, sample_idx=row["sample_idx"], raw=rec["raw"],
@@ -97,6 +100,7 @@ def trajectory_of(row: dict, item: PromptItem) -> Trajectory:
         parent=rec["parent"], budget_extra=rec["budget_extra"], versions=list(row["token_versions"]),
         version=max(row["max_version"], row["start_step"]), start_step=row["start_step"],
         carry=carry if rec["has_carry"] else None, spliced=list(rec.get("spliced") or [0] * len(row["response_ids"])),
+        retry_turns=rec.get("retry_turns", 0), appended=tuple(rec["appended"]) if rec.get("appended") else None,
     )
 
 

@@ -6,15 +6,33 @@ Pydantic only, so flow modules and the CLI read them without loading torch.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from tasks.rollout.r3l_config import R3LConfig
 
 
-class SAARConfig(BaseModel):
+class _OffOmitted(BaseModel):
+    """A slice whose ``OMIT_WHEN_OFF`` fields are left out of its dump (hence out of every stage's cache key) while
+    they hold the value given there: runs made before such a field existed keep their keys
+    (``tests/test_stage_keys.py``)."""
+
+    OMIT_WHEN_OFF: ClassVar[dict[str, object]] = {}
+
+    @model_serializer(mode="wrap")
+    def _omit_off(self, handler):
+        out = handler(self)
+        for name, off in self.OMIT_WHEN_OFF.items():
+            if name in out and out[name] == off:
+                del out[name]
+        return out
+
+
+class SAARConfig(_OffOmitted):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    OMIT_WHEN_OFF: ClassVar[dict[str, object]] = {"retries_cost_turns": False, "decide": "similarity",
+                                                  "importance_threshold": 0.5}
 
     enabled: bool = True
     """Turn SAAR on (CLEANER) or off (plain DAPO baseline: errors stay in trajectories)."""
@@ -34,6 +52,22 @@ class SAARConfig(BaseModel):
     malformed_call_is_failure: bool = True
     """Treat an unparseable call as a failure SAAR handles (here); False = reference: the call is
     dropped and the trajectory ends."""
+
+    retries_cost_turns: bool = False
+    """"Purify but keep the cost": every regeneration counts against the trajectory's turn budget as the turn it
+    would have been in the raw trajectory, so a purified trajectory has no more turns left than its raw version
+    (``tasks.rollout.decisions``, "Turn cost"). False: regenerations replace a turn and never count."""
+
+    decide: Literal["similarity", "importance"] = "similarity"
+    """How a usable regeneration is taken in (``tasks.rollout.decisions.DECISIONS``): ``similarity`` (the
+    reference's shallow/deep splice over the failed turn by ``similarity_threshold``) or ``importance`` (the CLEANER
+    authors' Plan B: the importance ratio of the regeneration between the clean and the error context decides to
+    replace the whole failed turn, or to append the regeneration after the kept error; needs an engine with
+    ``score``)."""
+
+    importance_threshold: float = Field(0.5, ge=0)
+    """``decide: importance``: an importance ratio below this appends (failed turn and error kept), at or above it
+    replaces the failed turn (Plan B's ``rollback_is_threshold``)."""
 
 
 class PartialConfig(BaseModel):
@@ -61,15 +95,23 @@ class PartialConfig(BaseModel):
     groups pass the filter; the step then trains what passed."""
 
 
-class RolloutConfig(BaseModel):
+class RolloutConfig(_OffOmitted):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    OMIT_WHEN_OFF: ClassVar[dict[str, object]] = {"tool_response_truncate_side": "right", "extra_turns": 0}
+    """``tool_response_truncate_side`` left at ``right`` is the cut every run made before the field existed."""
 
     n_samples: int = Field(4, ge=1)
     """Samples per prompt (one GRPO group)."""
 
     max_turns: int = Field(4, ge=1)
-    """Assistant turns per trajectory (SAAR regenerations do not count); a prompt whose ``extra_info`` has its own
-    ``max_turns`` (the chain task's calls + 1) uses that instead (``tasks.rollout.machine.turn_budget``)."""
+    """Assistant turns per trajectory (SAAR regenerations do not count unless ``saar.retries_cost_turns``); a prompt
+    whose ``extra_info`` has its own ``max_turns`` (the chain task's calls + 1) uses that instead, plus
+    ``extra_turns`` (``tasks.rollout.machine.turn_budget``)."""
+
+    extra_turns: int = Field(0, ge=0)
+    """Turns added to a prompt's own budget (``extra_info["max_turns"]``): 2 gives a chain of k calls k + 3 turns.
+    Not added to ``max_turns``, the budget of prompts without one, which is itself the setting of their slack.
+    Read wherever the budget is (training rollouts, R3L retries, evaluations: they use the run's rollout)."""
 
     max_new_tokens: int = Field(128, ge=1)
     """Token budget of one assistant turn."""
@@ -119,13 +161,3 @@ class RolloutConfig(BaseModel):
 
     partial: PartialConfig = PartialConfig()
     """APRIL partial rollouts (off by default; ``mode: standard``, ``scheduling: continuous``, tool-use prompts)."""
-
-    @model_serializer(mode="wrap")
-    def _omit_default_truncate_side(self, handler):
-        """``tool_response_truncate_side`` left at ``right`` (the cut every run made before the field existed) is out
-        of the dump, hence out of every stage's cache key: runs made before it keep their keys
-        (``tests/test_stage_keys.py``)."""
-        out = handler(self)
-        if out.get("tool_response_truncate_side") == "right":
-            del out["tool_response_truncate_side"]
-        return out

@@ -13,7 +13,7 @@ call in one sandbox batch. Every tool call runs with the prompt's bound inputs
     GENERATING ──turn with a call──▶ EXECUTING ──ok──────────────────────▶ GENERATING
         │                               │ fail, SAAR on, retries left
         │ no call / caps                ▼
-        ▼                           RETRYING ──regenerated, spliced──▶ EXECUTING
+        ▼                           RETRYING ──regenerated, spliced / appended──▶ EXECUTING
     TERMINATED ◀── no call in the regenerated turn (SAAR off, recorded as failed)
 
 Token bookkeeping (ids are appended turn by turn, never re-tokenised)::
@@ -24,20 +24,22 @@ Token bookkeeping (ids are appended turn by turn, never re-tokenised)::
     logprobs     | engine log-probs      | 0.0                    | engine log-probs
 
 The turn budget is per prompt (``turn_budget``): ``extra_info["max_turns"]`` when the prompt carries one (the
-chain task's calls + 1), else ``rollout.max_turns``. Only the policy's own assistant turns count: a turn that
-makes a call when the budget is spent ends the trajectory unrun (``turn_cap``); SAAR's regenerations replace a
-turn and never count. A chain of 2 calls (budget 3), SAAR off, one failed call::
+chain task's calls + 1) plus ``rollout.extra_turns``, else ``rollout.max_turns``. Only the policy's own assistant
+turns count: a turn that makes a call when the budget is spent ends the trajectory unrun (``turn_cap``); SAAR's
+regenerations replace a turn and never count, unless ``saar.retries_cost_turns`` (``tasks.rollout.decisions``,
+"Turn cost"). A chain of 2 calls (budget 3), SAAR off, one failed call::
 
     turn 1  call ok      | tool | turn 2  call fails | tool (error) | turn 3  call  ──▶ turn_cap, the call never runs
     mask    1 ... 1      | 0..0 | 1 ... 1            | 0 ... 0      | 1 ... 1       (turn 3 trained, nothing after)
 
 In RETRYING the engine sees ``prompt + response + error tool turn``, but the error tokens are
 kept aside (``Snapshot.retry_suffix``); the accepted regeneration is spliced over the failed
-turn (``tasks.rollout.saar.splice``), so a recovered position carries no error text. The spliced-in
+turn (``tasks.rollout.saar.splice``; or, ``saar.decide: importance``, replaces it or is appended after the kept
+error: ``tasks.rollout.decisions``), so a recovered position carries no error text. The spliced-in
 tokens are marked (``Trajectory.spliced``: sampled in the error context, their log-probs are that
-context's, the behaviour policy's; the old reasoning a shallow splice keeps is not marked). Retries do not
-count against the turn budget. Infrastructure failures of the sandbox raise out of the
-rollout (``SandboxInfraError``): they are never a code failure, a SAAR trigger or a reward.
+context's, the behaviour policy's; the old reasoning a shallow splice keeps is not marked). Infrastructure
+failures of the sandbox raise out of the rollout (``SandboxInfraError``): they are never a code failure, a SAAR
+trigger or a reward.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ from models.chat import ChatFormat, ParsedCall, parse_tool_call
 from models.engine import Engine, GenOutput, GenRequest
 from sandbox.result import ExecutionResult
 from tasks.rollout.config import RolloutConfig
-from tasks.rollout.saar import exhausted_note, is_raw, splice
+from tasks.rollout.decisions import DECISIONS, check_decide, close_append, turns_used
+from tasks.rollout.saar import exhausted_note, is_raw
 from tasks.rollout.toolcalls import ToolCalls
 from tasks.rollout.types import Execution, PromptItem, SaarEvent, Snapshot, State, Trajectory
 
@@ -60,6 +63,7 @@ class Rollout:
     """Runs the state machine for one step's batch (see module docstring)."""
 
     def __init__(self, cfg: RolloutConfig, engine: Engine, chat: ChatFormat, sandbox):
+        check_decide(cfg.saar.decide, engine)
         self.cfg = cfg
         self.engine = engine
         self.chat = chat
@@ -125,6 +129,10 @@ class Rollout:
         for t in trajs:
             t.truncate(self.budget(t))
         return trajs
+
+    def turn_cap(self, t: Trajectory) -> int:
+        """Turns ``t`` may use (``turn_budget`` with ``rollout.extra_turns``)."""
+        return turn_budget(t.item, self.cfg.max_turns, self.cfg.extra_turns)
 
     def budget(self, t: Trajectory) -> int:
         """Response-token budget of ``t``: ``max_response_tokens`` plus its uncounted injected tokens."""
@@ -238,7 +246,7 @@ class Rollout:
             return self._terminate(t, "stop")
         if self._dropped(call):
             return self._terminate(t, "malformed_call")
-        if t.assistant_turns >= turn_budget(t.item, self.cfg.max_turns):
+        if turns_used(t) >= self.turn_cap(t):
             return self._terminate(t, "turn_cap")
         t.pending, t.pending_start, t.state = call, turn_start, State.EXECUTING
 
@@ -266,6 +274,8 @@ class Rollout:
             s.first_attempt_total += 1
             s.first_attempt_success += int(res.ok)
         text = res.model_text(self.cfg.max_tool_response_chars, self.cfg.tool_response_truncate_side)
+        if t.appended is not None:
+            close_append(t, res.ok)
         if res.ok:
             s.tool_success += 1
             if snap is not None:
@@ -292,35 +302,15 @@ class Rollout:
         self._continue_after_tool(t, text)
 
     def on_retry_generated(self, t: Trajectory, out: GenOutput) -> None:
-        """RETRYING: the model regenerated the failed turn after seeing the error."""
+        """RETRYING: the model regenerated the failed turn after seeing the error; a usable regeneration goes to
+        the decision ``rollout.saar.decide`` names (``tasks.rollout.decisions``)."""
         out, versions = self.whole_turn(t, out)
-        snap, s = t.snapshot, t.stats
-        snap.retries += 1
-        position = t.assistant_turns - 1
+        t.snapshot.retries += 1
         new_text = self.chat.decode(out.token_ids)
-        end = len(t.response_ids)
-        while end > snap.turn_start and t.response_mask[end - 1] == 0:
-            end -= 1  # the failed turn's injected end-of-turn id is not part of it
-        old_ids, old_lps = t.response_ids[snap.turn_start : end], t.logprobs[snap.turn_start : end]
         call = parse_tool_call(new_text)
         if out.finish_reason == "length" or call is None or self._dropped(call):
             return self._retry_failed(t, out, new_text, call, versions)
-        new_call = self.chat.call_start(out.token_ids)
-        sp = splice(old_ids, old_lps, out.token_ids, out.logprobs, self.chat.call_start(old_ids),
-                    new_call, self.chat.decode, self.cfg.saar.similarity_threshold)
-        kept = t.versions[snap.turn_start : snap.turn_start + sp.kept_old_prefix]
-        kept_spliced = t.spliced[snap.turn_start : snap.turn_start + sp.kept_old_prefix]
-        t.truncate(snap.turn_start)
-        t.append(sp.ids, 1, sp.logprobs, kept + (versions[new_call:] if sp.decision == "shallow" else versions),
-                 kept_spliced + [1] * (len(sp.ids) - sp.kept_old_prefix))
-        t.append(self.closer(out), 0)
-        spliced_text = self.chat.decode(sp.ids)
-        t.messages[-1] = {"role": "assistant", "content": spliced_text}
-        setattr(s, sp.decision, getattr(s, sp.decision) + 1)
-        s.similarities.append(sp.similarity)
-        t.events.append(SaarEvent(position, snap.retries, sp.decision, sp.similarity, snap.error_kind,
-                                  snap.error_text, self.chat.decode(old_ids), new_text))
-        t.pending, t.pending_start, t.state = parse_tool_call(spliced_text), snap.turn_start, State.EXECUTING
+        DECISIONS[self.cfg.saar.decide](self, t, out, versions, new_text)
 
     def _retry_failed(self, t: Trajectory, out: GenOutput, new_text: str, call: ParsedCall | None,
                       versions: list[int]) -> None:
@@ -363,15 +353,16 @@ def sampling_salt(seed: int, step: int, stream: str = "", refill_round: int = 0)
     return salt
 
 
-def turn_budget(item: PromptItem, default: int) -> int:
-    """Assistant turns ``item`` may take: its ``extra_info["max_turns"]`` (an int ≥ 1) when given, else ``default``
-    (``rollout.max_turns``); anything else there is an error naming the prompt."""
+def turn_budget(item: PromptItem, default: int, extra: int = 0) -> int:
+    """Assistant turns ``item`` may take: its ``extra_info["max_turns"]`` (an int ≥ 1) plus ``extra``
+    (``rollout.extra_turns``) when given, else ``default`` (``rollout.max_turns``, without ``extra``); anything else
+    there is an error naming the prompt."""
     budget = item.extra_info.get("max_turns") if item.extra_info else None
     if budget is None:
         return default
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ValueError(f"prompt {item.prompt_id}: extra_info.max_turns={budget!r} must be an integer >= 1")
-    return budget
+    return budget + extra
 
 
 def setup_of(t: Trajectory) -> str | None:

@@ -12,12 +12,14 @@ This module is the single implementation of the SAAR decisions; the pipeline's r
 * ``exhausted_note(...)``: the reference's note appended to the last error when 2+ retries failed.
 * ``is_raw(...)``: whether a sample is rolled out raw (no SAAR) — a deterministic function of
   (seed, step, prompt id, sample index), unlike the reference's unseeded ``random``.
-* ``TrajStats``: per-trajectory counters, aggregated per step by ``aggregate_stats``.
+* ``TrajStats``: per-trajectory counters, aggregated per step by ``aggregate_stats`` (with the reference's keys,
+  ``reference_metrics``, and the authors' Plan B keys, ``planb_metrics``).
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -105,8 +107,14 @@ class TrajStats:
     injected end-of-turn ids are not sampled (compute accounting, issue 41)."""
     sandbox_calls: int = 0
     """Calls sent to the sandbox (retries included; a call that could not be parsed never reaches it)."""
+    planb_append: int = 0
+    """``saar.decide: importance`` decisions that appended the regeneration (``tasks.rollout.decisions``)."""
+    planb_replace: int = 0
+    """``saar.decide: importance`` decisions that replaced the failed turn."""
     failure_reasons: Counter = field(default_factory=Counter)
     similarities: list[float] = field(default_factory=list)
+    is_log_ratios: list[float] = field(default_factory=list)
+    """Log importance ratio of every ``importance`` decision."""
 
     def scalars(self) -> dict[str, int]:
         return {k: v for k, v in self.__dict__.items() if isinstance(v, int)}
@@ -149,6 +157,7 @@ def aggregate_stats(stats: list[TrajStats], raw_flags: list[bool]) -> dict[str, 
     for kind, n in sorted(reasons.items()):
         out[f"tools/failures/{kind}"] = n
     out.update(reference_metrics(stats))
+    out.update(planb_metrics(stats))
     return out
 
 
@@ -183,3 +192,25 @@ def reference_metrics(stats: list[TrajStats]) -> dict[str, float]:
     for kind, n in sorted(reasons.items()):
         out[f"tool_calls/failure_reason/{kind}"] = n
     return out
+
+
+def planb_metrics(stats: list[TrajStats]) -> dict[str, float]:
+    """The authors' Plan B step metrics, present when the step made an importance decision: append / replace counts,
+    the append rate, and the 10th / 50th / 90th percentiles of the decisions' log importance ratios."""
+    append, replace = sum(s.planb_append for s in stats), sum(s.planb_replace for s in stats)
+    ratios = sorted(x for s in stats for x in s.is_log_ratios)
+    if not append + replace:
+        return {}
+    out = {"rollback/planb_append_count": append, "rollback/planb_replace_count": replace,
+           "rollback/planb_append_rate": append / (append + replace)}
+    for q in (10, 50, 90):
+        out[f"rollback/is_log_ratio_p{q}"] = _percentile(ratios, q)
+    return out
+
+
+def _percentile(xs: list[float], q: int) -> float:
+    """Linear-interpolated percentile of sorted ``xs`` (numpy's default rule)."""
+    pos = (len(xs) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)

@@ -43,7 +43,8 @@ class Execution:
 
 @dataclass(frozen=True)
 class SaarEvent:
-    """One SAAR decision at a position: triggered, shallow, deep, recovered, exhausted, no_call, length."""
+    """One SAAR decision at a position: triggered, shallow, deep, replace, append, recovered, exhausted, no_call,
+    length, turn_cap, append_failed (``tasks.rollout.decisions``)."""
 
     position: int
     attempt: int
@@ -53,6 +54,8 @@ class SaarEvent:
     error_text: str | None = None
     failed_turn: str | None = None
     new_turn: str | None = None
+    is_log_ratio: float | None = None
+    """``replace`` / ``append`` (``saar.decide: importance``): the log importance ratio that decided; else None."""
 
 
 @dataclass
@@ -120,6 +123,11 @@ class Trajectory:
     spliced: list[int] = field(default_factory=list)
     """1 on response tokens sampled in an error context and spliced over the failed turn (SAAR); their
     ``logprobs`` are the behaviour log-probs of that context (``models.splice``)."""
+    retry_turns: int = 0
+    """Regenerations counted against the turn budget (``saar.retries_cost_turns``; ``tasks.rollout.decisions``)."""
+    appended: tuple[int, int] | None = None
+    """(position, attempt) of the rollback whose regeneration was appended (``saar.decide: importance``) and whose
+    call has not run yet."""
     stream_key: str | None = None
     """The decoding stream's key when it is not ``traj_id``: a SAAR-off twin decoding beside its SAAR-on original
     under the same id (``tasks.rollout.paired``); its draws stay seeded by ``traj_id``."""

@@ -11,7 +11,9 @@ writes its own file, and the tracking stage loads them into DuckDB as they are::
                            graders read beside the record, e.g. a chain's setup and kind)
     turns.parquet          one row per message of the final (purified) conversation
     executions.parquet     one row per sandbox execution, failed attempts included
-    saar_events.parquet    one row per SAAR decision (triggered, shallow, deep, recovered, ...)
+    saar_events.parquet    one row per SAAR decision (triggered, shallow, deep, replace, append, recovered, ...;
+                           ``is_log_ratio``: the importance decisions' log ratio, null otherwise and in step
+                           folders written before the column existed)
 
 Keys: ``(run_id, step, traj_id)`` plus ``turn_idx`` / ``exec_idx`` / ``event_idx``.
 """
@@ -83,7 +85,7 @@ _EXECS = {
 _EVENTS = {
     **_KEY, "event_idx": pl.Int64, "position": pl.Int64, "attempt": pl.Int64, "kind": pl.String,
     "similarity": pl.Float64, "error_kind": pl.String, "error_text": pl.String, "failed_turn": pl.String,
-    "new_turn": pl.String,
+    "new_turn": pl.String, "is_log_ratio": pl.Float64,
 }
 
 

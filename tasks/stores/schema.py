@@ -8,7 +8,7 @@ Schema (primary keys in brackets)::
     r3l_reflections [run_id, step, traj_id]                   R3L: report, validity, pivot, retry reward, replays
     turns           [run_id, step, traj_id, turn_idx]         final (purified) conversation
     tool_executions [run_id, step, traj_id, exec_idx]         every execution, failed attempts included
-    saar_events     [run_id, step, traj_id, event_idx]        triggered / shallow / deep / recovered / ...
+    saar_events     [run_id, step, traj_id, event_idx]        triggered / shallow / deep / replace / append / recovered / ... (is_log_ratio)
     metrics         [run_id, step, key]                       every logged metric
     env_steps       [run_id, step, traj_id, turn_idx]         environment mode: state, answer, actions, reward
     partial_buffer  [run_id, step, traj_id]                   partial rollouts: what step carried to the next
@@ -88,6 +88,9 @@ ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS group_id VARCHAR;
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS fixed_reward DOUBLE;
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS masked_turns BIGINT;
 ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS parent VARCHAR;
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS planb_append BIGINT;
+ALTER TABLE trajectories ADD COLUMN IF NOT EXISTS planb_replace BIGINT;
+ALTER TABLE saar_events ADD COLUMN IF NOT EXISTS is_log_ratio DOUBLE;
 CREATE TABLE IF NOT EXISTS evaluations (
     run_id VARCHAR, policy_version BIGINT, checkpoint VARCHAR, key VARCHAR, value DOUBLE,
     PRIMARY KEY (run_id, policy_version, key));

@@ -131,17 +131,20 @@ class _Spans:
 
 def _rollback(evs: list[dict], execs: list[dict]) -> tuple[dict, list[dict]]:
     """``saar.*`` attributes and span events of the SAAR decisions at one position."""
-    decisions = [e for e in evs if e["kind"] in ("shallow", "deep")]
-    ends = [e["kind"] for e in evs if e["kind"] in ("recovered", "exhausted", "no_call", "length")]
+    decisions = [e for e in evs if e["kind"] in ("shallow", "deep", "replace", "append")]
+    ends = [e["kind"] for e in evs if e["kind"] in ("recovered", "exhausted", "no_call", "length", "turn_cap",
+                                                    "append_failed")]
     attrs = {
         "saar.rollback": True, "saar.attempts": max((e["attempt"] for e in execs), default=0),
         "saar.errors": [e["error_kind"] for e in execs if not e["ok"]],
-        "saar.similarity": [round(e["similarity"], 4) for e in decisions],
+        "saar.similarity": [round(e["similarity"], 4) for e in decisions if e["similarity"] is not None],
+        "saar.is_log_ratio": [round(e["is_log_ratio"], 4) for e in decisions if e.get("is_log_ratio") is not None],
         "saar.decisions": [e["kind"] for e in decisions], "saar.outcome": ends[-1] if ends else "open",
     }
     events = [{"name": f"saar.{e['kind']}", "time_unix_nano": 0, "attributes": {
         k: (_clip(v) if isinstance(v, str) else v) for k, v in e.items()
-        if k in ("attempt", "similarity", "error_kind", "error_text", "failed_turn", "new_turn") and v is not None}}
+        if k in ("attempt", "similarity", "is_log_ratio", "error_kind", "error_text", "failed_turn", "new_turn")
+        and v is not None}}
         for e in evs]
     return attrs, events
 

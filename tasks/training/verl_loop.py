@@ -94,6 +94,7 @@ def rollout_config(trainer_config) -> RolloutConfig:
     return RolloutConfig(
         n_samples=1,
         max_turns=int(multi_turn.get("max_assistant_turns") or 16),
+        extra_turns=int(ours.get("extra_turns") or 0),
         max_new_tokens=int(ours.get("max_new_tokens") or response_length),
         max_response_tokens=response_length,
         max_tool_response_chars=int(multi_turn.get("max_tool_response_length") or 256),
