@@ -3,9 +3,8 @@
 ``python -m flows.budget_look --config configs/regimes/multicall.yaml [--extra 0 2] [--prompts 256] [--samples 4]
 [--out FILE]`` rolls the config's policy (``model.path``, default ``assets/tiny-chain-warm``) out on the fresh split's
 first ``--prompts`` chains × ``--samples``, SAAR off and on in one paired pass (raw share 0, as every evaluation), once
-per budget: each prompt's own turn budget (``extra_info.max_turns`` = calls + 1) plus each ``--extra`` (0: calls + 1,
-2: calls + 3). The budget is raised in the prompts' ``extra_info.max_turns`` in memory, which is what
-``rollout.extra_turns`` adds to the same budget (``tasks.rollout.machine.turn_budget``). Per budget and mode it prints
+per budget: each prompt's own turn budget (``extra_info.max_turns`` = calls + 1) plus each ``--extra`` as
+``rollout.extra_turns`` (0: calls + 1, 2: calls + 3; ``tasks.rollout.machine.turn_budget``). Per budget and mode it prints
 pass@1, first-call success (per trajectory), the share cut at the cap and P(correct | every call clean), each with its
 95 % interval over prompts (``tasks.training.eval_measures``), and with ``--out`` writes them as JSON.
 """
@@ -16,30 +15,16 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
 
 from flows.config import load_config
 from tasks.data.loader import ensure_files, load_prompts
-from tasks.rollout.types import PromptItem
 from tasks.training.eval_measures import per_trajectory, prompt_shares
 from tasks.training.evaluation import evaluate
 
 MEASURES = ("pass@1", "first_call_success", "turn_cap_share", "p_correct_all_clean")
-
-
-def with_budget(items: list[PromptItem], extra: int) -> list[PromptItem]:
-    """``items`` with ``extra`` turns added to each prompt's ``extra_info.max_turns`` (an error naming a prompt without
-    one: this look is for per-prompt budgets)."""
-    out = []
-    for item in items:
-        budget = (item.extra_info or {}).get("max_turns")
-        if not isinstance(budget, int):
-            raise ValueError(f"prompt {item.prompt_id}: no integer extra_info.max_turns to add {extra} turns to")
-        out.append(replace(item, extra_info={**item.extra_info, "max_turns": budget + extra}))
-    return out
 
 
 def look(config: str, overrides: list[str], extras: list[int], prompts: int, samples: int) -> dict:
@@ -56,7 +41,8 @@ def look(config: str, overrides: list[str], extras: list[int], prompts: int, sam
                  "samples": samples, "budgets": {}}
     for extra in extras:
         t0, tables = time.time(), {}
-        evaluate(cfg.model.path, with_budget(items, extra), setup, on_mode=tables.__setitem__)
+        budget = setup.model_copy(update={"rollout": setup.rollout.model_copy(update={"extra_turns": extra})})
+        evaluate(cfg.model.path, items, budget, on_mode=tables.__setitem__)
         out["budgets"][f"calls+{1 + extra}"] = {
             mode: {**prompt_shares(per_trajectory(t["trajectories"], t["executions"])),
                    **lengths(t["trajectories"], setup.rollout.max_response_tokens)}
