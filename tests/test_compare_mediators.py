@@ -158,3 +158,30 @@ def test_step_totals_takes_keys_and_prefixes(tmp_path):
                           ("r1", "score/suspected_hacks/answer_not_from_a_call", 4.0, 2),
                           ("r1", "score/suspected_hacks/total", 3.0, 2)]
     assert db.step_totals(path, ["r1"], ["x"]).rows() == [("r1", "x", 10.0, 2)]
+
+
+def test_the_report_task_reads_contrasts_and_mediators_from_the_store(tmp_path):
+    """``flows.compare.report_task`` with the compare config: the evaluation rows and step metrics of a store become
+    the ``contrasts`` and ``mediators`` sections (b − a on the fresh split 0.10, 0.20; right by chance 1 + 2)."""
+    from flows.compare import report_task
+    from flows.config import CompareConfig
+    from tasks.stores import db
+
+    path = str(tmp_path / "store.duckdb")
+    runs = {arm: [f"c-{arm}-s{s}" for s in (1, 2)] for arm in ("a", "b")}
+    finals = {"c-a-s1": 0.3, "c-a-s2": 0.2, "c-b-s1": 0.4, "c-b-s2": 0.4}
+    for run, v in finals.items():
+        db.replace_eval(path, run, 2, "ckpt", {ACC_F: v, "eval/saar_off/all/pass_at_1": v, "eval/saar_off/eval/graded": 8,
+                                               "eval_fresh/saar_off/rollout/turn_cap_share": 1 - v})
+        for step, n in ((0, 1.0), (1, 2.0)):
+            db.replace_step(path, run, step, {"metrics": pl.DataFrame(
+                {"run_id": [run], "step": [step], "key": ["score/right_by_chance"], "value": [n if "-b-" in run else 0.0]})})
+    cmp = CompareConfig(arms={"a": [], "b": []}, baseline="a", treatment="b", contrasts={"d": {"b": 1, "a": -1}},
+                        primary="d")
+    s = report_task.fn(path, runs, "a", "b", str(tmp_path / "report"), None, None, None, cmp)
+    d = s["contrasts"]["by_name"]["d"]
+    assert d["outcome"]["fresh"]["values"] == pytest.approx([0.1, 0.2])
+    assert d["mediators"]["fresh"]["turn_cap_share"]["values"] == pytest.approx([-0.1, -0.2])
+    assert s["mediators"]["evaluation"]["paired"]["b"]["fresh"]["turn_cap_share"]["mean"] == pytest.approx(-0.15)
+    assert s["mediators"]["training"]["b"]["counts"]["score/right_by_chance"] == {"total": 6.0, "per_seed": {1: 3.0, 2: 3.0}}
+    assert "**Primary (registered): `d`** = b − a" in (tmp_path / "report" / "compare.md").read_text()
