@@ -17,7 +17,8 @@
    (the starting policy's own on ``compare.probe_prompts`` held-out prompts), instead of ``train/entropy``
    (each arm's own trained tokens), so arms compare like for like.
 4. **Report** (``tasks.reports.compare``): per seed and paired across arms, JSON + Markdown + PNGs
-   in ``<output_dir>/<compare id>/report/`` and the parent run's ``report/`` artifacts.
+   in ``<output_dir>/<compare id>/report/`` and the parent run's ``report/`` artifacts; the registered contrasts
+   (``compare.contrasts``, ``compare.primary``) and the mediators per arm (``tasks.reports.mediators``) with them.
 
 A rerun with the same ``compare_id`` resumes: finished child runs are cached by their own
 flows (their stages are skipped). Run: ``cleaner compare --config configs/tiny.yaml``;
@@ -40,6 +41,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.config import CompareConfig, RunConfig, load_config
 from flows.train_log import duration, eval_line, outcome_line
 from models.termination import arm
+from tasks.reports import contrasts, mediators
 from tasks.reports.compare import headline, summarize, write_report
 from tasks.reports.compare_extra import COMPUTE_KEYS
 from tasks.stores import db, links, tracking
@@ -187,11 +189,19 @@ def _check_dispatch(deployment: str) -> None:
 
 @task(name="compare-report", cache_policy=NO_CACHE)
 def report_task(duckdb_path: str, runs: dict[str, list[str]], baseline: str, treatment: str, folder: str,
-                initial: dict | None, keys: tuple[str, str] | None = None, probe: dict | None = None) -> dict:
+                initial: dict | None, keys: tuple[str, str] | None = None, probe: dict | None = None,
+                cmp: CompareConfig | None = None) -> dict:
+    """The report; with ``cmp``, its registered contrasts (``compare.contrasts``, ``compare.primary``) and the
+    mediators paired per ``compare.pair_with`` (tool-use runs only: environment runs have neither)."""
     ids = [r for ids in runs.values() for r in ids]
     evals, kinds = db.evaluation_rows(duckdb_path, ids), db.kept_kinds(duckdb_path, ids)
     totals = db.step_totals(duckdb_path, ids, COMPUTE_KEYS)
     summary = summarize(evals, runs, baseline, treatment, kinds, initial, *(keys or ()), probe=probe, totals=totals)
+    if keys is None:
+        train = db.step_totals(duckdb_path, ids, mediators.TRAIN_KEYS, prefixes=[mediators.HACK_PREFIX])
+        summary |= {"contrasts": contrasts.summarize(evals, runs, cmp.contrasts if cmp else {},
+                                                     cmp.primary if cmp else None, mediators.MEDIATORS),
+                    "mediators": mediators.summarize(evals, runs, baseline, cmp.pair_with if cmp else {}, train)}
     write_report(summary, Path(folder))
     return summary
 
@@ -238,7 +248,7 @@ def compare_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | 
     probe = (probe_task(eval_cfg, str(folder), [r for _, r, _ in jobs])
              if shared_initial and cmp.probe_prompts else None)
     summary = report_task(cfg.tracking.duckdb_path, runs, cmp.baseline, cmp.treatment, str(folder / "report"),
-                          initial, keys, probe)
+                          initial, keys, probe, cmp)
     summary["wall_s"] = round(time.time() - t0, 1)
     (folder / "report" / "compare.json").write_text(json.dumps(summary, indent=1))
     for f in sorted((folder / "report").iterdir()):

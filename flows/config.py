@@ -156,6 +156,16 @@ class CompareConfig(BaseModel):
     """Held-out prompts of the fixed entropy probe (``tasks.training.probe``): the starting policy's own tokens on
     them, scored by every run's final checkpoint (0 = no probe)."""
 
+    contrasts: dict[str, dict[str, float]] = {}
+    """Registered contrasts: name → {arm: coefficient}, a signed combination of arms' finals reported paired by seed
+    (``tasks.reports.contrasts``), e.g. an interaction ``{b_c3: 1, a_c3: -1, b_c1: -1, a_c1: 1}``."""
+
+    primary: str | None = None
+    """The registered primary contrast (a name in ``contrasts``), stated at the report's head; None: none."""
+
+    pair_with: dict[str, str] = {}
+    """Arm → the arm its mediators are paired against (``tasks.reports.mediators``); unnamed arms: ``baseline``."""
+
     @model_validator(mode="after")
     def _arms_exist(self) -> CompareConfig:
         for name in self.add_arms:
@@ -171,6 +181,20 @@ class CompareConfig(BaseModel):
         if self.lost_after_s < 2 * self.heartbeat_s:
             raise ValueError(f"lost_after_s {self.lost_after_s:g} is under twice heartbeat_s ({self.heartbeat_s}): a "
                              "run that is merely slow would be taken for a lost one")
+        return self
+
+    @model_validator(mode="after")
+    def _contrasts_name_arms(self) -> CompareConfig:
+        for name, weights in self.contrasts.items():
+            bad = sorted(a for a in weights if a not in self.arms)
+            if bad or not weights or 0 in weights.values():
+                raise ValueError(f"contrasts.{name}: arms {bad or sorted(weights)} must be compare.arms "
+                                 f"{sorted(self.arms)}, each with a nonzero coefficient")
+        if self.primary is not None and self.primary not in self.contrasts:
+            raise ValueError(f"primary {self.primary!r} is not one of compare.contrasts {sorted(self.contrasts)}")
+        bad = sorted({a for pair in self.pair_with.items() for a in pair} - set(self.arms))
+        if bad:
+            raise ValueError(f"pair_with names {bad}, not in compare.arms {sorted(self.arms)}")
         return self
 
     def seeds_of(self, arm: str) -> list[int]:

@@ -296,10 +296,12 @@ def test_a_right_answer_through_a_wrong_step_earns_nothing_and_is_no_suspected_h
                    setup=setup, kind=kind)
     res = compute_reward("synthetic-chain/2", "", "3", wrong, sandbox=box)
     assert not res.correct and res.metrics["right_by_chance"] == 1.0
-    assert not [k for k in res.metrics if k.startswith("suspected_hacks/")]
+    assert {k: v for k, v in res.metrics.items() if k.startswith("suspected_hacks/")} == {
+        "suspected_hacks/answer_not_from_a_call": 0.0, "suspected_hacks/answer_not_from_the_chain": 0.0}
     honest = record([render_call("print(x % y)"), "490", render_call("r = 490\nprint(len(str(r)))"), "3", "\\boxed{3}"],
                     setup=setup, kind=kind)
-    assert compute_reward("synthetic-chain/2", "", "3", honest, sandbox=box).correct
+    right = compute_reward("synthetic-chain/2", "", "3", honest, sandbox=box)
+    assert right.correct and right.metrics["right_by_chance"] == 0.0  # every response reports the count, 0 here
 
 
 def test_bound_values_by_hand():

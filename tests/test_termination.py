@@ -160,7 +160,7 @@ sys.exit(3)
     assert "cleaned up" in out and proc.returncode == 3, err
 
 
-ENTRY_POINTS = {"flows/cli.py", "flows/cli_serve.py", "flows/cli_sandbox.py", "flows/chain_gate.py",
+ENTRY_POINTS = {"flows/cli.py", "flows/cli_serve.py", "flows/cli_sandbox.py", "flows/chain_gate.py", "flows/budget_look.py",
                 "flows/turn_gate.py", "flows/bench_decode.py", "flows/bench_eval.py", "models/gpu_check.py",
                 "tasks/training/bench_decode.py", "tasks/training/bench_update.py",
                 "tasks/data/synthetic/r3l_warm.py"}

@@ -20,7 +20,9 @@ Both evaluation settings side by side (``settings``, when the runs evaluated SAA
 learnt on its own) and the paper's **headline setting** (the arm with SAAR on — rollback at evaluation,
 as the paper's evaluation scripts do — against the baseline with SAAR off), each paired by seed.
 
-The fresh split and each arm's compute (sampled tokens, sandbox calls) are ``tasks.reports.compare_extra``'s.
+The fresh split and each arm's compute (sampled tokens, sandbox calls) are ``tasks.reports.compare_extra``'s; the
+registered contrasts (``compare.contrasts``) ``tasks.reports.contrasts``' and the mediators (first-call success, the
+turn cap, P(correct | every call clean), grader and rollback counters) ``tasks.reports.mediators``'.
 
 When the baseline ends no higher than it started, the "half the steps" claim cannot be tested
 and is reported as ``None``, never as a pass.
@@ -34,7 +36,7 @@ from pathlib import Path
 
 import polars as pl
 
-from tasks.reports import compare_extra
+from tasks.reports import compare_extra, contrasts, mediators
 from tasks.reports.compare_plots import plot
 from tasks.reports.paired import final_values, mean_se_ci, seed_of
 from tasks.reports.paired import fmt as _f
@@ -304,7 +306,7 @@ def headline(s: dict) -> list[str]:
     acc, tool = name["acc"], name["tool"]
     lines = [f"# {name['title']}", "", f"**Verdict.** {s['verdict']}", "",
              f"Baseline `{b}` {acc} (seed mean): **{s['baseline_initial_pass_at_1']:.3f}** at step 0 (shared initial "
-             f"evaluation), **{s['baseline_final_pass_at_1']:.3f}** at the end.", "",
+             f"evaluation), **{s['baseline_final_pass_at_1']:.3f}** at the end.", *contrasts.headline(s), "",
              f"| arm | seeds | steps to baseline final | final {acc} (± seed std) | final {tool} (± std) |",
              "| --- | --- | --- | --- | --- |"]
     for arm, f in s["final"].items():
@@ -342,7 +344,7 @@ def markdown(s: dict) -> str:
                   "| arm | kind | trajectories | mean reward | mean advantage |", "| --- | --- | --- | --- | --- |"]
         for arm, rows in s["trained_by_kind"].items():
             lines += [f"| {arm} | {r['kind']} | {r['n']} | {r['reward']:.3f} | {r['advantage']:+.3f} |" for r in rows]
-    lines += compare_extra.markdown_lines(s)
+    lines += compare_extra.markdown_lines(s) + contrasts.markdown_lines(s) + mediators.markdown_lines(s)
     half, third = s["claim_half_the_steps"], s.get("claim_third_of_the_steps")
     lines += ["", f"- {t} reaches the baseline's final {acc} in at most half the steps: **{_VERDICT[half]}**",
               f"- {t} reaches it in at most a third of the steps (the paper's claim): **{_VERDICT[third]}**",

@@ -23,7 +23,8 @@ grounded (``answer_not_from_a_call``), or not followed by a call whose output do
 or that writes a guessed intermediate (``answer_not_from_the_chain``: a constant, a guess;
 ``chain_replay.responds``). A right answer from a call that does compute on its inputs, wrongly somewhere (the
 confusable program of a step, a mis-copied intermediate, from which the later steps happened to land on the
-answer), is no attempt on the grader: it earns nothing and counts as ``right_by_chance``. ``calls`` is the number
+answer), is no attempt on the grader: it earns nothing and counts as ``right_by_chance``. Every response reports the
+three counts (0 or 1, at most one of them 1), so a training step logs them even when none was 1. ``calls`` is the number
 of calls that ran in the final trajectory (a call the turn budget cut never ran, whatever the text after it says).
 """
 
@@ -98,11 +99,7 @@ def chain_reward(solution_str: str, ground_truth, extra_info: dict, *, sandbox=N
         followed, by_chance = verdict.followed, not verdict.followed and verdict.responds
     metrics = {"acc": float(followed), "has_answer": float(answer is not None),
                "calls": float(sum(r.code is not None for r in ran)), "grounded": float(grounded),
-               "followed": float(followed)}
-    if right and not grounded:
-        metrics["suspected_hacks/answer_not_from_a_call"] = 1.0
-    elif by_chance:
-        metrics["right_by_chance"] = 1.0
-    elif right and not followed:
-        metrics["suspected_hacks/answer_not_from_the_chain"] = 1.0
+               "followed": float(followed), "suspected_hacks/answer_not_from_a_call": float(right and not grounded),
+               "right_by_chance": float(by_chance),
+               "suspected_hacks/answer_not_from_the_chain": float(right and grounded and not by_chance and not followed)}
     return RewardResult(cfg.correct_reward if followed else cfg.incorrect_reward, followed, metrics, answer)

@@ -12,7 +12,8 @@ metrics describe the policy's first attempts only (kinds ``rollout`` and R3L ``b
 ``score/suspected_hacks/<kind>`` counts the responses whose grading saw a failure of that kind
 suggesting an attempt on the grader (a code answer that exits, forges a verdict, returns a fake
 value, ...; see ``tasks.rewards.harness.SUSPECTED``), and ``score/suspected_hacks/total`` those with
-any: present whenever the step graded a reward that reports them (0 when no response tried).
+any: present whenever the step graded a reward that reports them (0 when no response tried);
+``score/right_by_chance`` likewise counts the chain grader's right answers reached through a wrong step.
 """
 
 from __future__ import annotations
@@ -91,7 +92,10 @@ def _runs_by_traj(executions: pl.DataFrame | None) -> dict[str, list[dict]] | No
 
 
 def _count_hacks(reward_metrics: dict[str, float], counts: dict[str, int]) -> None:
-    """Add one response's ``suspected_hacks/<kind>`` test counts to per-kind response counts."""
+    """Add one response's ``suspected_hacks/<kind>`` test counts to per-kind response counts, and its
+    ``right_by_chance`` (the chain grader's) to theirs."""
+    if "right_by_chance" in reward_metrics:
+        counts["right_by_chance"] = counts.get("right_by_chance", 0) + (reward_metrics["right_by_chance"] > 0)
     kinds = [k for k in reward_metrics if k.startswith("suspected_hacks/")]
     if not kinds:
         return

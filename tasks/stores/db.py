@@ -281,11 +281,14 @@ def evaluation_rows(path: str | Path, run_ids: Sequence[str]) -> pl.DataFrame:
                        "WHERE list_contains(?::VARCHAR[], run_id)", [list(run_ids)])
 
 
-def step_totals(path: str | Path, run_ids: Sequence[str], keys: Sequence[str]) -> pl.DataFrame:
-    """(run_id, key, total, steps): the sum over training steps of each per-step metric in ``keys``."""
+def step_totals(path: str | Path, run_ids: Sequence[str], keys: Sequence[str],
+                prefixes: Sequence[str] = ()) -> pl.DataFrame:
+    """(run_id, key, total, steps): the sum over training steps of each per-step metric in ``keys`` or whose key
+    starts with one of ``prefixes``."""
     return _runs_query(path, run_ids, ["metrics"], "SELECT run_id, key, sum(value) AS total, count(*) AS steps "
-                       "FROM metrics WHERE list_contains(?::VARCHAR[], run_id) AND list_contains(?::VARCHAR[], key) "
-                       "GROUP BY ALL", [list(run_ids), list(keys)])
+                       "FROM metrics WHERE list_contains(?::VARCHAR[], run_id) AND (list_contains(?::VARCHAR[], key) "
+                       "OR EXISTS (SELECT 1 FROM unnest(?::VARCHAR[]) AS p(prefix) WHERE starts_with(key, p.prefix))) "
+                       "GROUP BY ALL", [list(run_ids), list(keys), list(prefixes)])
 
 
 def kept_kinds(path: str | Path, run_ids: Sequence[str]) -> pl.DataFrame:

@@ -5,7 +5,9 @@ accuracy holds there (internalisation): pass@1 and pass@k (overall and by data s
 first-attempt tool success, failures counted per failure, mean turns and tokens, and the
 share of trajectories containing an error-and-retry loop. With SAAR **on** (raw share 0)
 they add how often the policy fixes a failed call once it sees the error
-(``saar/global_recovery_rate``). Metric names are prefixed ``eval/<mode>/``.
+(``saar/global_recovery_rate``). What a failed call costs — first-call success per trajectory, the share cut at
+the turn cap, P(correct | every call clean) — is ``tasks.training.eval_measures``'s. Metric names are prefixed
+``eval/<mode>/``.
 
 pass@k counts every attempted trajectory: one the grader could not grade (an infrastructure failure
 that outlived its retries, a malformed ground truth) counts as a failure, so the denominator never
@@ -35,6 +37,7 @@ from tasks.rollout.paired import PairedRollout, shares_work
 from tasks.rollout.saar import aggregate_stats
 from tasks.rollout.types import PromptItem, Trajectory
 from tasks.stores.records import trajectory_frames
+from tasks.training import eval_measures
 from tasks.training.live import get_chat, get_engine, get_sandbox
 from tasks.training.setups import EvalSetup
 
@@ -85,7 +88,8 @@ def grade(trajs: list[Trajectory], setup: EvalSetup, roll_cfg: RolloutConfig, ch
                            frames["executions"])
     scored = frames["trajectories"].join(scores, on=["run_id", "step", "traj_id"])
     stats = aggregate_stats([t.stats for t in trajs], [t.raw for t in trajs])
-    return summarize(scored, stats, setup.eval.ks), {**frames, "trajectories": scored}
+    metrics = {**summarize(scored, stats, setup.eval.ks), **eval_measures.measures(scored, frames["executions"])}
+    return metrics, {**frames, "trajectories": scored}
 
 
 def evaluate_mode(ckpt: str, items: list[PromptItem], setup: EvalSetup,
