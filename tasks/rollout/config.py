@@ -120,12 +120,23 @@ class RolloutConfig(BaseModel):
     partial: PartialConfig = PartialConfig()
     """APRIL partial rollouts (off by default; ``mode: standard``, ``scheduling: continuous``, tool-use prompts)."""
 
+    staleness: int = Field(0, ge=0)
+    """Bounded staleness k (``tasks.training.schedule``): the rollout of step s samples with policy version
+    max(0, s − k), so with k = 1 the rollout of step s + 1 runs beside the update of step s. The lag is fixed by
+    step index, never by timing (a run, and a resumed one, is reproducible bit for bit). 0: today's synchronous
+    run, every stage in the flow process. k ≥ 1: rollout and score run in a rollout lane (a worker process,
+    ``tasks.training.lanes``) with ``engine.threads`` torch threads while the update runs in the flow process with
+    ``trainer.threads``; on C cores set engine.threads + trainer.threads = C. Not part of the rollout stage's key
+    (its policy argument already says which version it samples); part of every later stage's key when ≥ 1."""
+
     @model_serializer(mode="wrap")
     def _omit_default_truncate_side(self, handler):
-        """``tool_response_truncate_side`` left at ``right`` (the cut every run made before the field existed) is out
-        of the dump, hence out of every stage's cache key: runs made before it keep their keys
-        (``tests/test_stage_keys.py``)."""
+        """``tool_response_truncate_side`` left at ``right`` (the cut every run made before the field existed) and
+        ``staleness`` at 0 are out of the dump, hence out of every stage's cache key: runs made before them keep
+        their keys (``tests/test_stage_keys.py``)."""
         out = handler(self)
         if out.get("tool_response_truncate_side") == "right":
             del out["tool_response_truncate_side"]
+        if out.get("staleness") == 0:
+            del out["staleness"]
         return out
