@@ -68,10 +68,10 @@ def in_lane(lane: str | None, threads: int, module: str, function: str, *args):
 @task(name="rollout", **STAGE)
 def rollout_task(setups: StepSetups, info: RunInfo, step: int, policy: str, lane: str | None = None) -> str:
     """Roll out the step with ``policy`` (in the rollout lane ``lane`` when it runs beside the update)."""
-    args = (step_dir(info, step), step, policy, info.run_id, setups.rollout)
+    args, threads = (step_dir(info, step), step, policy, info.run_id, setups.rollout), setups.rollout.engine.threads
     if setups.rollout.env is not None:
-        return str(in_lane(lane, setups.rollout.engine.threads, "tasks.training.env_stages", "env_rollout_stage", *args))
-    return str(in_lane(lane, setups.rollout.engine.threads, "tasks.training.stages", "rollout_stage", *args))
+        return str(in_lane(lane, threads, "tasks.training.env_stages", "env_rollout_stage", *args))
+    return str(in_lane(lane, threads, "tasks.training.stages", "rollout_stage", *args))
 
 
 @task(name="score", **STAGE)
@@ -122,7 +122,7 @@ def eval_task(setups: StepSetups, info: RunInfo, version: int, policy: str, fina
     ``lane`` when it runs beside training); ``model`` and ``tags`` say where the metrics and traces go in MLflow (not
     part of the cache key). Returns the evaluation's key in the row log (``eval-<version>`` of the run:
     ``results``, what every attempt returns alike)."""
-    threads = setups.eval.engine.threads
+    threads = setups.eval.engine.threads if lane else 0
     if setups.eval.env is not None:
         in_lane(lane, threads, "tasks.training.env_stages", "env_eval_stage", info.run_id, version, policy,
                 info.mlflow_run_id, setups.eval, model, tags)
