@@ -142,3 +142,12 @@ def test_a_fault_point_in_a_lane_signals_the_flow_process(env, sig):
         proc.wait()
         if not _gone(worker):
             os.kill(worker, signal.SIGKILL)
+
+
+def test_a_worker_that_never_connects_is_lane_died(monkeypatch):
+    import tasks.training.lanes as lanes
+
+    monkeypatch.setattr(lanes.sys, "executable", "/bin/false")
+    with pytest.raises(LaneDied, match=r"lane 'broken': its worker \(pid \d+\) ended before it connected: exit "
+                                       r"status 1"):
+        Lane("broken", 1).call("tests.lane_fakes", "add", 1)
