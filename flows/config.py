@@ -327,21 +327,24 @@ class RunConfig(BaseModel):
         """Each stage's setup: the slices and fields it reads (its cache key hashes exactly these). ``start`` is
         the run's version-0 checkpoint when it differs from ``model.path`` (a LoRA adapter linked to
         ``model.base`` in the run folder): the KL reference."""
-        sizes = {"final_prompts": None, "final_samples": None}  # an evaluation reads its own size only
+        sizes = {"final_prompts": None, "final_samples": None,  # an evaluation reads its own size only
+                 "beside_training": False}  # where it runs is no part of what it computes
+        rollout = self.rollout.model_copy(update={"staleness": 0})  # the stage's policy says which version
         fresh = {"fresh_prompts": None, "fresh_samples": None}  # the fresh split: the last evaluation only
         ordinary = self.eval.model_copy(update={**sizes, **fresh})
         final = self.eval.final().model_copy(update=sizes if self.data.fresh_path else {**sizes, **fresh})
         eval_setup = EvalSetup(seed=self.seed, chat=self.model.chat, eval_path=self.data.eval_path,
-                               rollout=self.rollout, engine=self.engine, sandbox=self.sandbox, reward=self.reward,
+                               rollout=rollout, engine=self.engine, sandbox=self.sandbox, reward=self.reward,
                                eval=ordinary, tracking=self.tracking, env=self.env)
         return StepSetups(
             start_policy=self.model.path,
             base=self.model.base,
+            staleness=self.rollout.staleness,
             rollout=RolloutSetup(seed=self.seed, chat=self.model.chat, train_path=self.data.train_path,
                                  prompts_per_step=self.data.prompts_per_step, refill_rounds=self.data.refill_rounds,
                                  # read by partial rollouts only: a plain rollout's key ignores it
                                  dynamic_sampling=self.mix.dynamic_sampling or not self.rollout.partial.enabled,
-                                 rollout=self.rollout, engine=self.engine, sandbox=self.sandbox, reward=self.reward,
+                                 rollout=rollout, engine=self.engine, sandbox=self.sandbox, reward=self.reward,
                                  env=self.env),
             score=ScoreSetup(reward=self.reward, score=self.score, max_response_tokens=self.rollout.max_response_tokens,
                              sandbox=self.sandbox, env=self.env),

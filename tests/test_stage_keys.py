@@ -44,6 +44,9 @@ TABLE = [
     ("warmup.lr=0.01", set(), set()),
     ("data.n_train=99", set(), set()),
     ("eval.fresh_prompts=100", set(), set()),  # read only with data.fresh_path
+    ("eval.beside_training=true", set(), set()),  # where an evaluation runs is no part of what it computes
+    # the rollout's own key never (its policy argument names the version it samples); every later stage's does
+    ("rollout.staleness=1", {"score", "mix", "advantage", "update", "log"}, ALL - {"rollout"}),
     ("mix.failed_turns=mask", {"mix", "advantage", "update", "log"}, ALL),
     ("tracking.duckdb_path=other.duckdb", {"log", "eval"}, {"log", "eval"}),
     ("tracking.sample_trajectories=1", {"log", "eval"}, {"log", "eval"}),

@@ -97,7 +97,8 @@ class PartialConfig(BaseModel):
 
 class RolloutConfig(_OffOmitted):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-    OMIT_WHEN_OFF: ClassVar[dict[str, object]] = {"tool_response_truncate_side": "right", "extra_turns": 0}
+    OMIT_WHEN_OFF: ClassVar[dict[str, object]] = {"tool_response_truncate_side": "right", "extra_turns": 0,
+                                                  "staleness": 0}
     """``tool_response_truncate_side`` left at ``right`` is the cut every run made before the field existed."""
 
     n_samples: int = Field(4, ge=1)
@@ -161,3 +162,12 @@ class RolloutConfig(_OffOmitted):
 
     partial: PartialConfig = PartialConfig()
     """APRIL partial rollouts (off by default; ``mode: standard``, ``scheduling: continuous``, tool-use prompts)."""
+
+    staleness: int = Field(0, ge=0)
+    """Bounded staleness k (``tasks.training.schedule``): the rollout of step s samples with policy version
+    max(0, s − k), so with k = 1 the rollout of step s + 1 runs beside the update of step s. The lag is fixed by
+    step index, never by timing (a run, and a resumed one, is reproducible bit for bit). 0: today's synchronous
+    run, every stage in the flow process. k ≥ 1: rollout and score run in a rollout lane (a worker process,
+    ``tasks.training.lanes``) with ``engine.threads`` torch threads while the update runs in the flow process with
+    ``trainer.threads``; on C cores set engine.threads + trainer.threads = C. Not part of the rollout stage's key
+    (its policy argument already says which version it samples); part of every later stage's key when ≥ 1."""

@@ -124,6 +124,20 @@ def release(run_dir: str | Path) -> None:
         _CLAIMS.pop(os.path.abspath(run_dir), None)
 
 
+def claims() -> list[Claim]:
+    """This process's claims (a lane worker is handed them with every call: ``adopt``)."""
+    with _REGISTRY:
+        return list(_CLAIMS.values())
+
+
+def adopt(found: list[Claim]) -> None:
+    """Make ``found`` — another process's claims (``claims``) — this process's, replacing its own: a lane worker
+    writes the run folders its flow process may write, fenced exactly as the flow process is."""
+    with _REGISTRY:
+        _CLAIMS.clear()
+        _CLAIMS.update({c.run_dir: c for c in found})
+
+
 def claim_of(path: str | Path) -> Claim | None:
     """This process's claim on the run folder holding ``path`` (None when it claimed none)."""
     target = os.path.abspath(path)

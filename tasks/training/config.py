@@ -79,7 +79,8 @@ class MixConfig(OffFieldsOmitted):
 
 class EvalConfig(OffFieldsOmitted):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-    OMIT_WHEN_OFF: ClassVar[dict[str, object]] = {"fresh_prompts": None, "fresh_samples": None, "shared_pass": False}
+    OMIT_WHEN_OFF: ClassVar[dict[str, object]] = {"fresh_prompts": None, "fresh_samples": None, "shared_pass": False,
+                                                  "beside_training": False}
 
     n_prompts: int = Field(64, ge=1)
     """Held-out prompts evaluated (the first ones of ``data.eval_path``)."""
@@ -114,6 +115,13 @@ class EvalConfig(OffFieldsOmitted):
     """SAAR off and on from one paired pass (``tasks.rollout.paired``: the SAAR-off twin of a trajectory forks at
     its first failed call; the same trajectories as two separate passes, the shared turns computed once). False, or
     an engine/scheduling whose draws are not each trajectory's own: two separate passes."""
+
+    beside_training: bool = False
+    """Evaluations off the critical path: the evaluation of version N runs in an evaluation lane (a worker process,
+    ``tasks.training.lanes``, with ``engine.threads`` torch threads) beside steps N + 1, …; its line is printed when
+    it is done and the run's end waits for all (``@best`` and the report read the same rows). False: each
+    evaluation runs in the flow process and the steps wait for it, as before. Not part of any stage's key (the
+    evaluation is the same either way)."""
 
     def final(self) -> EvalConfig:
         """This config at the size of a run's last evaluation."""

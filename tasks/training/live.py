@@ -4,8 +4,8 @@ An engine (a loaded model) and a sandbox pool (warm executors or containers) are
 build, so a process keeps one per config and reuses it across steps and evaluations; the
 engine receives each new checkpoint's weights on every ``get_engine`` (the weight sync).
 The stages and the evaluation both take their live objects from here, so neither imports the
-other. ``close_live`` shuts the sandbox pools down (flows call it when they end; ``atexit``
-covers a crash).
+other. ``close_live`` shuts the sandbox pools and the process's lanes down (flows call it when they end;
+``atexit`` covers a crash).
 """
 
 from __future__ import annotations
@@ -73,6 +73,10 @@ def get_sandbox(cfg: SandboxConfig):
 
 
 def close_live() -> None:
-    """Close every sandbox pool of this process (engines and chat formats stay loaded)."""
+    """Close every sandbox pool of this process (engines and chat formats stay loaded) and stop its lanes
+    (``tasks.training.lanes``: their workers close theirs)."""
+    from tasks.training.lanes import close_lanes
+
+    close_lanes()
     for key in [k for k in _live if k.startswith("sandbox:")]:
         _live.pop(key).close()

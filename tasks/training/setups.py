@@ -186,6 +186,10 @@ class StepSetups(_Setup):
     start_policy: str
     """``model.path``: the policy of version 0."""
 
+    staleness: int = 0
+    """``rollout.staleness``: no part of the rollout's key (its policy argument says which version it samples);
+    when ≥ 1 part of every later stage's key and of every trained policy's identity (they train on other rollouts)."""
+
     base: str | None = None
     """``model.base``: the frozen base a LoRA adapter policy runs on (None: ``start_policy`` is a full model)."""
 
@@ -210,19 +214,24 @@ class StepSetups(_Setup):
         if stage == "eval":
             return self.eval_setup(final).digest()
         upto = CHAIN if stage == "log" else CHAIN[: CHAIN.index(stage) + 1]
-        own = [getattr(self, name).digest() for name in upto]
+        own = [getattr(self, name).digest() for name in upto] + (self._lag() if stage != "rollout" else [])
         return digest(*own, self.log.digest()) if stage == "log" else digest(*own)
 
-    def policy_hash(self, version: int) -> str:
-        """Identity of policy ``version``: the start policy, plus the training chain once trained."""
+    def _lag(self) -> list[str]:
+        """The staleness as a key part (none at 0: the keys of synchronous runs stay)."""
+        return [f"staleness={self.staleness}"] if self.staleness else []
+
+    def policy_hash(self, version: int, lag: bool = True) -> str:
+        """Identity of policy ``version``: the start policy, plus the training chain once trained (and the staleness
+        it was trained at, unless ``lag`` is off: the rollout's key)."""
         start = [self.start_policy] if self.base is None else [self.start_policy, self.base]
         if version == 0:
             return digest(*start)
-        return digest(*start, *(getattr(self, name).digest() for name in CHAIN))
+        return digest(*start, *(getattr(self, name).digest() for name in CHAIN), *(self._lag() if lag else []))
 
     def key(self, run_id: str, step: int, stage: str, policy: str | Path, final: bool = False) -> str:
         """Cache key of ``stage`` at ``step`` starting from ``policy`` (policy version ``step``; for ``eval``,
         ``step`` is the version evaluated, ``final`` says it is the run's last): (run, step, stage, config hash,
         policy version)."""
         config = self.config_hash(stage, final)
-        return f"{run_id}:{step}:{stage}:{config}:{self.policy_hash(step)}-{Path(policy).name}"
+        return f"{run_id}:{step}:{stage}:{config}:{self.policy_hash(step, stage != 'rollout')}-{Path(policy).name}"
