@@ -12,13 +12,13 @@ pass@1, first-call success (per trajectory), the share cut at the cap and P(corr
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import polars as pl
 
+from flows.chain_gate import emit
 from flows.config import load_config
 from tasks.data.loader import ensure_files, load_prompts
 from tasks.training.eval_measures import per_trajectory, prompt_shares
@@ -92,11 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     report = look(args.config, args.overrides, args.extra, args.prompts, args.samples)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(table(report))
-    return report
+    return emit(report, args.out, table(report))
 
 
 if __name__ == "__main__":

@@ -48,10 +48,15 @@ def main(argv: list[str] | None = None) -> dict:
     ensure_files(cfg.data)
     gate = ChainGateConfig(skip=args.skip, prompts=args.prompts, samples=args.samples)
     report = run_chain_gate(args.model or cfg.model.path, cfg.setups().eval, gate)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(table(report))
+    return emit(report, args.out, table(report))
+
+
+def emit(report: dict, out: Path | None, text: str) -> dict:
+    """Write ``report`` as JSON to ``out`` (when given), print its table ``text``; returns the report."""
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1) + "\n")
+    print(text)
     return report
 
 

@@ -127,7 +127,7 @@ def test_the_report_carries_the_mediators_in_markdown():
     s = summarize(evals, RUNS, "a1", "b1")
     s["mediators"] = mediators.summarize(evals, RUNS, "a1", {"b3": "a3"}, _totals())
     md = markdown(s)
-    assert "| b3 − a3 | fresh | first_call_success | -0.350 ± 0.050 [-0.985, +0.285] not different |" in md
+    assert "| b3 − a3 | fresh | first_call_success | -0.350 ± 0.050 [-0.985, +0.285]: not different |" in md
     assert "| b1 | 4 | 2 | 10 | 30 | 0.250 | 0.020 |" in md  # hacks, by chance, plan-B appends / replaces, share, p50
     assert "| a1 | - | 5 | - | - | - | - |" in md
     assert mediators.summarize(evals.clear(), RUNS, "a1", {}, None) == {}

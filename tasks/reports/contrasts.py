@@ -80,13 +80,15 @@ def formula(weights: dict[str, float]) -> str:
     return text[2:] if text.startswith("+ ") else text
 
 
-def _cell(d: dict) -> str:
+def cell(d: dict) -> str:
+    """A paired difference as the report writes it: mean ± s.e. [95 % interval]: reading."""
     if d.get("mean") is None:
         return "-"
     if d.get("se") is None:
         return f"{d['mean']:+.3f}"
     lo, hi = d["ci95"]
-    words = d["reading"] if d["reading"] != "not different" else f"not different (±{d['half_width']:.3f})"
+    words = d["reading"] if d["reading"] != "not different" or "half_width" not in d \
+        else f"not different (±{d['half_width']:.3f})"
     return f"{d['mean']:+.3f} ± {d['se']:.3f} [{lo:+.3f}, {hi:+.3f}]: {words}"
 
 
@@ -98,7 +100,7 @@ def headline(s: dict) -> list[str]:
         return []
     d = c["by_name"][name]["outcome"].get("fresh", {})
     return ["", f"**Primary (registered): `{name}`** = {formula(c['by_name'][name]['weights'])}, final fresh-split "
-                f"SAAR-off pass@1, {d.get('n', 0)} seeds: {_cell(d)}."]
+                f"SAAR-off pass@1, {d.get('n', 0)} seeds: {cell(d)}."]
 
 
 def markdown_lines(s: dict) -> list[str]:
@@ -112,7 +114,7 @@ def markdown_lines(s: dict) -> list[str]:
     for name, row in c["by_name"].items():
         mark = f"**{name}** (primary)" if name == c.get("primary") else name
         for split, d in row["outcome"].items():
-            lines.append(f"| {mark} | {formula(row['weights'])} | pass@1 | {split} | {d['n']} | {_cell(d)} |")
+            lines.append(f"| {mark} | {formula(row['weights'])} | pass@1 | {split} | {d['n']} | {cell(d)} |")
         for split, meds in row["mediators"].items():
-            lines += [f"| {name} | | {med} | {split} | {d['n']} | {_cell(d)} |" for med, d in meds.items()]
+            lines += [f"| {name} | | {med} | {split} | {d['n']} | {cell(d)} |" for med, d in meds.items()]
     return lines

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from tasks.reports.contrasts import SPLITS, direction
+from tasks.reports.contrasts import SPLITS, cell, direction
 from tasks.reports.paired import final_values, mean_se_ci, seed_of
 from tasks.reports.paired import fmt as _f
 
@@ -115,15 +115,6 @@ def summarize(evals: pl.DataFrame, runs: dict[str, list[str]], baseline: str, pa
     return out if out["evaluation"] or out["training"] else {}
 
 
-def _pm(d: dict) -> str:
-    if d.get("mean") is None:
-        return "-"
-    if d.get("se") is None:
-        return f"{d['mean']:+.3f}"
-    lo, hi = d["ci95"]
-    return f"{d['mean']:+.3f} ± {d['se']:.3f} [{lo:+.3f}, {hi:+.3f}] {d['reading']}"
-
-
 def _evaluation_lines(ev: dict) -> list[str]:
     meds = [m for m in MEDIATORS if any(m in split for arm in ev["arms"].values() for split in arm.values())]
     splits = [s for s in SPLITS if any(s in arm for arm in ev["arms"].values())]
@@ -137,10 +128,10 @@ def _evaluation_lines(ev: dict) -> list[str]:
     lines += ["", "Per seed:", "", f"| arm | seed | {head} |", "| --- | --- | " + " | ".join("---" for _ in cols) + " |"]
     lines += [f"| {arm} | {r['seed']} | " + " | ".join(_f(r.get(s, {}).get(m)) for s, m in cols) + " |"
               for arm, rows in ev["per_seed"].items() for r in rows]
-    lines += ["", "Mediators paired by seed against each arm's baseline, mean ± s.e. [95 % CI] reading:", "",
+    lines += ["", "Mediators paired by seed against each arm's baseline, mean ± s.e. [95 % CI]: reading:", "",
               "| arm − baseline | split | mediator | difference |", "| --- | --- | --- | --- |"]
     for arm, pairs in ev["paired"].items():
-        lines += [f"| {arm} − {pairs['against']} | {s} | {m} | {_pm(pairs[s][m])} |"
+        lines += [f"| {arm} − {pairs['against']} | {s} | {m} | {cell(pairs[s][m])} |"
                   for s in splits for m in meds if m in pairs.get(s, {})]
     return lines
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 from tasks.rollout.r3l_config import R3LConfig
 
 
-class _OffOmitted(BaseModel):
+class OffFieldsOmitted(BaseModel):
     """A slice whose ``OMIT_WHEN_OFF`` fields are left out of its dump (hence out of every stage's cache key) while
     they hold the value given there: runs made before such a field existed keep their keys
     (``tests/test_stage_keys.py``)."""
@@ -29,7 +29,7 @@ class _OffOmitted(BaseModel):
         return out
 
 
-class SAARConfig(_OffOmitted):
+class SAARConfig(OffFieldsOmitted):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
     OMIT_WHEN_OFF: ClassVar[dict[str, object]] = {"retries_cost_turns": False, "decide": "similarity",
                                                   "importance_threshold": 0.5}
@@ -95,7 +95,7 @@ class PartialConfig(BaseModel):
     groups pass the filter; the step then trains what passed."""
 
 
-class RolloutConfig(_OffOmitted):
+class RolloutConfig(OffFieldsOmitted):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
     OMIT_WHEN_OFF: ClassVar[dict[str, object]] = {"tool_response_truncate_side": "right", "extra_turns": 0,
                                                   "staleness": 0}

@@ -12,24 +12,10 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tasks.envs.config import GroupFilterConfig
-
-
-class OffFieldsOmitted(BaseModel):
-    """A config whose ``OMIT_WHEN_OFF`` fields are left out of its dump (and so of every cache key) while they hold
-    the value given there."""
-
-    OMIT_WHEN_OFF: ClassVar[dict[str, object]] = {}
-
-    @model_serializer(mode="wrap")
-    def _omit_off(self, handler):
-        out = handler(self)
-        for name, off in self.OMIT_WHEN_OFF.items():
-            if name in out and out[name] == off:
-                del out[name]
-        return out
+from tasks.rollout.config import OffFieldsOmitted
 
 
 class MixConfig(OffFieldsOmitted):
