@@ -163,7 +163,7 @@ sys.exit(3)
 ENTRY_POINTS = {"flows/cli.py", "flows/cli_serve.py", "flows/cli_sandbox.py", "flows/chain_gate.py", "flows/budget_look.py",
                 "flows/turn_gate.py", "flows/bench_decode.py", "flows/bench_eval.py", "models/gpu_check.py",
                 "tasks/training/bench_decode.py", "tasks/training/bench_update.py",
-                "tasks/data/synthetic/r3l_warm.py"}
+                "tasks/data/synthetic/r3l_warm.py", "tasks/training/lane_worker.py"}
 """``python -m`` entry points that run a flow or a long job: each installs the SIGTERM handler and its watcher."""
 LEFT_ALONE = {"flows/reference.py": "prints one reference page (a second)",
               "models/sglang_test_server.py": "a test server its tests stop with SIGTERM and expect to die at once",

@@ -76,4 +76,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from models.termination import install
+
+    install()  # SIGTERM (a cancelled run's process group) ends the worker, lost in a finaliser or not
     main()
