@@ -115,12 +115,29 @@ def _gone(pid: int) -> bool:
 
 @pytest.mark.parametrize("mode", ["idle", "busy"])
 def test_the_worker_dies_with_its_parent(mode):
-    """Idle, it reads the end of its connection; busy in a 60 s call, the kernel kills it (``PR_SET_PDEATHSIG``)."""
+    """Idle, it reads the end of its connection; busy in a 60 s call, its parent watch kills it."""
     proc, worker = _parent(mode)
     time.sleep(1)
     proc.kill()
     proc.wait()
     assert _gone(worker)
+
+
+def test_a_lane_outlives_the_thread_that_started_it():
+    """The worker watches its parent process, not the thread that started it (Linux's ``PR_SET_PDEATHSIG`` would
+    kill it when that thread ends: a task runner's or an executor's thread)."""
+    import threading
+
+    lane, seen = Lane("from-a-thread", 1), []
+    started = threading.Thread(target=lambda: seen.append(lane.call("tests.lane_fakes", "state")["pid"]))
+    started.start()
+    started.join()
+    pid = seen[0]
+    time.sleep(1.0)  # five parent watches after the starting thread ended
+    try:
+        assert lane.call("tests.lane_fakes", "state")["pid"] == pid
+    finally:
+        lane.close()
 
 
 @pytest.mark.parametrize("env, sig", [("CLEANER_CRASH_AT", signal.SIGKILL), ("CLEANER_PAUSE_AT", signal.SIGSTOP)])

@@ -1,19 +1,20 @@
 """A lane's worker process (``tasks.training.lanes``): runs the stage functions it is sent, one at a time.
 
 Started by ``Lane`` as ``python -m tasks.training.lane_worker`` with its address, authkey, thread count and parent
-pid in its environment (never argv). It dies with its parent (``PR_SET_PDEATHSIG``, and on EOF of its connection),
+pid in its environment (never argv). It dies with its parent process (a thread polling ``getppid``, and on EOF of its connection),
 writes row-log units only (``tasks.stores.db.ROWS_ONLY_ENV``), adopts the caller's fence claims before each call,
 flushes its trace writer before it answers, and on ``STOP`` closes its sandbox pools and exits.
 """
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import os
 import pickle
 import signal
 import sys
+import threading
+import time
 import traceback
 from multiprocessing.connection import Client, Connection
 
@@ -22,15 +23,23 @@ from tasks.stores.db import ROWS_ONLY_ENV
 from tasks.training.faults import PARENT_ENV
 from tasks.training.lanes import ADDRESS_ENV, AUTHKEY_ENV, STOP, THREADS_ENV, LaneError
 
-PR_SET_PDEATHSIG = 1
+WATCH_S = 0.2
+"""How often the worker checks that its parent still runs."""
 
 
 def die_with_parent(parent: int) -> None:
-    """SIGKILL this process when its parent ends (Linux ``prctl``); exit now if the parent is already gone."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    """Exit (SIGKILL, nothing cleaned up: as the parent's own death) within ``WATCH_S`` of the parent process
+    ending, even while a call keeps the main thread busy: a daemon thread polls ``getppid``. Not Linux's
+    ``PR_SET_PDEATHSIG``: that fires when the *thread* that started the worker ends (a task runner's thread
+    returning to its pool, an executor shut down), not the process."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(WATCH_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
     if os.getppid() != parent:
         os._exit(1)
+    threading.Thread(target=watch, name="lane-parent-watch", daemon=True).start()
 
 
 def answer(conn: Connection, request) -> None:

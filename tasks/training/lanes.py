@@ -15,8 +15,8 @@ authkey is handed over in the worker's environment, never argv); with it go this
 (``tasks.stores.fence``), so the worker writes the run folder exactly when the flow process may. The reply is the
 value, or the worker's exception raised here with the worker's traceback in its message. The worker writes
 row-log units only (``tasks.stores.db.ROWS_ONLY_ENV``; the flow process ingests them), uses ``threads`` torch
-threads, flushes its trace writer before it answers, and dies with this process (``PR_SET_PDEATHSIG``, and on
-EOF). A worker that dies mid-call raises ``LaneDied`` (an infrastructure failure, never a stage result); the next
+threads, flushes its trace writer before it answers, and dies with this process (a thread of the worker polls
+``getppid``, so the thread that started it may end; and on EOF). A worker that dies mid-call raises ``LaneDied`` (an infrastructure failure, never a stage result); the next
 call starts a fresh one. A fault point reached in a lane (``tasks.training.faults``) signals this process too.
 
 Lanes are kept per process (``get_lane``) and closed by ``close_lanes`` (``live.close_live`` calls it; ``atexit``
