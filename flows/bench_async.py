@@ -2,8 +2,9 @@
 
 What: ``bench_async(config, sides=("sync-1t", "sync-2t", "async"), repeats=2)`` trains whole runs of the slice
 ``flows.bench_run`` trains (configs/regimes/t4.yaml with ``compare.shared``, the t4 study's ``MASK_RAW0`` arm,
-``bench_run.RUN``, ``ONE_PASS``; ``steps`` RL steps, SAAR off and on evaluated at version ``eval_at`` and at the end, at the final
-size) from the same start policy, once per side and repeat, in one process. The sides (``SIDES``):
+``bench_run.RUN``, ``ONE_PASS``; ``steps`` RL steps, SAAR off and on evaluated at version ``eval_at`` and at the
+end, at the final size) from the same start policy, once per side and repeat, in one process. The sides
+(``SIDES``):
 
 * **sync-1t**: ``rollout.staleness: 0``, every stage in this process, one torch thread (engine and trainer);
 * **sync-2t**: the same with two torch threads each;
@@ -19,9 +20,9 @@ workers — over the run), each part's core-seconds measured in the process that
 by the worker around its call, itself and its children; a part of this process with ``core_seconds`` when nothing
 runs beside it, else with ``own_seconds``, this process alone), the schedule's waits (``schedule.PERF`` summed over
 a run, ``perf/eval_wait_s``), the policy version each rollout sampled with, the wall ratios of async against each
-synchronous side and the faster, the core-seconds ratio, and whether issue 52's goal is met (``GOAL_WALL``,
-``GOAL_CORE``). Checks (``same`` False, ``cleaner bench-run`` exits 1): the repeats of every side of ``Side.checked``
-(sync-1t, async) trained on identical token ids.
+synchronous side and the faster, the core-seconds ratio, and whether issue 52's goal is met
+(``bench_async_report.GOAL_WALL``, ``GOAL_CORE``). Checks (``same`` False, ``cleaner bench-run`` exits 1): the
+repeats of every side of ``Side.checked`` (sync-1t, async) trained on identical token ids.
 
 Simplifies: no Prefect (``run_steps`` takes any submit); the local sandbox (its CPU is counted).
 Run: ``cleaner bench-run`` (``--sides``, ``--repeats``, ``--steps``, ``--eval-at``, ``--set`` for a smaller slice).
@@ -42,10 +43,6 @@ from flows.bench_run import MASK_RAW0, PARTS, RUN, core_seconds
 STAGES = "tasks.training.stages"
 ONE_PASS = ["eval.shared_pass=true"]
 """Every side evaluates SAAR off and on in one paired pass (the default; t4.yaml pins the study's two passes)."""
-GOAL_WALL = 1.5
-"""Issue 52's goal: async's wall time a run at least this many times below the fastest synchronous side's ..."""
-GOAL_CORE = 0.10
-"""... at core-seconds within this fraction of that side's."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +126,10 @@ class _Run:
     def ckpt(self, version: int) -> str:
         return self.start if version == 0 else str(self.side.work / "checkpoints" / f"policy_{version:06d}")
 
+    def version_of(self, ckpt: str) -> int:
+        """The policy version of a checkpoint this run handed over (the start policy is version 0)."""
+        return 0 if ckpt == self.start else int(Path(ckpt).name.removeprefix("policy_"))
+
     def _call(self, part: str, lane: str | None, module: str, function: str, *args):
         if self.lanes.get(lane) is not None:
             value, core, wall = self.lanes[lane].call(__name__, "measured", module, function, *args)
@@ -140,11 +141,10 @@ class _Run:
         return value
 
     def rollout(self, step: int, version: int) -> None:
-        folder = self.folder(step)
+        folder, ckpt = self.folder(step), self.ckpt(version)
         folder.mkdir(parents=True, exist_ok=True)
-        self.versions[step] = version
-        self._call("rollout", "rollout", STAGES, "rollout_stage", folder, step, self.ckpt(version), self.run,
-                   self.s.rollout)
+        self.versions[step] = self.version_of(ckpt)
+        self._call("rollout", "rollout", STAGES, "rollout_stage", folder, step, ckpt, self.run, self.s.rollout)
         self._call("score", "rollout", STAGES, "score_stage", folder, self.s.score)
 
     def train(self, step: int) -> None:
@@ -252,4 +252,4 @@ def bench_async(config: str | Path = "configs/regimes/t4.yaml", work_dir: str | 
         trace_writer.flush()
         live.close_live()
     load.append(os.getloadavg())
-    return report(results, order, cfgs, load, steps, eval_at, echo)
+    return report(results, order, cfgs, {n: SIDES[n].checked for n in sides}, load, steps, eval_at, echo)
