@@ -1,6 +1,8 @@
 """Prefect flow ``train``: RL steps of rollout → score → mix → advantage → update → log.
 
-The flow only sequences stages; each task wraps one function of ``tasks.training.stages``, hands
+The flow only sequences stages (the stage tasks and the schedule of the steps: ``flows.train_steps``; with
+``rollout.staleness`` ≥ 1 the rollout of the next step runs beside the update, with ``eval.beside_training`` the
+evaluations beside training); each task wraps one function of ``tasks.training.stages``, hands
 it its own frozen setup (``RunConfig.setups()``) and hands the next one a path (the step folder,
 a checkpoint folder). Stage tasks are cached on (run, step, stage, hash of the setups the stage
 reads, policy version) with persisted results (see ``tasks.training.setups``), so training the
@@ -29,87 +31,40 @@ Run: ``cleaner train --config configs/tiny.yaml`` (ephemeral Prefect; no server 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import time
-from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.attempts import ending, fenced_end, retry_unless_fenced
+from flows.attempts import ending, fenced_end
 from flows.config import RunConfig, load_config
 from flows.dispatch import check_worker
-from flows.prepare import ORIGIN, RunInfo, ckpt_dir, default_run_id, prepare_run, step_dir
-from flows.train_log import eval_line, step_line
+from flows.prepare import ORIGIN, RunInfo, default_run_id, prepare_run
+from flows.train_steps import (
+    STAGE,
+    STEP_TASKS,
+    StageFailed,
+    _prune,
+    eval_due,
+    eval_metrics,
+    eval_task,
+    log_task,
+    named_stage,
+    results,
+    run_eval,
+    run_stage,
+    stage_key,
+    steps,
+)
 from models.termination import arm
-from tasks.stores import db, fence, links, registry, rowlog, trace_writer, tracking
+from tasks.stores import db, fence, links, registry, trace_writer, tracking
 from tasks.stores.registry import ModelRef
 from tasks.stores.system import system_metrics
 from tasks.training import live
-from tasks.training.setups import StepSetups
 
-TASK_STAGE = {"evaluate": "eval"}
-"""Task name → stage name of ``StepSetups`` where they differ."""
-
-
-def stage_key(context, params: dict) -> str:
-    """Cache key of a stage task: (run, step, stage, hash of the setups it reads, policy version)."""
-    step = params["version"] if "version" in params else params["step"]
-    stage = TASK_STAGE.get(context.task.name, context.task.name)
-    return params["setups"].key(params["info"].run_id, step, stage, params["policy"], params.get("final", False))
-
-
-STAGE = dict(cache_key_fn=stage_key, persist_result=True, retries=1, retry_delay_seconds=2,
-             retry_condition_fn=retry_unless_fenced)
-
-
-@task(name="rollout", **STAGE)
-def rollout_task(setups: StepSetups, info: RunInfo, step: int, policy: str) -> str:
-    if setups.rollout.env is not None:
-        from tasks.training.env_stages import env_rollout_stage
-
-        return str(env_rollout_stage(step_dir(info, step), step, policy, info.run_id, setups.rollout))
-    from tasks.training import stages
-
-    return str(stages.rollout_stage(step_dir(info, step), step, policy, info.run_id, setups.rollout))
-
-
-@task(name="score", **STAGE)
-def score_task(setups: StepSetups, info: RunInfo, step: int, policy: str) -> str:
-    if setups.score.env is not None:
-        from tasks.training.env_stages import env_score_stage
-
-        return str(env_score_stage(step_dir(info, step)))
-    from tasks.training import stages
-
-    return str(stages.score_stage(step_dir(info, step), setups.score))
-
-
-@task(name="mix", **STAGE)
-def mix_task(setups: StepSetups, info: RunInfo, step: int, policy: str) -> str:
-    from tasks.training import stages
-    from tasks.training.env_stages import previous_empty_steps
-
-    here = step_dir(info, step)
-    return str(stages.mix_stage(here, setups.mix, previous_empty_steps(here)))
-
-
-@task(name="advantage", **STAGE)
-def advantage_task(setups: StepSetups, info: RunInfo, step: int, policy: str) -> str:
-    from tasks.training import stages
-
-    return str(stages.advantage_stage(step_dir(info, step), setups.advantage))
-
-
-@task(name="update", **STAGE)
-def update_task(setups: StepSetups, info: RunInfo, step: int, policy: str) -> str:
-    from tasks.training import stages
-
-    return str(stages.update_stage(step_dir(info, step), policy, ckpt_dir(info, step + 1), setups.update))
-
+__all__ = ["STAGE", "STEP_TASKS", "RunInfo", "StageFailed", "_prune", "eval_due", "eval_metrics", "eval_task",
+           "log_task", "named_stage", "results", "run_eval", "run_stage", "stage_key", "train"]
 
 def arm_of(cfg: RunConfig) -> str:
     """The arm label of a run: ``tracking.arm``, else what its config does (cleaner, dapo, saar_all, r3l)."""
@@ -126,106 +81,8 @@ def trace_tags(cfg: RunConfig, info: RunInfo) -> dict[str, str]:
     return {"arm": arm_of(cfg)}
 
 
-@task(name="log", **STAGE)
-def log_task(setups: StepSetups, info: RunInfo, step: int, policy: str, new_policy: str,
-             tags: dict[str, str] | None = None) -> str:
-    """Log the step to both stores; returns the step folder (``results``: what every attempt returns alike)."""
-    from tasks.training import stages
-
-    stages.log_stage(step_dir(info, step), step, info.run_id, info.mlflow_run_id, new_policy, setups.log, tags)
-    return str(step_dir(info, step))
-
-
-@task(name="evaluate", **STAGE)
-def eval_task(setups: StepSetups, info: RunInfo, version: int, policy: str, final: bool = False,
-              model: ModelRef | None = None, tags: dict[str, str] | None = None) -> str:
-    """Evaluate policy ``version`` (at the size of the last evaluation when ``final``); ``model`` and ``tags``
-    say where the metrics and traces go in MLflow (not part of the cache key). Returns the evaluation's key in
-    the row log (``eval-<version>`` of the run: ``results``, what every attempt returns alike)."""
-    if setups.eval.env is not None:
-        from tasks.training.env_stages import env_eval_stage
-
-        env_eval_stage(info.run_id, version, policy, info.mlflow_run_id, setups.eval, model, tags)
-    else:
-        from tasks.training import stages
-
-        stages.eval_stage(info.run_id, version, policy, info.mlflow_run_id, setups.eval_setup(final), model, tags)
-    return f"{info.run_id}/eval-{version:06d}"
-
-
 def model_name(cfg: RunConfig) -> str:
     return cfg.tracking.registered_model or cfg.name
-
-
-def eval_due(cfg: RunConfig, version: int) -> bool:
-    """Whether the run evaluates policy ``version``: every ``train.eval_every`` steps, the last, and the start unless
-    ``train.eval_at_start`` is off."""
-    every = cfg.train.eval_every
-    if version == 0 and not cfg.train.eval_at_start:
-        return False
-    return bool(every) and (version % every == 0 or version == cfg.train.steps)
-
-
-STEP_TASKS = {"rollout": rollout_task, "score": score_task, "mix": mix_task, "advantage": advantage_task,
-              "update": update_task, "log": log_task}
-
-
-def results(info: RunInfo) -> Path:
-    """Where stage results (and so the stage cache) live: in the run folder, not in a user's PREFECT_HOME, so a
-    retry, ``cleaner resume`` from any shell, or a worker sharing the run folder finds them (Prefect stores a
-    task's results under a ``Path`` given as its result storage).
-
-    Prefect writes a result itself, outside the fence, so the results are idempotent instead: a stage task returns
-    only what is the same for every attempt of the run — the path of its output (the step folder, the checkpoint),
-    the key of its rows — never a figure it computed, and a result is keyed by the stage's cache key. A replaced
-    attempt whose stage finished its own (fenced) writes just before the claim writes the same record the live
-    attempt writes; the figures are read from the committed files."""
-    return (Path(info.run_dir) / "results").resolve()
-
-
-class StageFailed(RuntimeError):
-    """A stage of the run failed (after its task retries); the message names the stage, the step and the error, so
-    the flow run's final state says what failed (``prefect deployment run --watch``, the UI, ``flow-run inspect``)."""
-
-
-@contextmanager
-def named_stage(stage: str, step: int, run_dir: str | None = None):
-    """Name the stage and step in a failure; a failure of an attempt that a newer one replaced (``run_dir``'s
-    claim) is that attempt's ``FencedError``, whatever failed first."""
-    try:
-        yield
-    except fence.FencedError:
-        raise
-    except Exception as err:
-        fenced = fence.superseded(run_dir) if run_dir else None
-        if fenced is not None:
-            raise fenced from err
-        raise StageFailed(f"stage '{stage}' of step {step} failed: {type(err).__name__}: {err}") from err
-
-
-def run_stage(name: str, setups: StepSetups, info: RunInfo, step: int, policy: str, *extra):
-    """Run a stage task (unless a newer attempt replaced this one); its cached result is reused only while the
-    stage's output files exist."""
-    marker = step_dir(info, step) / ("logged.json" if name == "log" else f"{name}.metrics.json")
-    with named_stage(name, step, info.run_dir):
-        fence.check(info.run_dir)
-        return STEP_TASKS[name].with_options(refresh_cache=not marker.exists(), result_storage=results(info))(
-            setups, info, step, policy, *extra)
-
-
-def eval_metrics(cfg: RunConfig, info: RunInfo, version: int) -> dict[str, float]:
-    """The figures of policy ``version``'s evaluation as committed (the row log's unit ``eval-<version>``), whichever
-    attempt wrote them: what the evaluation line prints and the run returns."""
-    rows = rowlog.read_unit(cfg.tracking.duckdb_path, info.run_id, "eval", version)
-    return dict(zip(rows["evaluations"]["key"], rows["evaluations"]["value"])) if rows else {}
-
-
-def run_eval(setups: StepSetups, info: RunInfo, version: int, policy: str, final: bool, model: ModelRef,
-             tags: dict[str, str]) -> str:
-    """Run the evaluation task of policy ``version`` (unless a newer attempt replaced this one)."""
-    with named_stage("evaluate", version, info.run_dir):
-        fence.check(info.run_dir)
-        return eval_task.with_options(result_storage=results(info))(setups, info, version, policy, final, model, tags)
 
 
 @task(name="annotate-run", cache_policy=NO_CACHE)
@@ -292,21 +149,6 @@ def _register(cfg: RunConfig, info: RunInfo, flow_run_id: str, parent: str | Non
     return text, registered
 
 
-def _prune(info: RunInfo, keep: int, current: Path) -> None:
-    """Remove all but the newest ``keep`` checkpoints (never ``current``), and the temporary checkpoint folders
-    other processes left (a crashed or replaced attempt's: no other attempt writes while this one holds the run);
-    fenced: a replaced attempt removes none of its replacement's."""
-    with fence.guarded(info.run_dir):
-        for tmp in (Path(info.run_dir) / "checkpoints").glob(".policy_??????.*.tmp"):
-            if not tmp.name.split(".")[2].startswith(f"{os.getpid()}-"):
-                shutil.rmtree(tmp, ignore_errors=True)
-        folders = sorted((Path(info.run_dir) / "checkpoints").glob("policy_??????"))
-        for old in folders[:-keep]:
-            if old != current:
-                shutil.rmtree(old, ignore_errors=True)
-                shutil.rmtree(old.with_name(old.name + "-merged"), ignore_errors=True)  # an SGLang server's copy
-
-
 def _ended(mlflow_status: str, db_status: str):
     """A flow hook giving an attempt that ended without finishing a terminal status in both stores; a retry of the
     same flow run resumes the run and sets it running again. An attempt a newer one replaced (fenced, or a later
@@ -357,7 +199,7 @@ def _train(cfg: RunConfig, run_id: str, flow_run_id: str, parent_mlflow_run: str
     artifacts = links.FlowArtifacts(cfg.name, cfg.train.steps)
     artifacts.start(annotate_task(cfg, info, flow_run_id, parent_mlflow_run), run_id)
     with system_metrics(cfg.tracking, info.mlflow_run_id, info.run_id):
-        ckpt, walls, evals = _steps(cfg, info, artifacts)
+        ckpt, walls, evals = steps(cfg, info, artifacts, trace_tags(cfg, info), ModelRef(name=model_name(cfg)))
         trace_writer.flush()  # every step's traces are in MLflow (or the run fails) before it is finished
         write_walltime(Path(info.run_dir), flow_run_id, walls)
         with named_stage("finish-run", cfg.train.steps, info.run_dir):
@@ -374,47 +216,3 @@ def write_walltime(run_dir: Path, flow_run_id: str, walls: dict[int, float]) -> 
     fence.publish_text(run_dir / f"walltime-{flow_run_id or 'local'}.json", json.dumps(walls))
 
 
-def _steps(cfg: RunConfig, info: RunInfo,
-           artifacts: links.FlowArtifacts) -> tuple[str, dict[int, float], dict[int, dict[str, float]]]:
-    """The evaluations and RL steps of a run (each stage a task), a line printed for each; returns the final
-    checkpoint, the step times and the evaluations (policy version → metrics, read from the committed rows)."""
-    from tasks.training.stages import stage_metrics
-
-    ckpt = info.start_ckpt
-    setups = cfg.setups(info.start_ckpt)
-    tags, model = trace_tags(cfg, info), ModelRef(name=model_name(cfg))
-    evals: dict[int, dict[str, float]] = {}
-
-    def evaluate(version: int, policy: str) -> None:
-        run_eval(setups, info, version, policy, version == cfg.train.steps, model, tags)
-        evals[version] = eval_metrics(cfg, info, version)
-        print(eval_line(version, evals[version], evals.get(0)))
-
-    if eval_due(cfg, 0):
-        evaluate(0, ckpt)
-    walls: dict[int, float] = {}
-    for step in range(cfg.train.steps):
-        t0 = time.perf_counter()
-        step_dir(info, step).mkdir(parents=True, exist_ok=True)
-        for stage in ("rollout", "score", "mix", "advantage"):
-            run_stage(stage, setups, info, step, ckpt)
-        new_ckpt = run_stage("update", setups, info, step, ckpt)
-        run_stage("log", setups, info, step, ckpt, new_ckpt, tags)
-        metrics = stage_metrics(step_dir(info, step))
-        ckpt = new_ckpt
-        walls[step] = time.perf_counter() - t0
-        print(step_line(step, metrics, walls[step]))
-        if eval_due(cfg, step + 1):
-            evaluate(step + 1, ckpt)
-        _prune(info, cfg.train.keep_checkpoints, Path(ckpt))
-        artifacts.step_done(step, step_line(step, metrics))
-        if _empty_stop(cfg, metrics):
-            print(f"early stop: the group filter kept nothing for {cfg.mix.group_filter.empty_stop_steps} steps in a "
-                  "row")
-            break
-    return ckpt, walls, evals
-
-
-def _empty_stop(cfg: RunConfig, metrics: dict) -> bool:
-    """RAGEN-2's early stop: ``empty_stop_steps`` consecutive steps whose group filter kept nothing."""
-    return metrics.get("early_stopped/empty_filtered_steps", 0.0) >= 1.0

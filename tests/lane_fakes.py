@@ -22,6 +22,12 @@ def exit_with(status: int) -> None:
     os._exit(status)
 
 
+def nap(seconds: float) -> None:
+    import time
+
+    time.sleep(seconds)
+
+
 def state() -> dict:
     """What the worker process looks like from inside."""
     import torch

@@ -223,7 +223,7 @@ def test_a_replaced_attempt_runs_no_stage_task(run_dir, monkeypatch):
 
 
 def test_a_replaced_attempt_runs_no_evaluation(run_dir, monkeypatch):
-    from flows import train
+    from flows import train_steps as train
     from flows.prepare import RunInfo
 
     recorded = _Recorded()

@@ -83,12 +83,14 @@ def test_lanes_per_process_are_closed(tmp_path):
 
 
 PARENT = textwrap.dedent("""
-    import sys, time
+    import sys, threading, time
     from tasks.training.lanes import get_lane
     lane = get_lane("p", 1)
     print(lane.call("tests.lane_fakes", "state")["pid"], flush=True)
     if sys.argv[1] == "crash":
         lane.call("tests.lane_fakes", "crash_at", "after_rollout", 1)
+    if sys.argv[1] == "busy":
+        threading.Thread(target=lane.call, args=("tests.lane_fakes", "nap", 60), daemon=True).start()
     time.sleep(60)
 """)
 
@@ -111,8 +113,11 @@ def _gone(pid: int) -> bool:
     return False
 
 
-def test_the_worker_dies_with_its_parent():
-    proc, worker = _parent("idle")
+@pytest.mark.parametrize("mode", ["idle", "busy"])
+def test_the_worker_dies_with_its_parent(mode):
+    """Idle, it reads the end of its connection; busy in a 60 s call, the kernel kills it (``PR_SET_PDEATHSIG``)."""
+    proc, worker = _parent(mode)
+    time.sleep(1)
     proc.kill()
     proc.wait()
     assert _gone(worker)
@@ -137,3 +142,12 @@ def test_a_fault_point_in_a_lane_signals_the_flow_process(env, sig):
         proc.wait()
         if not _gone(worker):
             os.kill(worker, signal.SIGKILL)
+
+
+def test_a_worker_that_never_connects_is_lane_died(monkeypatch):
+    import tasks.training.lanes as lanes
+
+    monkeypatch.setattr(lanes.sys, "executable", "/bin/false")
+    with pytest.raises(LaneDied, match=r"lane 'broken': its worker \(pid \d+\) ended before it connected: exit "
+                                       r"status 1"):
+        Lane("broken", 1).call("tests.lane_fakes", "add", 1)

@@ -8,6 +8,7 @@ let the two stages overlap there, or runs one before its version exists.
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -116,6 +117,19 @@ def test_k1_hands_rollout_s_plus_2_over_only_once_step_s_updated(pool):
     assert rec.order.index("R2+") > rec.order.index("T0-")
     assert rec.order.index("R1-") < rec.order.index("T0-")
     assert rec.versions == {0: 0, 1: 0, 2: 1}
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_rollout_starts_only_once_its_version_exists(pool, k):
+    """Instant rollouts, slow updates: the lane would run ahead; rollout t still starts only after the update that
+    makes version t - k (the update of step t - k - 1)."""
+    rec = Recorder()
+    fns = rec.fns()
+    slow = StepFns(fns.rollout, lambda s: (time.sleep(0.03), fns.train(s)), fns.log, fns.evaluate, fns.eval_due)
+    run_steps(6, slow, k=k, submit=pool)
+    for t in range(k + 1, 6):
+        assert rec.order.index(f"R{t}+") > rec.order.index(f"T{t - k - 1}-"), (t, rec.order)
+    assert rec.versions == {t: max(0, t - k) for t in range(6)}
 
 
 def test_k2_runs_two_rollouts_ahead_never_three(pool):

@@ -114,27 +114,30 @@ class Lane:
         env = {**os.environ, **self.env, ADDRESS_ENV: address, AUTHKEY_ENV: key.hex(), PARENT_ENV: str(os.getpid()),
                THREADS_ENV: str(self.threads), NAME_ENV: self.name,
                "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-        with Listener(address, family="AF_UNIX", authkey=key) as listener:
-            proc = subprocess.Popen([sys.executable, "-m", "tasks.training.lane_worker"], env=env, cwd=os.getcwd())
-            got: dict[str, Connection | BaseException] = {}
+        try:
+            with Listener(address, family="AF_UNIX", authkey=key) as listener:
+                proc = subprocess.Popen([sys.executable, "-m", "tasks.training.lane_worker"], env=env, cwd=os.getcwd())
+                got: dict[str, Connection | BaseException] = {}
 
-            def accept() -> None:
-                try:
-                    got["conn"] = listener.accept()
-                except BaseException as err:  # noqa: BLE001 — reported below as the start's failure
-                    got["error"] = err
+                def accept() -> None:
+                    try:
+                        got["conn"] = listener.accept()
+                    except BaseException as err:  # noqa: BLE001 — reported below as the start's failure
+                        got["error"] = err
 
-            waiter = threading.Thread(target=accept, daemon=True, name=f"lane-{self.name}-accept")
-            waiter.start()
-            deadline = time.monotonic() + START_WAIT_S
-            while waiter.is_alive() and proc.poll() is None and time.monotonic() < deadline:
-                waiter.join(0.2)
-            if "conn" not in got:
-                proc.kill()
-                status = proc.wait()
-                raise LaneDied(f"lane {self.name!r}: its worker (pid {proc.pid}) did not connect within "
-                               f"{START_WAIT_S:.0f} s: exit status {status}")
-        shutil.rmtree(folder, ignore_errors=True)
+                waiter = threading.Thread(target=accept, daemon=True, name=f"lane-{self.name}-accept")
+                waiter.start()
+                deadline = time.monotonic() + START_WAIT_S
+                while waiter.is_alive() and proc.poll() is None and time.monotonic() < deadline:
+                    waiter.join(0.2)
+                if "conn" not in got:
+                    ended = proc.poll() is not None
+                    proc.kill()
+                    status = proc.wait()
+                    why = "ended before it connected" if ended else f"did not connect within {START_WAIT_S:.0f} s"
+                    raise LaneDied(f"lane {self.name!r}: its worker (pid {proc.pid}) {why}: exit status {status}")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
         self._proc, self._conn = proc, got["conn"]
 
     def close(self) -> None:
