@@ -55,6 +55,11 @@ def bench_step_cmd(config: Path = ConfigOpt, overrides: list[str] | None = SetOp
 def bench_run_cmd(config: Path = typer.Option(Path("configs/regimes/t4.yaml"), "--config", "-c",
                                            help="The run's config (its compare.shared applies)."),
                   overrides: list[str] | None = SetOpt,
+                  sides: str = typer.Option("sync-1t,sync-2t,async", help="Sides, comma-separated: whole runs of "
+                                            "sync-1t, sync-2t, async (flows.bench_async.SIDES), or before,after "
+                                            "(one-pass vs two-pass evaluations, step by step: flows.bench_run)."),
+                  repeats: int = typer.Option(2, help="Runs a side (the order reversed every other time); "
+                                                      "not for before,after."),
                   steps: int = typer.Option(6, help="RL steps per side."),
                   eval_at: int = typer.Option(3, help="Evaluate SAAR off and on after this step (and after the last, "
                                                        "at the final size)."),
@@ -62,13 +67,24 @@ def bench_run_cmd(config: Path = typer.Option(Path("configs/regimes/t4.yaml"), "
                                                    "mask_raw0, flows.bench_run.MASK_RAW0)."),
                   work_dir: Path = typer.Option(Path("runs/bench-run"), help="Scratch folder (emptied)."),
                   out: Path = typer.Option(Path("runs/bench_run.json"), help="Where the JSON report goes.")) -> None:
-    """A slice of a compare run, today's paths vs the defaults, in one process: core-seconds per part and their
-    ratio; exits 1 when the training steps or the evaluations differ between the sides."""
-    from flows.bench_run import bench_run
+    """A slice of a compare run in one process: synchronous vs bounded staleness (wall and core-seconds a run and
+    per part, waits, ratios; exits 1 when a checked side's repeats differ), or today's evaluation paths vs the
+    defaults (exits 1 when the training steps or the evaluations differ between the sides)."""
+    from flows import bench_async, bench_run
     from flows.bench_step import write_json
 
-    report = bench_run(config, work_dir, steps, eval_at, [a for a in arm.split(",") if a] or None, overrides or [],
-                       echo=console.print)
+    names = [x.strip() for x in sides.split(",") if x.strip()]
+    arm_list = [a for a in arm.split(",") if a] or None
+    if names and set(names) <= set(bench_run.SIDES):
+        report = bench_run.bench_run(config, work_dir, steps, eval_at, arm_list, overrides or [], echo=console.print)
+    else:
+        try:
+            bench_async.check_sides(names)
+        except ValueError as err:
+            console.print(f"[red]{err} (or before, after on their own)[/red]")
+            raise typer.Exit(2) from None
+        report = bench_async.bench_async(config, work_dir, tuple(names), repeats, steps, eval_at, arm_list,
+                                         overrides or [], echo=console.print)
     console.print(f"wrote {write_json(report, out)}")
     if not report["same"]:
         raise typer.Exit(1)

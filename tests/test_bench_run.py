@@ -45,8 +45,8 @@ def test_core_seconds_count_children_live_and_ended():
 
 
 def _bench(tmp_path, *extra):
-    return CliRunner().invoke(app, ["bench-run", "--config", str(TINY), "--steps", "1", "--eval-at", "1",
-                                    "--work-dir", str(tmp_path / "work"), "--out", str(tmp_path / "report.json"),
+    return CliRunner().invoke(app, ["bench-run", "--config", str(TINY), "--sides", "before,after", "--steps", "1",
+                                    "--eval-at", "1", "--work-dir", str(tmp_path / "work"), "--out", str(tmp_path / "report.json"),
                                     *(a for s in SLICE for a in ("--set", s)), *extra])
 
 
