@@ -208,10 +208,12 @@ def run_side(name: str, cfg, work: Path, start: str, steps: int, eval_at: int) -
 
 
 def _token_versions(folder: Path) -> list[int]:
-    """The policy versions the trajectories of a step folder record for their tokens."""
+    """The policy versions the trajectories of a step folder record for their sampled tokens (``sampled_version``;
+    −1, an injected token's, left out)."""
     from tasks.stores.records import read_table
 
-    return sorted(read_table(folder, "trajectories")["token_versions"].explode().drop_nulls().unique().to_list())
+    versions = read_table(folder, "trajectories")["sampled_version"].explode().drop_nulls().unique().to_list()
+    return sorted(v for v in versions if v >= 0)
 
 
 def bench_async(config: str | Path = "configs/regimes/t4.yaml", work_dir: str | Path = "runs/bench-run",

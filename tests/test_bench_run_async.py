@@ -112,6 +112,9 @@ def test_bench_run_async_report_has_every_field(tmp_path):
     runs = report["runs"]
     assert [r["rollout_versions"] for r in runs["async"]] == [[[0, 0], [1, 0]]] * 2
     assert [r["rollout_versions"] for r in runs["sync-1t"]] == [[[0, 0], [1, 1]]] * 2
+    # every sampled token records the version that sampled it (-1 on injected tokens is dropped by the reader)
+    assert [r["token_versions"] for r in runs["async"]] == [[[0], [0]]] * 2
+    assert [r["token_versions"] for r in runs["sync-1t"]] == [[[0], [1]]] * 2
     assert all(len(r["evals"]) == 2 for side in runs.values() for r in side)
     assert report["checks"]["async"]["token_ids_equal"] and report["checks"]["sync-1t"]["token_ids_equal"]
     assert report["same"] is True
