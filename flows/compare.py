@@ -134,13 +134,30 @@ def run_outcome(config_path: str, overrides: list[str], run_id: str) -> str:
 
 @task(name="compare-runs", cache_policy=NO_CACHE)
 def runs_task(config_path: str, jobs: list[tuple[str, str, list[str]]], parent: str, folder: str, parallel: int) -> list[str]:
-    """Train every (arm, run id, overrides) job, ``parallel`` processes at a time."""
+    """Train every (arm, run id, overrides) job, ``parallel`` processes at a time. Interrupted (SIGTERM through
+    ``models.termination``, Ctrl-C), it starts no further job: the queued ones are cancelled, and only the runs in
+    flight are waited for (a signal to the process group ends them too; each resumes from its stage cache)."""
     logs = Path(folder) / "logs"
     api_url = _api_url()
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         futures = [pool.submit(_train_process, config_path, ov, run_id, parent, logs / f"{run_id}.log", api_url)
                    for _, run_id, ov in jobs]
-        return [f.result() for f in futures]
+        try:
+            return [_result(f) for f in futures]
+        except KeyboardInterrupt:
+            for f in futures:
+                f.cancel()
+            raise
+
+
+def _result(future):
+    """A future's result, waited for in short slices: a signal's handler (SIGTERM's ``KeyboardInterrupt``) runs
+    between them, where one untimed wait would hold it until the future is done."""
+    while True:
+        try:
+            return future.result(timeout=0.5)
+        except TimeoutError:
+            continue
 
 
 @task(name="compare-probe", cache_policy=NO_CACHE)

@@ -1,0 +1,33 @@
+"""An interrupted compare (SIGTERM through ``models.termination``, Ctrl-C) starts no queued run: ``runs_task``
+cancels them and waits only for the runs in flight. Before, leaving the executor's block waited for every queued
+job too, so a SIGTERM'd compare went on training run after run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+import flows.compare as compare
+
+
+def test_an_interrupted_compare_starts_no_queued_run(tmp_path, monkeypatch):
+    started, first_running = [], threading.Event()
+
+    def fake_train(config_path, overrides, run_id, parent, log, api_url):
+        started.append(run_id)
+        first_running.set()
+        time.sleep(2.0)
+        return run_id
+
+    monkeypatch.setattr(compare, "_train_process", fake_train)
+    monkeypatch.setattr(compare, "_api_url", lambda: None)
+    threading.Thread(target=lambda: (first_running.wait(10), time.sleep(0.2), os.kill(os.getpid(), signal.SIGINT))).start()
+    jobs = [("dapo", f"run-{i}", []) for i in range(3)]
+    with pytest.raises(KeyboardInterrupt):
+        compare.runs_task.fn("configs/tiny.yaml", jobs, "", str(tmp_path), 1)
+    time.sleep(2.5)  # a queued run the executor still started would have begun by now
+    assert started == ["run-0"]
