@@ -30,6 +30,7 @@ import polars as pl
 from tasks.data.loader import load_prompts
 from tasks.rewards.chain import bound_values
 from tasks.training.config import ChainGateConfig
+from tasks.training.eval_measures import share
 from tasks.training.evaluation import evaluate_mode
 from tasks.training.setups import EvalSetup
 
@@ -37,10 +38,6 @@ from tasks.training.setups import EvalSetup
 def _int(text: str | None) -> int | None:
     lines = [ln.strip() for ln in (text or "").strip().splitlines() if ln.strip()]
     return int(lines[-1]) if lines and lines[-1].lstrip("-").isdigit() else None
-
-
-def _share(hits: int, n: int) -> float:
-    return hits / n if n else 0.0
 
 
 def chain_gate_metrics(trajs: pl.DataFrame, execs: pl.DataFrame, calls: dict[str, int]) -> dict[str, float]:
@@ -79,13 +76,13 @@ def chain_gate_metrics(trajs: pl.DataFrame, execs: pl.DataFrame, calls: dict[str
     n_calls = execs.height
     return {
         "trajectories": float(trajs.height),
-        "next_step_after_clean": _share(nxt[0] + last[0], nxt[1] + last[1]),
-        "next_call_after_clean": _share(*nxt), "answer_after_last_clean": _share(*last),
-        "binds_previous": _share(*binds),
-        "call_failure_rate": _share(int((~execs["ok"]).sum()) if n_calls else 0, n_calls),
-        "p_correct_all_clean": _share(*clean),
+        "next_step_after_clean": share(nxt[0] + last[0], nxt[1] + last[1]),
+        "next_call_after_clean": share(*nxt), "answer_after_last_clean": share(*last),
+        "binds_previous": share(*binds),
+        "call_failure_rate": share(int((~execs["ok"]).sum()) if n_calls else 0, n_calls),
+        "p_correct_all_clean": share(*clean),
         "pass@1": float(graded["correct"].cast(pl.Float64).mean() or 0.0) if graded.height else 0.0,
-        "turn_cap": _share(trajs.filter(pl.col("finish_reason") == "turn_cap").height, trajs.height),
+        "turn_cap": share(trajs.filter(pl.col("finish_reason") == "turn_cap").height, trajs.height),
         "calls_mean": n_calls / trajs.height,
         "n_clean_calls": float(nxt[1] + last[1]), "n_later_calls": float(binds[1]), "n_calls": float(n_calls),
         "n_all_clean": float(clean[1]), "ungraded": float(trajs.height - graded.height),

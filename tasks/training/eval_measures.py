@@ -52,7 +52,8 @@ def per_trajectory(trajs: pl.DataFrame, execs: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema)
 
 
-def _share(hits: int, n: int) -> float:
+def share(hits: int, n: int) -> float:
+    """hits / n, 0 for a share over nothing (as the chain gate reads it)."""
     return hits / n if n else 0.0
 
 
@@ -60,9 +61,9 @@ def measures(trajs: pl.DataFrame, execs: pl.DataFrame) -> dict[str, float]:
     """The four ``KEYS`` of one mode's trajectories (a share over nothing is 0, as the gate reads it)."""
     flags = per_trajectory(trajs, execs)
     called, clean = flags.filter(pl.col("called")), flags.filter(pl.col("all_clean"))
-    return {"tools/first_call_success_rate": _share(int(called["first_ok"].sum()), called.height),
-            "rollout/turn_cap_share": _share(int(flags["capped"].sum()), flags.height),
-            "tools/p_correct_all_clean": _share(int(clean["right"].sum()), clean.height),
+    return {"tools/first_call_success_rate": share(int(called["first_ok"].sum()), called.height),
+            "rollout/turn_cap_share": share(int(flags["capped"].sum()), flags.height),
+            "tools/p_correct_all_clean": share(int(clean["right"].sum()), clean.height),
             "tools/all_clean_trajectories": float(clean.height)}
 
 
