@@ -39,9 +39,11 @@ def look(config: str, overrides: list[str], extras: list[int], prompts: int, sam
     items = list(load_prompts(cfg.data.fresh_path))[:prompts]
     out: dict = {"model": cfg.model.path, "fresh_path": cfg.data.fresh_path, "prompts": len(items),
                  "samples": samples, "budgets": {}}
+    rollouts = {extra: type(setup.rollout).model_validate(setup.rollout.model_dump() | {"extra_turns": extra})
+                for extra in extras}  # validated: a negative --extra is an error naming rollout.extra_turns
     for extra in extras:
         t0, tables = time.time(), {}
-        budget = setup.model_copy(update={"rollout": setup.rollout.model_copy(update={"extra_turns": extra})})
+        budget = setup.model_copy(update={"rollout": rollouts[extra]})
         evaluate(cfg.model.path, items, budget, on_mode=tables.__setitem__)
         out["budgets"][f"calls+{1 + extra}"] = {
             mode: {**prompt_shares(per_trajectory(t["trajectories"], t["executions"])),

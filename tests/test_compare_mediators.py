@@ -185,3 +185,13 @@ def test_the_report_task_reads_contrasts_and_mediators_from_the_store(tmp_path):
     assert s["mediators"]["evaluation"]["paired"]["b"]["fresh"]["turn_cap_share"]["mean"] == pytest.approx(-0.15)
     assert s["mediators"]["training"]["b"]["counts"]["score/right_by_chance"] == {"total": 6.0, "per_seed": {1: 3.0, 2: 3.0}}
     assert "**Primary (registered): `d`** = b − a" in (tmp_path / "report" / "compare.md").read_text()
+
+
+def test_the_budget_look_refuses_a_negative_extra_naming_the_field():
+    """``python -m flows.budget_look --extra -1`` ran as "calls+0" before (a copy without validation)."""
+    from pydantic import ValidationError
+
+    from flows.budget_look import look
+
+    with pytest.raises(ValidationError, match="extra_turns"):
+        look("configs/regimes/multicall.yaml", ["sandbox.backend=local"], [-1], 2, 1)
