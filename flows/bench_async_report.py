@@ -34,17 +34,21 @@ def summary(runs: list[dict]) -> dict:
             "waits": _mean(runs, "waits")}
 
 
-def ratios(sides: dict[str, dict]) -> dict:
+def ratios(sides: dict[str, dict], cores: int) -> dict:
     """Async against the synchronous sides: each one's wall a run / async's (``wall_vs``), the fastest synchronous
-    side (least wall a run), its wall ratio and async's core-seconds / its (``core_ratio``). Empty without async or
-    a synchronous side."""
+    side (least wall a run), its wall ratio and async's core-seconds / its (``core_ratio``); ``busy``: the cores
+    async kept busy on average (core-seconds / wall), and ``ceiling``: the most any overlap could give against the
+    fastest side on ``cores`` cores at async's core-seconds (its wall / (async's core-seconds / cores)). Empty
+    without async or a synchronous side."""
     sync = [name for name in sides if name != ASYNC]
     if ASYNC not in sides or not sync:
         return {}
     fast = min(sync, key=lambda name: sides[name]["wall_s"])
     mine = sides[ASYNC]
     return {"wall_vs": {name: sides[name]["wall_s"] / mine["wall_s"] for name in sync}, "fastest_sync": fast,
-            "wall_ratio": sides[fast]["wall_s"] / mine["wall_s"], "core_ratio": mine["core_s"] / sides[fast]["core_s"]}
+            "wall_ratio": sides[fast]["wall_s"] / mine["wall_s"], "core_ratio": mine["core_s"] / sides[fast]["core_s"],
+            "busy": mine["core_s"] / mine["wall_s"], "ceiling": sides[fast]["wall_s"] * cores / mine["core_s"],
+            "cores": cores}
 
 
 def goal_met(wall_ratio: float, core_ratio: float) -> bool:
@@ -94,6 +98,8 @@ def _print_ratios(r: dict, echo) -> None:
          + f"; against the fastest ({r['fastest_sync']}) x{r['wall_ratio']:.2f} at core-seconds x{r['core_ratio']:.2f}"
          + f" -> goal (>= x{GOAL_WALL} wall, core-seconds within +-{GOAL_CORE:.0%}) "
          + ("MET" if r["goal_met"] else "not met"))
+    echo(f"async kept {r['busy']:.2f} of {r['cores']} cores busy; at its core-seconds no overlap on {r['cores']} cores "
+         f"could beat {r['fastest_sync']} by more than x{r['ceiling']:.2f}")
 
 
 def report(results: dict[str, list[dict]], order, cfgs: dict, checked: dict[str, bool], load: list, steps: int,
@@ -101,7 +107,7 @@ def report(results: dict[str, list[dict]], order, cfgs: dict, checked: dict[str,
     """Print the tables and the checks; return the JSON report (``same``: the repeats of every side ``checked``
     says trained on identical token ids)."""
     sides = {name: summary(runs) for name, runs in results.items()}
-    r = ratios(sides)
+    r = ratios(sides, os.cpu_count() or 1)
     if r:
         r["goal_met"] = goal_met(r["wall_ratio"], r["core_ratio"])
     checks = {name: {**repeat_check(runs), "checked": checked[name]} for name, runs in results.items()}
