@@ -21,7 +21,9 @@
    (``compare.contrasts``, ``compare.primary``) and the mediators per arm (``tasks.reports.mediators``) with them.
 
 A rerun with the same ``compare_id`` resumes: finished child runs are cached by their own
-flows (their stages are skipped). Run: ``cleaner compare --config configs/tiny.yaml``;
+flows (their stages are skipped). With ``compare.records_dir``, each run that finishes writes its record there
+(``tasks.stores.run_records``), a rerun on any clone trains no run that has one, and the report is built from the
+records alone: a study spread over sessions keeps its runs in the repository. Run: ``cleaner compare --config configs/tiny.yaml``;
 ``--set 'compare.add_arms=[r3l]'`` adds R3L as an arm (``flows.config.ARM_PRESETS``; docs/methods.md).
 """
 
@@ -44,7 +46,7 @@ from models.termination import arm
 from tasks.reports import contrasts, mediators
 from tasks.reports.compare import headline, summarize, write_report
 from tasks.reports.compare_extra import COMPUTE_KEYS
-from tasks.stores import db, links, tracking
+from tasks.stores import db, links, run_records, tracking
 
 
 def arm_overrides(shared: list[str], arm: list[str], steps: int, every: int, initial_shared: bool) -> list[str]:
@@ -99,8 +101,9 @@ def _api_url() -> str | None:
 
 
 def _train_process(config_path: str, overrides: list[str], run_id: str, parent: str | None, log: Path,
-                   api_url: str | None) -> str:
-    """One child run as a ``cleaner train`` process with one torch thread; raises with its log's tail.
+                   api_url: str | None, records: str | None = None, probe_path: str | None = None) -> str:
+    """One child run as a ``cleaner train`` process with one torch thread; raises with its log's tail. With
+    ``records`` (``compare.records_dir``), the finished run's record is written there before it counts as done.
 
     The child talks to this flow's Prefect API (no temporary server of its own to start), so its
     flow run sits beside the compare's in the same Prefect database.
@@ -119,8 +122,26 @@ def _train_process(config_path: str, overrides: list[str], run_id: str, parent: 
     if code != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-30:])
         raise RuntimeError(f"compare run {run_id} failed (exit {code}); log {log}:\n{tail}")
+    if records:
+        record_run(config_path, overrides, run_id, records, probe_path, time.time() - t0)
     print(f"{run_id} finished in {duration(time.time() - t0)}: {run_outcome(config_path, overrides, run_id)}")
     return run_id
+
+
+def record_run(config_path: str, overrides: list[str], run_id: str, records: str, probe_path: str | None,
+               wall_s: float) -> Path:
+    """Write a finished run's record (``tasks.stores.run_records``) from its rows and its final checkpoint."""
+    import polars as pl
+
+    from tasks.training.probe import final_checkpoint, probe_entropy
+
+    cfg = load_config(config_path, overrides)
+    path, ids = cfg.tracking.duckdb_path, [run_id]
+    probe = (probe_entropy(final_checkpoint(Path(cfg.output_dir) / run_id), pl.read_parquet(probe_path))
+             if probe_path else None)
+    return run_records.write(records, run_records.make(
+        run_id, overrides, cfg.model_dump(mode="json"), db.evaluation_rows(path, ids), db.run_metrics(path, run_id),
+        db.kept_kinds(path, ids), probe, wall_s))
 
 
 def run_outcome(config_path: str, overrides: list[str], run_id: str) -> str:
@@ -132,23 +153,66 @@ def run_outcome(config_path: str, overrides: list[str], run_id: str) -> str:
     return outcome_line(evals)
 
 
+def _recorded(config_path: str, jobs: list[tuple[str, str, list[str]]], records: str | None) -> set[str]:
+    """Check every job's configuration; the run ids of those with a record in ``records`` (each made by the same
+    resolved configuration, or ``run_records.RecordMismatch`` names the fields that differ), announced as reused."""
+    done = set()
+    for _, run_id, ov in jobs:
+        cfg = load_config(config_path, ov)
+        if records and run_records.read(records, run_id, cfg.model_dump(mode="json")):
+            print(f"{run_id}: reused from its record in {records}")
+            done.add(run_id)
+    return done
+
+
 @task(name="compare-runs", cache_policy=NO_CACHE)
-def runs_task(config_path: str, jobs: list[tuple[str, str, list[str]]], parent: str, folder: str, parallel: int) -> list[str]:
-    """Train every (arm, run id, overrides) job, ``parallel`` processes at a time."""
+def runs_task(config_path: str, jobs: list[tuple[str, str, list[str]]], parent: str, folder: str, parallel: int,
+              records: str | None = None, probe_path: str | None = None) -> list[str]:
+    """Train every (arm, run id, overrides) job, ``parallel`` processes at a time, each writing its record to
+    ``records`` when set (with its fixed-probe entropy over ``probe_path``'s probe). Interrupted (SIGTERM through
+    ``models.termination``, Ctrl-C), it starts no further job: the queued ones are cancelled, and only the runs in
+    flight are waited for (a signal to the process group ends them too; each resumes from its stage cache)."""
     logs = Path(folder) / "logs"
     api_url = _api_url()
     with ThreadPoolExecutor(max_workers=parallel) as pool:
-        futures = [pool.submit(_train_process, config_path, ov, run_id, parent, logs / f"{run_id}.log", api_url)
-                   for _, run_id, ov in jobs]
-        return [f.result() for f in futures]
+        futures = [pool.submit(_train_process, config_path, ov, run_id, parent, logs / f"{run_id}.log", api_url,
+                               records, probe_path) for _, run_id, ov in jobs]
+        try:
+            return [_result(f) for f in futures]
+        except KeyboardInterrupt:
+            for f in futures:
+                f.cancel()
+            raise
+
+
+def _result(future):
+    """A future's result, waited for in short slices: a signal's handler (SIGTERM's ``KeyboardInterrupt``) runs
+    between them, where one untimed wait would hold it until the future is done."""
+    while True:
+        try:
+            return future.result(timeout=0.5)
+        except TimeoutError:
+            continue
+
+
+@task(name="compare-probe-build", cache_policy=NO_CACHE)
+def probe_build_task(cfg: RunConfig, folder: str) -> str:
+    """The fixed probe's file in ``folder``, rolled out once by the starting policy (``tasks.training.probe``)."""
+    from tasks.training.probe import PROBE_FILE, build_probe
+
+    path = Path(folder) / PROBE_FILE
+    build_probe(cfg.model.path, cfg.setups().eval, cfg.compare.probe_prompts, path)
+    return str(path)
 
 
 @task(name="compare-probe", cache_policy=NO_CACHE)
 def probe_task(cfg: RunConfig, folder: str, run_ids: list[str]) -> dict[str, dict]:
     """Fixed-probe entropy of every run's final checkpoint (``tasks.training.probe``), the probe built once."""
-    from tasks.training.probe import PROBE_FILE, build_probe, final_checkpoint, probe_entropy
+    import polars as pl
 
-    probe = build_probe(cfg.model.path, cfg.setups().eval, cfg.compare.probe_prompts, Path(folder) / PROBE_FILE)
+    from tasks.training.probe import final_checkpoint, probe_entropy
+
+    probe = pl.read_parquet(probe_build_task.fn(cfg, folder))
     return {r: probe_entropy(final_checkpoint(Path(cfg.output_dir) / r), probe) for r in run_ids}
 
 
@@ -190,15 +254,21 @@ def _check_dispatch(deployment: str) -> None:
 @task(name="compare-report", cache_policy=NO_CACHE)
 def report_task(duckdb_path: str, runs: dict[str, list[str]], baseline: str, treatment: str, folder: str,
                 initial: dict | None, keys: tuple[str, str] | None = None, probe: dict | None = None,
-                cmp: CompareConfig | None = None) -> dict:
+                cmp: CompareConfig | None = None, records: str | None = None) -> dict:
     """The report; with ``cmp``, its registered contrasts (``compare.contrasts``, ``compare.primary``) and the
-    mediators paired per ``compare.pair_with`` (tool-use runs only: environment runs have neither)."""
+    mediators paired per ``compare.pair_with`` (tool-use runs only: environment runs have neither). With
+    ``records`` (``compare.records_dir``), every row comes from the runs' records, none from the store."""
     ids = [r for ids in runs.values() for r in ids]
-    evals, kinds = db.evaluation_rows(duckdb_path, ids), db.kept_kinds(duckdb_path, ids)
-    totals = db.step_totals(duckdb_path, ids, COMPUTE_KEYS)
+    if records:
+        evals, metrics, kinds = run_records.frames(run_records.load(records, ids))
+        totals = run_records.totals(metrics, COMPUTE_KEYS)
+        train = run_records.totals(metrics, mediators.TRAIN_KEYS, (mediators.HACK_PREFIX,))
+    else:
+        evals, kinds = db.evaluation_rows(duckdb_path, ids), db.kept_kinds(duckdb_path, ids)
+        totals = db.step_totals(duckdb_path, ids, COMPUTE_KEYS)
+        train = db.step_totals(duckdb_path, ids, mediators.TRAIN_KEYS, prefixes=[mediators.HACK_PREFIX])
     summary = summarize(evals, runs, baseline, treatment, kinds, initial, *(keys or ()), probe=probe, totals=totals)
     if keys is None:
-        train = db.step_totals(duckdb_path, ids, mediators.TRAIN_KEYS, prefixes=[mediators.HACK_PREFIX])
         summary |= {"contrasts": contrasts.summarize(evals, runs, cmp.contrasts if cmp else {},
                                                      cmp.primary if cmp else None, mediators.MEDIATORS),
                     "mediators": mediators.summarize(evals, runs, baseline, cmp.pair_with if cmp else {}, train)}
@@ -222,8 +292,8 @@ def compare_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | 
         token = _store_token(cfg, folder)
     shared_initial = cmp.shared_initial_eval and cfg.env is None  # environment runs evaluate their own start
     jobs = [(arm, run_id, ov) for arm, _, run_id, ov in compare_jobs(cfg, overrides, compare_id)]
-    for _, _, ov in jobs:
-        load_config(config_path, ov)  # a bad arm or shared override fails now, not after hours of training
+    done = _recorded(config_path, jobs, cmp.records_dir)  # a bad arm or override fails now, not after hours
+    kept = Path(cmp.records_dir or folder)  # where the initial evaluation and the probe are kept
     parent = tracking.open_run(cfg.tracking, cfg.tracking.experiment or cfg.name, compare_id,
                                cfg.model_dump(mode="json"), {"cleaner.kind": "compare"})
     seeds = sorted({s for _, s in jobs_of(cfg)})
@@ -233,22 +303,27 @@ def compare_flow(config_path: str = "configs/tiny.yaml", overrides: list[str] | 
     initial = None
     if shared_initial:
         eval_cfg = load_config(config_path, [*(overrides or []), *cmp.shared])
-        initial = initial_eval_task(eval_cfg, f"{compare_id}-initial", parent, str(folder))
+        initial = initial_eval_task(eval_cfg, f"{compare_id}-initial", parent, str(kept))
         print(eval_line(0, initial))
+    with_probe = shared_initial and cmp.probe_prompts > 0
     if cmp.dispatch:
         dispatch_task(cmp, config_path, jobs, parent, token, cfg.tracking.duckdb_path)
     else:
-        runs_task(config_path, jobs, parent, str(folder), cmp.parallel)
+        probe_path = probe_build_task(eval_cfg, str(kept)) if cmp.records_dir and with_probe else None
+        runs_task(config_path, [j for j in jobs if j[1] not in done], parent, str(folder), cmp.parallel,
+                  cmp.records_dir, probe_path)
     db.try_ingest(cfg.tracking.duckdb_path)
     runs = {arm: [rid for a, rid, _ in jobs if a == arm] for arm in cmp.arms}
     keys = None
     if cfg.env is not None:
         played = cfg.env.eval_name or cfg.env.name
         keys = (f"eval/{played}/success", f"eval/{played}/valid_action_rate")
-    probe = (probe_task(eval_cfg, str(folder), [r for _, r, _ in jobs])
-             if shared_initial and cmp.probe_prompts else None)
+    probe = None
+    if with_probe:
+        probe = ({r["run_id"]: r["probe"] for r in run_records.load(cmp.records_dir, [r for _, r, _ in jobs])}
+                 if cmp.records_dir else probe_task(eval_cfg, str(folder), [r for _, r, _ in jobs]))
     summary = report_task(cfg.tracking.duckdb_path, runs, cmp.baseline, cmp.treatment, str(folder / "report"),
-                          initial, keys, probe, cmp)
+                          initial, keys, probe, cmp, cmp.records_dir)
     summary["wall_s"] = round(time.time() - t0, 1)
     (folder / "report" / "compare.json").write_text(json.dumps(summary, indent=1))
     for f in sorted((folder / "report").iterdir()):

@@ -156,6 +156,12 @@ class CompareConfig(BaseModel):
     """Held-out prompts of the fixed entropy probe (``tasks.training.probe``): the starting policy's own tokens on
     them, scored by every run's final checkpoint (0 = no probe)."""
 
+    records_dir: str | None = None
+    """A folder, committed with the repository, where each finished run writes its record
+    (``tasks.stores.run_records``: what the report reads of it, and the configuration that made it), beside the
+    shared initial evaluation and the probe's tokens. A rerun under the same id, on any clone, trains no run that
+    has a record and builds the report from the records alone; None: the runs live in this machine's stores only."""
+
     contrasts: dict[str, dict[str, float]] = {}
     """Registered contrasts: name → {arm: coefficient}, a signed combination of arms' finals reported paired by seed
     (``tasks.reports.contrasts``), e.g. an interaction ``{b_c3: 1, a_c3: -1, b_c1: -1, a_c1: 1}``."""
@@ -181,6 +187,9 @@ class CompareConfig(BaseModel):
         if self.lost_after_s < 2 * self.heartbeat_s:
             raise ValueError(f"lost_after_s {self.lost_after_s:g} is under twice heartbeat_s ({self.heartbeat_s}): a "
                              "run that is merely slow would be taken for a lost one")
+        if self.records_dir and self.dispatch:
+            raise ValueError(f"records_dir {self.records_dir!r} with dispatch {self.dispatch!r}: dispatched runs keep "
+                             "their checkpoints on their workers, where no record is written; set one of the two")
         return self
 
     @model_validator(mode="after")
