@@ -11,6 +11,12 @@ import pytest
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Prefect sets up its logging when prefect.main loads (``from prefect import flow``), its console handler bound to
+# the stderr of that moment: loaded here, that is the session's stream, not the one of the first test that imports a
+# flow under ``capsys`` (closed after that test, it failed every later flow in the process with "I/O operation on
+# closed file").
+import prefect.main  # noqa: E402,F401,I001
+
 ROOT = Path(__file__).resolve().parents[1]
 WARM = Path(os.environ.get("CLEANER_TEST_MODEL", ROOT / "assets" / "tiny-warm"))
 
