@@ -33,9 +33,12 @@ def test_the_recipe_is_masked_cleaner_on_tinys_settings():
     cfg, tiny = load_config(RECIPE), load_config(TINY)
     assert (cfg.rollout.saar.enabled, cfg.rollout.saar.raw_share, cfg.trainer.splice) == (True, 0.0, "mask")
     assert cfg.rollout.tool_lag_steps == 1
+    # the staleness study's non-inferior arm (docs/staleness.md): one step off-policy, evaluations beside training
+    assert (cfg.rollout.staleness, cfg.eval.beside_training) == (1, True)
     # everything else as configs/tiny.yaml
-    assert cfg.model == tiny.model and cfg.engine == tiny.engine and cfg.eval == tiny.eval and cfg.data == tiny.data
-    assert cfg.rollout.model_copy(update={"saar": tiny.rollout.saar}) == tiny.rollout
+    assert cfg.model == tiny.model and cfg.engine == tiny.engine and cfg.data == tiny.data
+    assert cfg.eval.model_copy(update={"beside_training": False}) == tiny.eval
+    assert cfg.rollout.model_copy(update={"saar": tiny.rollout.saar, "staleness": 0}) == tiny.rollout
     assert cfg.rollout.saar.model_copy(update={"raw_share": 0.3}) == tiny.rollout.saar
     assert cfg.trainer.model_copy(update={"splice": "full"}) == tiny.trainer
     assert cfg.compare.arms["cleaner_masked"] == ARM_PRESETS["cleaner_masked"]
