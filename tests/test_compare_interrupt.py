@@ -17,7 +17,7 @@ import flows.compare as compare
 def test_an_interrupted_compare_starts_no_queued_run(tmp_path, monkeypatch):
     started, first_running = [], threading.Event()
 
-    def fake_train(config_path, overrides, run_id, parent, log, api_url):
+    def fake_train(config_path, overrides, run_id, *rest):
         started.append(run_id)
         first_running.set()
         time.sleep(2.0)
@@ -25,7 +25,13 @@ def test_an_interrupted_compare_starts_no_queued_run(tmp_path, monkeypatch):
 
     monkeypatch.setattr(compare, "_train_process", fake_train)
     monkeypatch.setattr(compare, "_api_url", lambda: None)
-    threading.Thread(target=lambda: (first_running.wait(10), time.sleep(0.2), os.kill(os.getpid(), signal.SIGINT))).start()
+
+    def interrupt_once_running():  # never a stray SIGINT into a later test if the first run does not start
+        if first_running.wait(10):
+            time.sleep(0.2)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_running, daemon=True).start()
     jobs = [("dapo", f"run-{i}", []) for i in range(3)]
     with pytest.raises(KeyboardInterrupt):
         compare.runs_task.fn("configs/tiny.yaml", jobs, "", str(tmp_path), 1)
