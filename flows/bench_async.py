@@ -36,6 +36,7 @@ import resource
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from flows.bench_run import MASK_RAW0, PARTS, RUN, core_seconds
@@ -161,8 +162,15 @@ class _Run:
         return False
 
     def evaluate(self, version: int) -> None:
-        metrics = self._call("eval", "eval", STAGES, "eval_stage", self.run, version, self.ckpt(version),
-                             self.side.mlrun, self.s.eval_setup(self.evals_at[version]))
+        """As the train flow evaluates: the last evaluation rolled out on the evaluation and the (idle) rollout lane at
+        once when both run beside training (``tasks.training.eval_shards``)."""
+        setup, ckpt, rolled = self.s.eval_setup(self.evals_at[version]), self.ckpt(version), None
+        if self.evals_at[version] and self.k and self.beside:
+            from tasks.training.eval_shards import roll_across
+
+            rolled = roll_across([partial(self._call, "eval", lane) for lane in ("eval", "rollout")], ckpt, setup)
+        metrics = self._call("eval", "eval", STAGES, "eval_stage", self.run, version, ckpt, self.side.mlrun, setup,
+                             None, None, rolled, 2 if rolled else 1)
         with self._lock:
             self.evals[version] = {k: v for k, v in metrics.items() if not k.startswith("time/")}
 

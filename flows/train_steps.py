@@ -27,6 +27,7 @@ import shutil
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 from prefect import task
@@ -117,18 +118,25 @@ def log_task(setups: StepSetups, info: RunInfo, step: int, policy: str, new_poli
 
 @task(name="evaluate", **STAGE)
 def eval_task(setups: StepSetups, info: RunInfo, version: int, policy: str, final: bool = False,
-              model: ModelRef | None = None, tags: dict[str, str] | None = None, lane: str | None = None) -> str:
+              model: ModelRef | None = None, tags: dict[str, str] | None = None, lane: str | None = None,
+              helpers: tuple[tuple[str, int], ...] = ()) -> str:
     """Evaluate policy ``version`` (at the size of the last evaluation when ``final``; in the evaluation lane
-    ``lane`` when it runs beside training); ``model`` and ``tags`` say where the metrics and traces go in MLflow (not
-    part of the cache key). Returns the evaluation's key in the row log (``eval-<version>`` of the run:
-    ``results``, what every attempt returns alike)."""
+    ``lane`` when it runs beside training, its prompts rolled out in parts on ``lane`` and the idle ``helpers``
+    lanes, (name, threads) each, at once: ``tasks.training.eval_shards``); ``model`` and ``tags`` say where the
+    metrics and traces go in MLflow (not part of the cache key, nor is where it runs). Returns the evaluation's key
+    in the row log (``eval-<version>`` of the run: ``results``, what every attempt returns alike)."""
     threads = setups.eval.engine.threads if lane else 0
     if setups.eval.env is not None:
         in_lane(lane, threads, "tasks.training.env_stages", "env_eval_stage", info.run_id, version, policy,
                 info.mlflow_run_id, setups.eval, model, tags)
-    else:
-        in_lane(lane, threads, "tasks.training.stages", "eval_stage", info.run_id, version, policy, info.mlflow_run_id,
-                setups.eval_setup(final), model, tags)
+        return f"{info.run_id}/eval-{version:06d}"
+    setup, rolled, lanes = setups.eval_setup(final), None, ((lane, threads), *helpers) if lane else ()
+    if len(lanes) > 1:
+        from tasks.training.eval_shards import roll_across
+
+        rolled = roll_across([partial(in_lane, name, n) for name, n in lanes], policy, setup)
+    in_lane(lane, threads, "tasks.training.stages", "eval_stage", info.run_id, version, policy, info.mlflow_run_id,
+            setup, model, tags, rolled, max(len(lanes), 1))
     return f"{info.run_id}/eval-{version:06d}"
 
 
@@ -196,12 +204,12 @@ def eval_metrics(cfg: RunConfig, info: RunInfo, version: int) -> dict[str, float
 
 
 def run_eval(setups: StepSetups, info: RunInfo, version: int, policy: str, final: bool, model: ModelRef,
-             tags: dict[str, str], lane: str | None = None) -> str:
+             tags: dict[str, str], lane: str | None = None, helpers: tuple[tuple[str, int], ...] = ()) -> str:
     """Run the evaluation task of policy ``version`` (unless a newer attempt replaced this one)."""
     with named_stage("evaluate", version, info.run_dir):
         fence.check(info.run_dir)
         return eval_task.with_options(result_storage=results(info))(setups, info, version, policy, final, model, tags,
-                                                                    lane)
+                                                                    lane, helpers)
 
 
 
@@ -267,9 +275,10 @@ def steps(cfg: RunConfig, info: RunInfo, artifacts: links.FlowArtifacts, tags: d
     def pending_evals(step: int) -> set[int]:  # handed over or to come, not yet done (``evals`` is set when done)
         return {v for v in range(step + 2) if eval_due(cfg, v) and v not in evals}
 
-    def evaluate(version: int) -> None:
-        run_eval(setups, info, version, policy(version), version == cfg.train.steps, model, tags,
-                 "eval" if beside else None)
+    def evaluate(version: int) -> None:  # the last one also on the rollout lane, idle by then
+        last = version == cfg.train.steps
+        run_eval(setups, info, version, policy(version), last, model, tags, "eval" if beside else None,
+                 (("rollout", setups.rollout.engine.threads),) if last and beside and k else ())
         evals[version] = eval_metrics(cfg, info, version)
         print(eval_line(version, evals[version], evals.get(0)))
         if not beside:

@@ -127,9 +127,11 @@ def test_paired_rollout_refuses_what_cannot_share_a_pass(chat):
 def test_evaluate_takes_the_paired_pass_only_when_it_is_on(monkeypatch):
     """``eval.shared_pass`` off, or one mode only: each mode rolled out alone (today's path)."""
     calls = []
-    monkeypatch.setattr(evaluation, "evaluate_pair", lambda *a: calls.append("pair") or {
-        m: ({"x": 1.0}, {}) for m in ("saar_off", "saar_on")})
-    monkeypatch.setattr(evaluation, "evaluate_mode", lambda c, i, s, mode: calls.append(mode) or ({"x": 2.0}, {}))
+    monkeypatch.setattr(evaluation, "roll_pair", lambda *a: calls.append("pair") or {
+        m: [1.0] for m in ("saar_off", "saar_on")})
+    monkeypatch.setattr(evaluation, "roll_mode", lambda c, i, s, mode: calls.append(mode) or [2.0])
+    monkeypatch.setattr(evaluation, "grade_modes", lambda c, s, rolled: {
+        m: ({"x": trajs[0]}, {}) for m, trajs in rolled.items()})
     setup = load_config("configs/tiny.yaml").setups().eval
     with_modes = lambda modes, shared: setup.model_copy(update={"eval": setup.eval.model_copy(  # noqa: E731
         update={"modes": modes, "shared_pass": shared})})

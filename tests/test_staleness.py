@@ -60,11 +60,13 @@ def same_weights(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
 
 
-def eval_rows(work: Path, run_id: str, version: int) -> dict[str, float]:
+def eval_rows(work: Path, run_id: str, version: int, key: str | None = None):
+    """An evaluation's figures (less where and how long it ran: ``time/``), or its figure ``key``."""
     from tasks.stores import rowlog
 
     rows = rowlog.read_unit(work / f"{run_id}.duckdb", run_id, "eval", version)["evaluations"]
-    return {k: v for k, v in zip(rows["key"], rows["value"]) if not k.startswith("time/")}
+    figures = dict(zip(rows["key"], rows["value"]))
+    return figures[key] if key else {k: v for k, v in figures.items() if not k.startswith("time/")}
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +95,10 @@ def test_evaluations_beside_training_write_the_rows_of_evaluations_in_line(lagge
     for version in (0, 2, 3):
         assert eval_rows(work, "inline", version) == eval_rows(work, "beside", version), version
     assert lagged["inline"]["registered"] == lagged["beside"]["registered"] != {}
+    # the last one beside training was rolled out on the evaluation and the rollout lane at once, the others whole
+    parts = {(r, v): eval_rows(work, r, v, "time/eval_rollout_parts") for r in ("inline", "beside") for v in (0, 2, 3)}
+    assert parts == {("inline", 0): 1.0, ("inline", 2): 1.0, ("inline", 3): 1.0,
+                     ("beside", 0): 1.0, ("beside", 2): 1.0, ("beside", 3): 2.0}
 
 
 def test_waits_are_logged_with_the_step(lagged, work):

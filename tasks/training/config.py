@@ -105,9 +105,11 @@ class EvalConfig(OffFieldsOmitted):
     beside_training: bool = False
     """Evaluations off the critical path: the evaluation of version N runs in an evaluation lane (a worker process,
     ``tasks.training.lanes``, with ``engine.threads`` torch threads) beside steps N + 1, …; its line is printed when
-    it is done and the run's end waits for all (``@best`` and the report read the same rows). False: each
-    evaluation runs in the flow process and the steps wait for it, as before. Not part of any stage's key (the
-    evaluation is the same either way)."""
+    it is done and the run's end waits for all (``@best`` and the report read the same rows). With
+    ``rollout.staleness`` ≥ 1 the run's last evaluation is rolled out in two parts at once, on this lane and on the
+    rollout lane, idle by then (``tasks.training.eval_shards``: the same figures). False: each evaluation runs in the
+    flow process and the steps wait for it, as before. Not part of any stage's key (the evaluation is the same
+    either way)."""
 
     def final(self) -> EvalConfig:
         """This config at the size of a run's last evaluation."""

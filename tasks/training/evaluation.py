@@ -92,37 +92,64 @@ def grade(trajs: list[Trajectory], setup: EvalSetup, roll_cfg: RolloutConfig, ch
     return metrics, {**frames, "trajectories": scored}
 
 
+def roll_mode(ckpt: str, items: list[PromptItem], setup: EvalSetup, mode: str) -> list[Trajectory]:
+    """The trajectories of one mode (``saar_off`` / ``saar_on``) rolled out alone."""
+    chat, engine, box = _live(ckpt, setup)
+    return Rollout(rollout_config(setup, mode), engine, chat, box).run(items, setup.seed, step=0, progress=False)
+
+
+def roll_pair(ckpt: str, items: list[PromptItem], setup: EvalSetup) -> dict[str, list[Trajectory]] | None:
+    """Both modes' trajectories from one paired pass (``tasks.rollout.paired``), or None where the engine or the
+    scheduling cannot share it."""
+    roll_cfg = rollout_config(setup, "saar_on")
+    chat, engine, box = _live(ckpt, setup)
+    if not shares_work(roll_cfg.scheduling, engine):
+        return None
+    off, on = PairedRollout(roll_cfg, engine, chat, box).run_pair(items, setup.seed, step=0)
+    return {"saar_off": off, "saar_on": on}
+
+
+def roll_modes(ckpt: str, items: list[PromptItem], setup: EvalSetup) -> dict[str, list[Trajectory]]:
+    """Every mode's trajectories, in ``items``' order: one paired pass when ``eval.shared_pass`` and the engine
+    allow it, else a rollout per mode. A prompt's trajectories are its own (each turn seeded by the trajectory,
+    ``models.decode``), so rolling ``items`` in parts and joining them gives the same tokens
+    (``tasks.training.eval_shards``)."""
+    modes = setup.eval.modes
+    paired = (roll_pair(ckpt, items, setup)
+              if setup.eval.shared_pass and sorted(set(modes)) == ["saar_off", "saar_on"] else None)
+    return paired or {mode: roll_mode(ckpt, items, setup, mode) for mode in modes}
+
+
 def evaluate_mode(ckpt: str, items: list[PromptItem], setup: EvalSetup,
                   mode: str) -> tuple[dict[str, float], dict[str, pl.DataFrame]]:
     """Metrics of one mode (``saar_off`` / ``saar_on``) rolled out alone, and its tables (see ``grade``)."""
-    roll_cfg = rollout_config(setup, mode)
-    chat, engine, box = _live(ckpt, setup)
-    trajs = Rollout(roll_cfg, engine, chat, box).run(items, setup.seed, step=0, progress=False)
-    return grade(trajs, setup, roll_cfg, chat, box)
+    chat, _, box = _live(ckpt, setup)
+    return grade(roll_mode(ckpt, items, setup, mode), setup, rollout_config(setup, mode), chat, box)
 
 
 def evaluate_pair(ckpt: str, items: list[PromptItem],
                   setup: EvalSetup) -> dict[str, tuple[dict[str, float], dict[str, pl.DataFrame]]] | None:
     """Both modes from one paired pass (``tasks.rollout.paired``), or None where the engine or the scheduling
     cannot share it (then each mode is rolled out alone)."""
-    roll_cfg = rollout_config(setup, "saar_on")
-    chat, engine, box = _live(ckpt, setup)
-    if not shares_work(roll_cfg.scheduling, engine):
-        return None
-    off, on = PairedRollout(roll_cfg, engine, chat, box).run_pair(items, setup.seed, step=0)
-    return {"saar_off": grade(off, setup, rollout_config(setup, "saar_off"), chat, box),
-            "saar_on": grade(on, setup, roll_cfg, chat, box)}
+    pair = roll_pair(ckpt, items, setup)
+    return None if pair is None else grade_modes(ckpt, setup, pair)
 
 
-def evaluate(ckpt: str, items: list[PromptItem], setup: EvalSetup, on_mode=None) -> dict[str, float]:
+def grade_modes(ckpt: str, setup: EvalSetup,
+                rolled: dict[str, list[Trajectory]]) -> dict[str, tuple[dict[str, float], dict[str, pl.DataFrame]]]:
+    """Each mode's metrics and tables (``grade``) from its trajectories."""
+    chat, _, box = _live(ckpt, setup)
+    return {mode: grade(trajs, setup, rollout_config(setup, mode), chat, box) for mode, trajs in rolled.items()}
+
+
+def evaluate(ckpt: str, items: list[PromptItem], setup: EvalSetup, on_mode=None,
+             rolled: dict[str, list[Trajectory]] | None = None) -> dict[str, float]:
     """``eval/<mode>/<metric>`` for every mode of ``setup.eval``; ``on_mode(mode, tables)`` sees each mode's tables.
-    Both modes come from one paired pass when ``eval.shared_pass`` and the engine allow it."""
-    modes = setup.eval.modes
-    paired = (evaluate_pair(ckpt, items, setup)
-              if setup.eval.shared_pass and sorted(set(modes)) == ["saar_off", "saar_on"] else None)
+    The trajectories are ``rolled`` (``roll_modes``'s, rolled elsewhere) or rolled out here (``roll_modes``)."""
+    graded = grade_modes(ckpt, setup, rolled if rolled is not None else roll_modes(ckpt, items, setup))
     out: dict[str, float] = {}
-    for mode in modes:
-        metrics, tables = paired[mode] if paired else evaluate_mode(ckpt, items, setup, mode)
+    for mode in setup.eval.modes:
+        metrics, tables = graded[mode]
         out.update({f"eval/{mode}/{k}": v for k, v in metrics.items()})
         if on_mode is not None:
             on_mode(mode, tables)
@@ -133,9 +160,9 @@ FRESH = "eval_fresh"
 """Prefix of the fresh split's metrics (``eval_fresh/<mode>/<metric>``)."""
 
 
-def evaluate_fresh(ckpt: str, setup: EvalSetup) -> dict[str, float]:
-    """``evaluate`` on ``setup.fresh_path``'s first ``eval.fresh_prompts`` prompts (all by default) with
-    ``eval.fresh_samples`` samples (default: the evaluation's), every mode; metrics ``eval_fresh/<mode>/…``."""
+def fresh_split(setup: EvalSetup) -> tuple[list[PromptItem], EvalSetup]:
+    """The fresh split's prompts (``setup.fresh_path``'s first ``eval.fresh_prompts``, all by default) and the setup
+    that evaluates them (``eval.fresh_samples`` samples, default: the evaluation's)."""
     from tasks.data.loader import load_prompts
 
     cfg = setup.eval
@@ -145,4 +172,11 @@ def evaluate_fresh(ckpt: str, setup: EvalSetup) -> dict[str, float]:
         raise ValueError(f"eval.fresh_prompts={n}: {setup.fresh_path} holds only {len(items)} prompts")
     fresh = setup.model_copy(update={"eval": cfg.model_copy(update={"n_prompts": n,
                                                                      "samples": cfg.fresh_samples or cfg.samples})})
-    return {FRESH + k[len("eval"):]: v for k, v in evaluate(ckpt, items[:n], fresh).items()}
+    return items[:n], fresh
+
+
+def evaluate_fresh(ckpt: str, setup: EvalSetup, rolled: dict[str, list[Trajectory]] | None = None) -> dict[str, float]:
+    """``evaluate`` on the fresh split (``fresh_split``), every mode, from ``rolled`` when given; metrics
+    ``eval_fresh/<mode>/…``."""
+    items, fresh = fresh_split(setup)
+    return {FRESH + k[len("eval"):]: v for k, v in evaluate(ckpt, items, fresh, rolled=rolled).items()}

@@ -302,8 +302,11 @@ def _step_traces(step_dir: Path, step: int, mlrun: str, tracking_cfg: TrackingCo
 
 
 def eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, setup: EvalSetup,
-               model: ModelRef | None = None, trace_tags: dict[str, str] | None = None) -> dict[str, float]:
-    """Evaluate policy ``version`` on held-out prompts; rows to DuckDB, metrics (step = version) to MLflow.
+               model: ModelRef | None = None, trace_tags: dict[str, str] | None = None,
+               rolled: dict[str, dict] | None = None, parts: int = 1) -> dict[str, float]:
+    """Evaluate policy ``version`` on held-out prompts; rows to DuckDB, metrics (step = version) to MLflow. The
+    trajectories are rolled out here, or were ``rolled`` in ``parts`` parts elsewhere (``tasks.training.eval_shards``;
+    ``time/eval_rollout_parts`` says how many, ``time/eval_s`` counts from the parts' end).
 
     With an MLflow run: the trajectories of every mode become traces, and ``model`` says which logged
     model the metrics belong to: an existing one (``model.model_id``), or the checkpoint logged now under
@@ -318,10 +321,11 @@ def eval_stage(run_id: str, version: int, ckpt: str, mlrun: str | None, setup: E
         modes.append((mode, starts[-1], tables))
         starts.append(time.time())
 
-    metrics = evaluate(ckpt, items, setup, on_mode=seen)
+    metrics = evaluate(ckpt, items, setup, on_mode=seen, rolled=rolled and rolled["eval"])
     if setup.fresh_path:  # the run's last evaluation: the fresh split too (no traces)
-        metrics.update(evaluate_fresh(ckpt, setup))
+        metrics.update(evaluate_fresh(ckpt, setup, rolled and rolled["fresh"]))
     metrics["time/eval_s"] = time.perf_counter() - t0
+    metrics["time/eval_rollout_parts"] = float(parts)
     db.replace_eval(tracking_cfg.duckdb_path, run_id, version, ckpt, metrics)
     if mlrun:
         track_eval(tracking_cfg, mlrun, run_id, version, ckpt, metrics, dataset_ref(setup.eval_path), model,
