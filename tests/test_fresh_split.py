@@ -70,7 +70,7 @@ def test_evaluate_fresh_scores_the_fresh_prompts_under_its_own_names(tmp_path, m
     ensure_files(cfg)
     seen = {}
 
-    def fake(ckpt, items, setup, on_mode=None):
+    def fake(ckpt, items, setup, on_mode=None, rolled=None):
         seen.update(n=len(items), samples=setup.eval.samples, first=items[0].prompt_id)
         return {"eval/saar_off/all/pass_at_1": 0.25, "eval/saar_on/eval/graded": 8.0}
 
