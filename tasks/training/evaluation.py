@@ -79,6 +79,11 @@ def _live(ckpt: str, setup: EvalSetup):
     return chat, engine, get_sandbox(setup.sandbox)
 
 
+def _grading(ckpt: str, setup: EvalSetup):
+    """The chat format and sandbox that grade this process's trajectories (no engine: grading samples nothing)."""
+    return get_chat(ckpt, setup.chat), get_sandbox(setup.sandbox)
+
+
 def grade(trajs: list[Trajectory], setup: EvalSetup, roll_cfg: RolloutConfig, chat,
           box) -> tuple[dict[str, float], dict[str, pl.DataFrame]]:
     """Metrics of one mode's trajectories and its tables (``trajectories`` joined with their scores,
@@ -123,7 +128,7 @@ def roll_modes(ckpt: str, items: list[PromptItem], setup: EvalSetup) -> dict[str
 def evaluate_mode(ckpt: str, items: list[PromptItem], setup: EvalSetup,
                   mode: str) -> tuple[dict[str, float], dict[str, pl.DataFrame]]:
     """Metrics of one mode (``saar_off`` / ``saar_on``) rolled out alone, and its tables (see ``grade``)."""
-    chat, _, box = _live(ckpt, setup)
+    chat, box = _grading(ckpt, setup)
     return grade(roll_mode(ckpt, items, setup, mode), setup, rollout_config(setup, mode), chat, box)
 
 
@@ -138,7 +143,7 @@ def evaluate_pair(ckpt: str, items: list[PromptItem],
 def grade_modes(ckpt: str, setup: EvalSetup,
                 rolled: dict[str, list[Trajectory]]) -> dict[str, tuple[dict[str, float], dict[str, pl.DataFrame]]]:
     """Each mode's metrics and tables (``grade``) from its trajectories."""
-    chat, _, box = _live(ckpt, setup)
+    chat, box = _grading(ckpt, setup)
     return {mode: grade(trajs, setup, rollout_config(setup, mode), chat, box) for mode, trajs in rolled.items()}
 
 
