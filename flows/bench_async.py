@@ -164,8 +164,10 @@ class _Run:
     def evaluate(self, version: int) -> None:
         """As the train flow evaluates: the last evaluation rolled out on the evaluation and the (idle) rollout lane at
         once when both run beside training (``tasks.training.eval_shards``)."""
+        from tasks.training.schedule import eval_on_both_lanes
+
         setup, ckpt, rolled = self.s.eval_setup(self.evals_at[version]), self.ckpt(version), None
-        if self.evals_at[version] and self.k and self.beside:
+        if eval_on_both_lanes(self.evals_at[version], self.k, self.beside):
             from tasks.training.eval_shards import roll_across
 
             rolled = roll_across([partial(self._call, "eval", lane) for lane in ("eval", "rollout")], ckpt, setup)

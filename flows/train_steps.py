@@ -248,7 +248,7 @@ def steps(cfg: RunConfig, info: RunInfo, artifacts: links.FlowArtifacts, tags: d
     beside training with ``eval.beside_training`` (``tasks.training.schedule``), a line printed for each; returns
     the final checkpoint, the step times and the evaluations (policy version → metrics, read from the committed
     rows)."""
-    from tasks.training.schedule import StepFns, run_steps
+    from tasks.training.schedule import StepFns, eval_on_both_lanes, run_steps
 
     setups = cfg.setups(info.start_ckpt)
     k, beside = cfg.rollout.staleness, cfg.eval.beside_training
@@ -278,7 +278,7 @@ def steps(cfg: RunConfig, info: RunInfo, artifacts: links.FlowArtifacts, tags: d
     def evaluate(version: int) -> None:  # the last one also on the rollout lane, idle by then
         last = version == cfg.train.steps
         run_eval(setups, info, version, policy(version), last, model, tags, "eval" if beside else None,
-                 (("rollout", setups.rollout.engine.threads),) if last and beside and k else ())
+                 (("rollout", setups.rollout.engine.threads),) if eval_on_both_lanes(last, k, beside) else ())
         evals[version] = eval_metrics(cfg, info, version)
         print(eval_line(version, evals[version], evals.get(0)))
         if not beside:

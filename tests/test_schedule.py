@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tasks.training.schedule import PERF, StepFns, _perf, rollout_version, run_steps
+from tasks.training.schedule import PERF, StepFns, _perf, eval_on_both_lanes, rollout_version, run_steps
 
 WAIT_S = 10.0
 
@@ -199,3 +199,10 @@ def test_a_failed_rollout_fails_the_run_and_the_next_one_never_runs(pool):
     with pytest.raises(OSError, match="sandbox pool gone"):
         run_steps(3, fns, k=1, submit=pool)
     assert seen == [0]
+
+
+def test_only_the_last_evaluation_with_both_lanes_beside_is_rolled_on_both():
+    assert eval_on_both_lanes(True, 1, True) and eval_on_both_lanes(True, 2, True)
+    assert not eval_on_both_lanes(False, 1, True)  # an evaluation before the end: the rollout lane is busy
+    assert not eval_on_both_lanes(True, 0, True)  # no rollout lane at k = 0
+    assert not eval_on_both_lanes(True, 1, False)  # evaluations in line: no evaluation lane

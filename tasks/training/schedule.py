@@ -52,6 +52,13 @@ def rollout_version(step: int, k: int) -> int:
     return max(0, step - k)
 
 
+def eval_on_both_lanes(last: bool, k: int, eval_beside: bool) -> bool:
+    """Whether an evaluation is rolled out in parts on the evaluation lane and the rollout lane at once
+    (``tasks.training.eval_shards``): the run's last one, when the rollout runs beside training (k ≥ 1: its lane is
+    idle once the last rollout is in) and the evaluations do too."""
+    return last and k >= 1 and eval_beside
+
+
 @dataclass(frozen=True)
 class StepFns:
     """What a run's steps do; each blocks until its work is done."""
