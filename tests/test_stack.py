@@ -139,7 +139,19 @@ def _wait_state(stack: Stack, run_id: str, want: str, timeout_s: float = 420) ->
         if cur["state_type"] == want:
             return cur
         time.sleep(1)
-    pytest.fail(f"flow run {run_id} never reached {want}: {cur['state']}")
+    pytest.fail(f"flow run {run_id} never reached {want} in {timeout_s:.0f} s: {cur['state']}\n{_why(stack, cur)}")
+
+
+def _why(stack: Stack, run: dict) -> str:
+    """What a wait that timed out needs to be read: the load, the flow process (if the worker recorded one) and
+    the worker's log, where a flow process's own output lands."""
+    lines = [f"load average {os.getloadavg()}; infrastructure_pid {run.get('infrastructure_pid')}"]
+    if run.get("infrastructure_pid"):
+        ps = subprocess.run(["ps", "-o", "pid,stat,etime,time,args", "-p", str(_flow_pid(run))], capture_output=True,
+                            text=True, check=False)
+        lines.append(ps.stdout)
+    log = stack.folder / "logs" / "worker.log"
+    return "\n".join([*lines, "worker.log (tail):", log.read_text()[-4000:] if log.exists() else "(none)"])
 
 
 def test_interval_schedule_fires_and_runs_complete(stack):
@@ -213,7 +225,7 @@ def test_restart_replaces_only_the_named_server(stack):
     dep = stack.deployment()
     run = stack.api("POST", f"/deployments/{dep['id']}/create_flow_run",
                     json={"parameters": stack.params(steps=5, run_id="cut-short")}).json()
-    _wait_state(stack, run["id"], "RUNNING", 300)
+    _wait_state(stack, run["id"], "RUNNING")
     done = serve("restart", "worker", "--dir", str(stack.folder), env=stack.env)
     assert done.returncode == 0, done.stdout + done.stderr
     # the flow process runs in a session of its own: it ends with the worker, or the supervisor ends it
@@ -414,11 +426,15 @@ def _prefect_database(stack: Stack):
     from flows.procs import stop_groups
     from flows.serve_db import Postgres
 
-    pg = Postgres(stack.folder / "postgres", free_port())
-    server = subprocess.Popen(pg.argv(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                              **pg.popen_kwargs())
+    pg, log = Postgres(stack.folder / "postgres", free_port()), stack.tmp / "postgres-readback.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen(pg.argv(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                  **pg.popen_kwargs())
     try:
-        pg.wait_ready(lambda: server.poll() is None, stack.folder / "logs" / "postgres.log", 60)
+        try:
+            pg.wait_ready(lambda: server.poll() is None, log, 60)
+        except Exception as err:
+            pytest.fail(f"{err}\n{log.read_text()[-3000:]}")
         con = psycopg2.connect(pg.base_url() + "/prefect")
         try:
             with con.cursor() as cur:
