@@ -57,15 +57,22 @@ def descendants(root: int) -> dict[int, int]:
     return found
 
 
+STOP_SIGNALS = {"postgres": signal.SIGINT}
+"""The first signal of a group that SIGTERM does not stop promptly: PostgreSQL's SIGTERM is its "smart" shutdown,
+which waits for every client to disconnect (one ``psql`` left open keeps it up until SIGKILL, and its next start
+is a crash recovery); SIGINT is its "fast" shutdown (clients disconnected, a checkpoint, a clean exit), the one
+PostgreSQL's docs give service managers."""
+
+
 def stop_groups(pids: dict[str, int], grace_s: float = 15.0) -> list[str]:
-    """Stop each process group, last started first: SIGTERM, then SIGKILL after ``grace_s``.
-    Returns the names that were running."""
+    """Stop each process group, last started first: SIGTERM (``STOP_SIGNALS``' by name), then SIGKILL after
+    ``grace_s``. Returns the names that were running."""
     stopped = []
     for name, pgid in reversed(list(pids.items())):
         if not group_alive(pgid):
             continue
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGTERM)
+            os.killpg(pgid, STOP_SIGNALS.get(name, signal.SIGTERM))
         stopped.append(name)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and group_alive(pgid):
