@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import itertools
 import os
+import queue
 import signal
 import sys
 import threading
@@ -273,35 +273,47 @@ def test_close_removes_the_pool_dir_and_executors():
             os.kill(pid, 0)
 
 
+def _waiting(q: FairQueue, n: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(q._waiters) < n:
+        assert time.monotonic() < deadline, f"{len(q._waiters)} callers waiting, not {n}"
+        time.sleep(0.001)
+
+
 def test_idle_workers_go_to_waiting_callers_in_arrival_order():
-    # 8 callers share 1 worker; each holds it briefly (releasing the GIL, as a request does).
-    # A plain queue.Queue lets the caller that just returned the worker take it back: one
-    # caller runs all its rounds while the others starve.  FairQueue serves them round-robin.
-    q, callers, rounds = FairQueue(), 8, 30
-    q.put("worker")
-    order, lock, start = [], threading.Lock(), threading.Barrier(callers)
-
-    def loop(i):
-        start.wait()
-        for _ in range(rounds):
-            w = q.get()
-            with lock:
-                order.append(i)
-            time.sleep(0.0002)
-            q.put(w)
-
-    threads = [threading.Thread(target=loop, args=(i,)) for i in range(callers)]
+    """Callers that block on an empty FairQueue get the workers put back in the order they arrived, whatever the
+    threads' scheduling: each caller is started only once the one before it waits (no timing in the check)."""
+    q, got, threads = FairQueue(), {}, []
+    for i in range(5):
+        threads.append(threading.Thread(target=lambda i=i: got.__setitem__(i, q.get())))
+        threads[-1].start()
+        _waiting(q, i + 1)
+    for worker in ("w0", "w1", "w2", "w3", "w4"):
+        q.put(worker)
     for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(order) == callers * rounds and q.get_nowait() == "worker"
-    streak = max(sum(1 for _ in g) for _, g in itertools.groupby(order))
-    last, gap = {}, 0
-    for pos, i in enumerate(order):
-        gap = max(gap, pos - last.get(i, pos))
-        last[i] = pos
-    assert streak <= 2 and gap <= 2 * callers, (streak, gap)
+        t.join(timeout=30)
+    assert got == {0: "w0", 1: "w1", 2: "w2", 3: "w3", 4: "w4"}
+    with pytest.raises(queue.Empty):
+        q.get_nowait()
+
+
+def test_a_worker_put_back_goes_to_a_waiter_not_back_to_the_caller_that_returned_it():
+    """queue.Queue lets the caller that just returned a worker take it straight back (its ``get`` barges ahead of
+    the woken waiter), so under contention a caller can run all its rounds while the others starve. FairQueue hands
+    the worker to the oldest waiter inside ``put``: the returning caller finds the queue empty and waits its turn."""
+    q, got = FairQueue(), []
+    q.put("w")
+    assert q.get() == "w"
+    waiter = threading.Thread(target=lambda: got.append(q.get()))
+    waiter.start()
+    _waiting(q, 1)
+    q.put("w")
+    with pytest.raises(queue.Empty):
+        q.get_nowait()
+    waiter.join(timeout=30)
+    assert got == ["w"] and not q._waiters
+    q.put("w")
+    assert q.get_nowait() == "w"  # nobody waiting: the worker goes to the queue
 
 
 @pytest.mark.parametrize("side, expected", [
