@@ -24,7 +24,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup setup-verl lock lock-upgrade lock-check gpu-transformers-check demo lint test test-fast docs docs-serve mutation sandbox-image serve serve-stop clean
+.PHONY: setup setup-verl lock lock-upgrade lock-check gpu-transformers-check demo lint test test-slow test-fast docs docs-serve mutation sandbox-image serve serve-stop clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	@echo "== setting up $(VENV) from $(LOCK) (first time: about 5-8 minutes; later runs skip this)"
@@ -90,9 +90,15 @@ lint: setup
 
 # Two pytest-xdist workers: many tests wait on servers and subprocesses, so two keep both cores busy. Each module
 # (or set of modules sharing a costly session fixture) runs whole on one worker, the slow ones first (tests/conftest.py).
+# `make test`: lint, the import contracts, every test not marked slow, and verl's own code in .venv-verl.
 test: lint setup-verl
-	$(VENV)/bin/pytest -q -ra --durations=15 -m "not verl" -n 2 --dist loadgroup
+	$(VENV)/bin/pytest -q -ra --durations=15 -m "not verl and not slow" -n 2 --dist loadgroup
 	$(VERL_VENV)/bin/pytest -q -ra -m verl
+
+# The tests marked slow: served stacks, fan-out to worker hosts, kill-and-resume at every crash point, whole compares,
+# SmolLM2 steps, the benchmarks' end-to-end runs. CI runs them after `make test` (.ci/run).
+test-slow: setup
+	$(VENV)/bin/pytest -q -ra --durations=15 -m "slow and not verl" -n 2 --dist loadgroup
 
 # The docs site (mkdocs.yml, Material theme) into site/; strict: a warning (a broken link or anchor) fails it.
 # The config and CLI reference pages are generated from the code on every build (infra/docs_hooks.py).
