@@ -78,17 +78,17 @@ def initial_eval_task(cfg: RunConfig, run_id: str, mlrun: str, folder: str) -> d
     from tasks.data.loader import ensure_files
     from tasks.training import live, stages
 
-    path = Path(folder) / "initial_eval.json"
-    if path.exists():
-        return json.loads(path.read_text())
+    config = cfg.model_dump(mode="json")
+    kept = run_records.read_initial(folder, config)
+    if kept is not None:
+        return kept
     ensure_files(cfg.data)
     ensure_policy(cfg)
     final = cfg.setups().eval_setup(final=True)  # with the fresh split when data.fresh_path is set
     setup = final.model_copy(update={"eval": final.eval.model_copy(update={"modes": ["saar_off", "saar_on"]})})
     metrics = stages.eval_stage(run_id, 0, cfg.model.path, mlrun, setup)
     live.close_live()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(metrics, indent=1))
+    run_records.write_initial(folder, config, metrics)
     return metrics
 
 

@@ -165,3 +165,27 @@ def test_the_initial_evaluation_is_read_back_not_recomputed(tmp_path, monkeypatc
     cfg = load_config("configs/tiny.yaml")
     assert initial_eval_task.fn(cfg, "cmp-initial", "parent", str(tmp_path)) == {"eval/saar_off/all/pass_at_1": 0.25}
     assert Path(tmp_path / "initial_eval.json").exists()
+
+
+def test_the_kept_initial_evaluation_is_refused_under_another_configuration(tmp_path, monkeypatch):
+    """Kept with the configuration that made it: read back under the same one (however spelled), refused under
+    another, naming the field, and nothing is evaluated or overwritten."""
+    from flows.compare import initial_eval_task
+    from tasks.stores.run_records import RecordMismatch
+    from tasks.training import live, stages
+
+    calls = []
+    monkeypatch.setattr(stages, "eval_stage", lambda *a, **k: calls.append(a) or {"eval/saar_off/all/pass_at_1": 0.5})
+    monkeypatch.setattr(live, "close_live", lambda: None)
+    monkeypatch.setattr("flows.prepare.ensure_policy", lambda cfg: None)
+    cfg = load_config("configs/tiny.yaml")
+    assert initial_eval_task.fn(cfg, "cmp-initial", "parent", str(tmp_path)) == {"eval/saar_off/all/pass_at_1": 0.5}
+    kept = (tmp_path / "initial_eval.json").read_text()
+    same = load_config("configs/tiny.yaml", [f"eval.n_prompts={cfg.eval.n_prompts}"])
+    assert initial_eval_task.fn(same, "cmp-initial", "parent", str(tmp_path)) == {"eval/saar_off/all/pass_at_1": 0.5}
+    assert len(calls) == 1
+    other = load_config("configs/tiny.yaml", [f"eval.n_prompts={cfg.eval.n_prompts + 1}"])
+    with pytest.raises(RecordMismatch, match=r"initial evaluation .*initial_eval.json was made under another "
+                                             r"configuration \(fields that differ: eval.n_prompts\)"):
+        initial_eval_task.fn(other, "cmp-initial", "parent", str(tmp_path))
+    assert len(calls) == 1 and (tmp_path / "initial_eval.json").read_text() == kept

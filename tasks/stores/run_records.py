@@ -14,7 +14,8 @@ what is trained), the overrides that spelled it, and the commit. A rerun of the 
 trains no run that has a record; the report reads the record in place of the store. A record made under another
 configuration is refused, naming the record and the fields that differ: such a run would not be the one the
 comparison asks for. The shared initial evaluation and the probe's tokens are kept beside them
-(``initial_eval.json``, ``probe.parquet``).
+(``initial_eval.json``, ``probe.parquet``); the initial evaluation with its configuration too, checked the same way
+(``write_initial``, ``read_initial``).
 """
 
 from __future__ import annotations
@@ -106,6 +107,34 @@ def read(folder: str | Path, run_id: str, config: dict) -> dict | None:
                              f"{', '.join(fields) or 'none named: the digest differs'}); remove the record to train "
                              f"{run_id} again")
     return record
+
+
+INITIAL = "initial_eval.json"
+
+
+def write_initial(folder: str | Path, config: dict, metrics: dict[str, float]) -> Path:
+    """Keep the shared initial evaluation in ``<folder>/initial_eval.json`` with the configuration that made it
+    (``config``: the resolved configuration it evaluated, as ``make`` takes a run's)."""
+    return write(folder, {"version": VERSION, "run_id": INITIAL.removesuffix(".json"), "config_sha256": digest(config),
+                          "config": run_config(config), "commit": _commit(), "metrics": metrics})
+
+
+def read_initial(folder: str | Path, config: dict) -> dict[str, float] | None:
+    """The kept initial evaluation's metrics, if there are any; made under another configuration, ``RecordMismatch``
+    names the fields that differ (its metrics would be another starting policy's, or another evaluation's). A file
+    kept before the configuration was written beside the metrics (the metrics alone) is read as it is."""
+    path = Path(folder) / INITIAL
+    if not path.exists():
+        return None
+    kept = json.loads(path.read_text())
+    if "config_sha256" not in kept:
+        return kept
+    if kept["config_sha256"] != digest(config):
+        fields = _diff(kept["config"], run_config(config))
+        raise RecordMismatch(f"initial evaluation {path} was made under another configuration (fields that differ: "
+                             f"{', '.join(fields) or 'none named: the digest differs'}); remove it to evaluate the "
+                             "starting policy again")
+    return kept["metrics"]
 
 
 def load(folder: str | Path, run_ids: list[str]) -> list[dict]:
