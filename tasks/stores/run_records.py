@@ -89,23 +89,33 @@ def _diff(old: dict, new: dict, prefix: str = "") -> list[str]:
     return out
 
 
+def _kept(path: Path, what: str, redo: str) -> dict:
+    """The JSON kept at ``path``; ``RecordMismatch`` naming ``what`` when it is not valid JSON (``redo``: what
+    removing it does)."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise RecordMismatch(f"{what} {path} is not valid JSON ({e}); remove it to {redo}") from None
+
+
+def _same_config(kept: dict, config: dict, path: Path, what: str, redo: str) -> None:
+    """``RecordMismatch`` naming the fields that differ when ``kept`` was made under another configuration."""
+    if kept["config_sha256"] != digest(config):
+        fields = _diff(kept["config"], run_config(config))
+        raise RecordMismatch(f"{what} {path} was made under another configuration (fields that differ: "
+                             f"{', '.join(fields) or 'none named: the digest differs'}); remove it to {redo}")
+
+
 def read(folder: str | Path, run_id: str, config: dict) -> dict | None:
     """The record of ``run_id`` in ``folder`` if there is one; it must have been made by the same resolved
     configuration (however its overrides spelled it), or ``RecordMismatch`` names the fields that differ."""
-    path = Path(folder) / f"{run_id}.json"
+    path, redo = Path(folder) / f"{run_id}.json", f"train {run_id} again"
     if not path.exists():
         return None
-    try:
-        record = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise RecordMismatch(f"run record {path} is not valid JSON ({e}); remove it to train {run_id} again") from None
+    record = _kept(path, "run record", redo)
     if record.get("version") != VERSION:
         raise RecordMismatch(f"run record {path}: version {record.get('version')!r}, this code reads {VERSION}")
-    if record["config_sha256"] != digest(config):
-        fields = _diff(record["config"], run_config(config))
-        raise RecordMismatch(f"run record {path} was made under another configuration (fields that differ: "
-                             f"{', '.join(fields) or 'none named: the digest differs'}); remove the record to train "
-                             f"{run_id} again")
+    _same_config(record, config, path, "run record", redo)
     return record
 
 
@@ -123,17 +133,13 @@ def read_initial(folder: str | Path, config: dict) -> dict[str, float] | None:
     """The kept initial evaluation's metrics, if there are any; made under another configuration, ``RecordMismatch``
     names the fields that differ (its metrics would be another starting policy's, or another evaluation's). A file
     kept before the configuration was written beside the metrics (the metrics alone) is read as it is."""
-    path = Path(folder) / INITIAL
+    path, redo = Path(folder) / INITIAL, "evaluate the starting policy again"
     if not path.exists():
         return None
-    kept = json.loads(path.read_text())
+    kept = _kept(path, "initial evaluation", redo)
     if "config_sha256" not in kept:
         return kept
-    if kept["config_sha256"] != digest(config):
-        fields = _diff(kept["config"], run_config(config))
-        raise RecordMismatch(f"initial evaluation {path} was made under another configuration (fields that differ: "
-                             f"{', '.join(fields) or 'none named: the digest differs'}); remove it to evaluate the "
-                             "starting policy again")
+    _same_config(kept, config, path, "initial evaluation", redo)
     return kept["metrics"]
 
 
