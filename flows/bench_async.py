@@ -162,17 +162,18 @@ class _Run:
         return False
 
     def evaluate(self, version: int) -> None:
-        """As the train flow evaluates: the last evaluation rolled out on the evaluation and the (idle) rollout lane at
-        once when both run beside training (``tasks.training.eval_shards``)."""
+        """As the train flow evaluates: the last evaluation's parts pulled by the evaluation and the (idle) rollout
+        lane as each comes free, when both run beside training (``tasks.training.eval_shards``)."""
         from tasks.training.schedule import eval_on_both_lanes
 
-        setup, ckpt, rolled = self.s.eval_setup(self.evals_at[version]), self.ckpt(version), None
+        setup, ckpt, rolled, parts = self.s.eval_setup(self.evals_at[version]), self.ckpt(version), None, 1
         if eval_on_both_lanes(self.evals_at[version], self.k, self.beside):
-            from tasks.training.eval_shards import roll_across
+            from tasks.training.eval_shards import PARTS_PER_LANE, roll_across
 
-            rolled = roll_across([partial(self._call, "eval", lane) for lane in ("eval", "rollout")], ckpt, setup)
+            lanes, parts = ("eval", "rollout"), 2 * PARTS_PER_LANE
+            rolled = roll_across([partial(self._call, "eval", lane) for lane in lanes], ckpt, setup, parts)
         metrics = self._call("eval", "eval", STAGES, "eval_stage", self.run, version, ckpt, self.side.mlrun, setup,
-                             None, None, rolled, 2 if rolled else 1)
+                             None, None, rolled, parts)
         with self._lock:
             self.evals[version] = {k: v for k, v in metrics.items() if not k.startswith("time/")}
 

@@ -8,6 +8,9 @@ lanes, its rows those of the run evaluating in line) is checked in tests/test_st
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -17,6 +20,7 @@ from tasks.training import eval_shards
 from tasks.training.stages import eval_stage
 
 MODEL = "assets/tiny-warm"
+WAIT_S = 10.0
 LP_NOISE = 2e-5
 """As tests/test_paired_eval.py: log-probs of one turn decoded in batches of another make-up."""
 
@@ -41,18 +45,54 @@ def test_join_keeps_the_parts_order_split_by_split_and_mode_by_mode():
                                         "fresh": {"saar_off": ["f0", "f1"], "saar_on": ["F0", "F1"]}}
 
 
-def test_a_failed_part_fails_the_evaluation_after_the_other_parts_end():
-    ended = []
+def test_a_failed_part_fails_the_evaluation_after_the_parts_in_flight_end_and_no_part_starts_after_it():
+    """Three lanes, six parts: parts 0 and 1 are in flight when part 2 fails; they end, nothing else starts."""
+    started, ended, in_flight = [], [], threading.Barrier(3, timeout=WAIT_S)
 
-    def call(module, function, ckpt, setup, i, of):
-        if i == 0:
+    def call(module, function, *args):
+        if function == "free":
+            return None
+        j = args[2]
+        started.append(j)
+        in_flight.wait()  # the first three parts (one a lane) are all taken before any ends
+        if j == 2:
             raise RuntimeError("lane eval died")
-        ended.append(i)
-        return {"eval": {"saar_off": []}}
+        time.sleep(0.1)
+        ended.append(j)
+        return {"eval": {"saar_off": [j]}}
 
     with pytest.raises(RuntimeError, match="lane eval died"):
-        eval_shards.roll_across([call, call, call], "ckpt", None)
-    assert sorted(ended) == [1, 2]
+        eval_shards.roll_across([call, call, call], "ckpt", None, parts=6)
+    assert sorted(started) == [0, 1, 2] and sorted(ended) == [0, 1]
+
+
+def test_a_lane_busy_with_the_evaluation_before_takes_parts_only_once_free_and_the_join_keeps_the_order():
+    """Lane A is busy (its ``free`` returns only once lane B took three of four parts; B's third ends only once A
+    took one): B takes parts 0, 1, 2 as it comes free, A the last; the parts are joined in the prompts' order, not
+    the order they ended."""
+    b_done_three, a_took, took = threading.Event(), threading.Event(), {"A": [], "B": []}
+
+    def lane(name):
+        def call(module, function, *args):
+            assert module == eval_shards.MODULE
+            if function == "free":
+                if name == "A":
+                    assert b_done_three.wait(WAIT_S)
+                return None
+            ckpt, setup, j, of = args
+            assert (ckpt, of) == ("ckpt", 4)
+            took[name].append(j)
+            if name == "A":
+                a_took.set()
+            elif len(took["B"]) == 3:
+                b_done_three.set()
+                assert a_took.wait(WAIT_S)
+            return {"eval": {"saar_off": [f"t{j}"]}}
+        return call
+
+    rolled = eval_shards.roll_across([lane("A"), lane("B")], "ckpt", None)  # 2 lanes x PARTS_PER_LANE = 4 parts
+    assert took == {"A": [3], "B": [0, 1, 2]}
+    assert rolled == {"eval": {"saar_off": ["t0", "t1", "t2", "t3"]}}
 
 
 @pytest.fixture(scope="module")
@@ -70,17 +110,17 @@ def setup(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def both(setup):
-    """(whole, in two parts): each the metrics of ``eval_stage`` and the joined trajectories of the parts."""
+    """(whole, in three parts pulled by two lanes): each the metrics of ``eval_stage`` and the joined trajectories of the parts."""
     whole = eval_stage("whole", 1, MODEL, None, setup)
     calls = [lambda module, function, *args: getattr(eval_shards, function)(*args)] * 2
-    rolled = eval_shards.roll_across(calls, MODEL, setup)
-    parted = eval_stage("parted", 1, MODEL, None, setup, rolled=rolled, parts=2)
+    rolled = eval_shards.roll_across(calls, MODEL, setup, parts=3)  # 9 and 5 prompts: parts of 3, 3, 3 and 2, 2, 1
+    parted = eval_stage("parted", 1, MODEL, None, setup, rolled=rolled, parts=3)
     return whole, parted, rolled
 
 
-def test_an_evaluation_rolled_in_two_parts_gives_every_figure_of_the_whole(both):
+def test_an_evaluation_rolled_in_parts_gives_every_figure_of_the_whole(both):
     whole, parted, _ = both
-    assert parted.pop("time/eval_rollout_parts") == 2.0 and whole.pop("time/eval_rollout_parts") == 1.0
+    assert parted.pop("time/eval_rollout_parts") == 3.0 and whole.pop("time/eval_rollout_parts") == 1.0
     strip = lambda m: {k: v for k, v in m.items() if k != "time/eval_s"}  # noqa: E731
     assert strip(parted) == strip(whole)  # every figure, exactly, the fresh split's too
     assert any(k.startswith("eval_fresh/saar_off/") for k in whole) and whole["eval/saar_off/eval/graded"] == 36

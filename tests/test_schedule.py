@@ -164,6 +164,25 @@ def test_eval_beside_with_k1(pool):
     assert rec.versions == {0: 0, 1: 0, 2: 1}
 
 
+def test_the_last_evaluation_on_both_lanes_starts_beside_the_one_before_it(pool):
+    """k = 1, evaluations beside, of 2 and 4 (the last): E4 is handed over after L3 while E2 still runs (E2 ends only
+    once E4 started) and the end waits for both. Evaluations before the last still run one after another."""
+    rec = Recorder(due={2, 4}, end_after={"E2-": "E4+"})
+    run_steps(4, rec.fns(), k=1, submit=pool, eval_beside=True)
+    order = rec.order
+    assert order.index("L3-") < order.index("E4+") < order.index("E2-")
+    rec = Recorder(due={1, 2, 4}, start_after={"T2+": "E2+"})
+    run_steps(4, rec.fns(), k=1, submit=pool, eval_beside=True)
+    assert rec.order.index("E2+") > rec.order.index("E1-")  # not the last: after E1
+
+
+def test_the_last_evaluation_in_line_or_without_a_rollout_lane_waits_for_the_one_before_it(pool):
+    for k, beside in ((0, True), (1, False)):
+        rec = Recorder(due={2, 4}, end_after={"E2-": "L3-"} if beside else {})  # in line E2 holds the trainer
+        run_steps(4, rec.fns(), k=k, submit=pool, eval_beside=beside)
+        assert rec.order.index("E4+") > rec.order.index("E2-"), (k, beside)
+
+
 def test_early_stop_waits_for_the_rollout_in_flight(pool):
     """Stopped at step 0's log: R1 (in flight) and R2 (handed over when T0 ended: version 1 existed) end before the
     run does; step 1 never trains."""

@@ -106,8 +106,9 @@ class EvalConfig(OffFieldsOmitted):
     """Evaluations off the critical path: the evaluation of version N runs in an evaluation lane (a worker process,
     ``tasks.training.lanes``, with ``engine.threads`` torch threads) beside steps N + 1, …; its line is printed when
     it is done and the run's end waits for all (``@best`` and the report read the same rows). With
-    ``rollout.staleness`` ≥ 1 the run's last evaluation is rolled out in two parts at once, on this lane and on the
-    rollout lane, idle by then (``tasks.training.eval_shards``: the same figures). False: each evaluation runs in the
+    ``rollout.staleness`` ≥ 1 the run's last evaluation starts beside the one before it, its prompts in parts pulled
+    by this lane and the rollout lane, idle by then, as each comes free (``tasks.training.eval_shards``: the same
+    figures). False: each evaluation runs in the
     flow process and the steps wait for it, as before. Not part of any stage's key (the evaluation is the same
     either way)."""
 

@@ -5,7 +5,7 @@ k): with k = 1 the rollout of step s + 1 runs while step s updates, sampled by v
 one after another (one rollout lane), at most k ahead of the trainer: rollout t is handed over once version t − k
 exists. The trainer (the calling thread) trains step s on rollout s's batch; its update makes version s + 1.
 With ``eval_beside`` an evaluation of version N is handed over and the steps go on (the evaluations run one after
-another too); the run's end waits for all. With k = 0 and no evaluation beside, everything runs in the calling
+another too, but for the last: see below); the run's end waits for all. With k = 0 and no evaluation beside, everything runs in the calling
 thread in today's order (``submit`` is never called): rollout 0, train 0, log 0, evaluation 1, rollout 1, ...
 
 k = 1, three steps (``R`` rollout + score on the rollout lane, ``T`` mix + advantage + update, ``L`` log, in the
@@ -23,6 +23,14 @@ k = 2: R0, R1, R2 all sample version 0 and run back to back; R3 (version 1) is h
 
     evaluation lane                   | E1 -------------------- |
     trainer          | T0 | L0 | T1 | L1 | T2 | L2 | (waits for E1, then the run ends)
+
+The run's last evaluation (``eval_on_both_lanes``) is handed over at once, beside the one before it: its parts are
+pulled by whichever lane is free (``tasks.training.eval_shards``), so the rollout lane starts on them while the
+evaluation lane still runs E2, and the evaluation lane joins when E2 ends::
+
+    evaluation lane        | E2 ---------------------- | E4 parts … | grade E4 |
+    rollout lane     | R3 v2 |                | E4 parts ---------- |
+    trainer            | T2 | L2 | T3 ------ | L3 | (waits for E2 and E4, then the run ends)
 
 ``run_steps`` needs no Prefect: ``submit(fn, *args) -> future`` is a Prefect task's ``.submit`` in the train flow
 (``flows.train_steps``) and a ``concurrent.futures`` executor's in benchmarks. It returns each step's waits
@@ -53,9 +61,10 @@ def rollout_version(step: int, k: int) -> int:
 
 
 def eval_on_both_lanes(last: bool, k: int, eval_beside: bool) -> bool:
-    """Whether an evaluation is rolled out in parts on the evaluation lane and the rollout lane at once
-    (``tasks.training.eval_shards``): the run's last one, when the rollout runs beside training (k ≥ 1: its lane is
-    idle once the last rollout is in) and the evaluations do too."""
+    """Whether an evaluation is rolled out in parts pulled by the evaluation lane and the rollout lane
+    (``tasks.training.eval_shards``), handed over at once beside the evaluation before it: the run's last one, when
+    the rollout runs beside training (k ≥ 1: its lane is idle once the last rollout is in) and the evaluations do
+    too."""
     return last and k >= 1 and eval_beside
 
 
@@ -103,9 +112,10 @@ class _Chain:
         self._last: int | None = None
         self._lock = threading.Lock()
 
-    def add(self, key: int, fn: Callable, *args):
-        """Hand over ``fn(*args)``, to run after the call added before it; its future."""
-        before, self._last = self._last, key
+    def add(self, key: int, fn: Callable, *args, after: bool = True):
+        """Hand over ``fn(*args)``, to run after the call added before it (at once, beside it, when not ``after``);
+        its future."""
+        before, self._last = self._last if after else None, key
         self._ended[key] = threading.Event()
         fut = _done(self._call(key, before, fn, args)) if self.submit is None else \
             self.submit(self._call, key, before, fn, args)
@@ -178,7 +188,8 @@ def run_steps(steps: int, fns: StepFns, k: int = 0, submit: Callable | None = No
             timeline.perf[step] = perf
             stop = fns.log(step, perf)
             if fns.eval_due(step + 1):
-                evals.add(step + 1, fns.evaluate, step + 1)
+                evals.add(step + 1, fns.evaluate, step + 1, after=not eval_on_both_lanes(step + 1 == steps, k,
+                                                                                         eval_beside))
             if stop:
                 break
     finally:
