@@ -269,15 +269,23 @@ def test_every_quoted_follow_up_figure_recomputes_from_the_committed_json():
 
 
 def test_the_seed_advice_quotes_the_observed_half_widths():
-    """The "your own data" row gives the 95 % half-widths 6 pairs had in the README's own tables."""
+    """The "your own data" row gives the 95 % half-widths 6 pairs had in the README's own tables (Part C's two-arm
+    differences too; its interaction is a sum over four arms)."""
     from tasks.reports.results_figure import follow_ups, fresh_rows, results_rows
 
     study = json.loads((ROOT / "docs/regimes.json").read_text())
     widths = [r["ci95"][1] - r["mean"] for r in results_rows(study) if r["pairs"] == 6]
     widths += [row[split]["ci95"][1] - row[split]["mean"] for name, compare in follow_ups(ROOT).items()
                for row in fresh_rows(name, compare) for split in ("fresh", "usual") if row[split]["pairs"] == 6]
-    assert len(widths) == 11
-    assert f"≥ 6 seeds: with 6, the 95 % intervals above had half-widths of {min(widths):.3f}–{max(widths):.3f} |" in README
+    part_c = follow_up("multicall_c")
+    two_arm = [row["outcome"][split] for row in part_c["contrasts"]["by_name"].values() if len(row["weights"]) == 2
+               for split in ("fresh", "usual")]
+    two_arm += [d for arm in ("keepcost_c1", "adaptive_c1")
+                for d in (part_c["fresh"]["paired"][arm]["internalisation"], part_c["paired_pass_at_1"][arm])]
+    widths += [d["ci95"][1] - d["mean"] for d in two_arm if d["n"] == 6]
+    assert len(widths) == 11 + 12
+    assert (f"≥ 6 seeds: with 6, the 95 % intervals of two-arm differences above had half-widths of "
+            f"{min(widths):.3f}–{max(widths):.3f} |") in README
     assert "±0.02" not in README
 
 
