@@ -15,7 +15,7 @@ whole run's order, so every sum over them adds in the same order. Only a sampled
 float noise of another batch make-up (``tests/test_paired_eval.py``'s ``LP_NOISE``), which no evaluation figure
 reads. Checked token for token and figure for figure in ``tests/test_eval_shards.py``.
 
-    rolled = roll_across([partial(lane.call) for lane in lanes], ckpt, setup)   # parts pulled as lanes come free
+    rolled = roll_across([lane.call for lane in lanes], ckpt, setup)   # parts pulled as lanes come free
     eval_stage(run_id, version, ckpt, mlrun, setup, rolled=rolled, parts=len(lanes) * PARTS_PER_LANE)
 """
 
@@ -34,7 +34,7 @@ MODULE = __name__
 PARTS_PER_LANE = 2
 """Parts a lane on average: enough that a lane joining late takes fewer and the lanes end close together, few
 enough that every part keeps the engine's batch full most of its time (at 128 prompts × 8 samples, eight parts
-cost +6 % core-seconds over two)."""
+cost +6 % core-seconds over two, measured once on a bench policy, 2026-12-02; docs/step_time.md)."""
 Rolled = dict[str, dict[str, list[Trajectory]]]
 """Split (``eval``, and ``fresh`` when the setup scores the fresh split) → mode → trajectories, in prompt order."""
 
@@ -82,17 +82,17 @@ def roll_across(calls: list[Callable[..., object]], ckpt: str, setup: EvalSetup,
     taken, failed, lock = iter(range(of)), threading.Event(), threading.Lock()
 
     def pull(call: Callable[..., object]) -> None:
-        call(MODULE, "free")
-        while not failed.is_set():
-            with lock:
-                j = next(taken, None)
-            if j is None:
-                return
-            try:
+        try:
+            call(MODULE, "free")
+            while not failed.is_set():
+                with lock:
+                    j = next(taken, None)
+                if j is None:
+                    return
                 out[j] = call(MODULE, "roll_part", ckpt, setup, j, of)
-            except BaseException:
-                failed.set()
-                raise
+        except BaseException:
+            failed.set()
+            raise
 
     with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="eval-part") as pool:
         futures = [pool.submit(pull, call) for call in calls]
