@@ -71,9 +71,10 @@ def committed_row(against: Path, run_id: str) -> dict:
 
     def walk(node):
         if isinstance(node, dict):
-            for arm_rows in (node.get("per_seed") or {}).values():
-                for row in arm_rows:
-                    if row.get("run_id") == run_id:
+            per_seed = node.get("per_seed")
+            for arm_rows in (per_seed.values() if isinstance(per_seed, dict) else ()):
+                for row in (arm_rows if isinstance(arm_rows, list) else ()):  # a counter's per_seed maps seed → count
+                    if isinstance(row, dict) and row.get("run_id") == run_id:
                         yield row
             for value in node.values():
                 yield from walk(value)

@@ -26,7 +26,11 @@ def test_scratch_overrides_move_every_store_under_the_folder(tmp_path):
 
 def test_committed_row_is_found_in_a_report_or_in_json_holding_reports(tmp_path):
     row = {"run_id": "x-cleaner-s21", "seed": 21, "final_pass_at_1": 0.5}
-    report = {"per_seed": {"dapo": [{"run_id": "x-dapo-s21", "seed": 21}], "cleaner": [row]}}
+    report = {"per_seed": {"dapo": [{"run_id": "x-dapo-s21", "seed": 21}], "cleaner": [row]},
+              # as Part C's report: a training counter's per_seed maps seed -> count, a mediator's rows carry no run id
+              "mediators": {"training": {"cleaner": {"counts": {"score/right_by_chance": {"total": 3.0,
+                                                                                          "per_seed": {"21": 3.0}}}}},
+                            "evaluation": {"per_seed": {"cleaner": [{"seed": 21, "fresh": {}}]}}}}
     (tmp_path / "compare.json").write_text(json.dumps(report))
     (tmp_path / "study.json").write_text(json.dumps({"t4": {"phase1": {"report": report}}, "t2": "pending"}))
     assert committed_row(tmp_path / "compare.json", "x-cleaner-s21") == row
