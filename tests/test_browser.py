@@ -308,10 +308,12 @@ def test_a_logged_checkpoint_lists_its_evaluation_metrics(site, browser, tmp_pat
                            "'eval/saar_off/all/pass_at_1' AND run_id = 'browsertest'").fetchone()
     con.close()
     browser.get(f"{url}/#/experiments/{run.info.experiment_id}/models/{model_id}?workflowType=machine_learning")
-    wait_for(browser, lambda d: "eval/saar_off/all/pass_at_1" in d.page_source, "the model's metrics")
     from selenium.webdriver.common.by import By
 
-    cell = browser.find_element(By.XPATH, "//*[text()='eval/saar_off/all/pass_at_1']")
+    # the element itself, not the page source: the name is in the source (the page's state) before its cell renders
+    cells = wait_for(browser, lambda d: d.find_elements(By.XPATH, "//*[text()='eval/saar_off/all/pass_at_1']"),
+                     "the model's metrics")
+    cell = cells[0]
     row = cell.find_element(By.XPATH, "./ancestor::*[@role='row' or self::tr][1]")
     assert f"{value:g}"[:5] in row.text and "browsertest" in row.text, row.text
     assert "tiny-policy-000002" in browser.page_source
