@@ -168,9 +168,10 @@ class _Run:
 
         setup, ckpt, rolled, parts = self.s.eval_setup(self.evals_at[version]), self.ckpt(version), None, 1
         if eval_on_both_lanes(self.evals_at[version], self.k, self.beside):
-            from tasks.training.eval_shards import PARTS_PER_LANE, roll_across
+            from tasks.training.eval_shards import part_count, roll_across
 
-            lanes, parts = ("eval", "rollout"), 2 * PARTS_PER_LANE
+            lanes = ("eval", "rollout")
+            parts = part_count(len(lanes))
             rolled = roll_across([partial(self._call, "eval", lane) for lane in lanes], ckpt, setup, parts)
         metrics = self._call("eval", "eval", STAGES, "eval_stage", self.run, version, ckpt, self.side.mlrun, setup,
                              None, None, rolled, parts)

@@ -122,9 +122,10 @@ def eval_task(setups: StepSetups, info: RunInfo, version: int, policy: str, fina
               helpers: tuple[tuple[str, int], ...] = ()) -> str:
     """Evaluate policy ``version`` (at the size of the last evaluation when ``final``; in the evaluation lane
     ``lane`` when it runs beside training, its prompts rolled out in parts pulled by ``lane`` and the idle
-    ``helpers`` lanes, (name, threads) each, as each comes free: ``tasks.training.eval_shards``); ``model`` and ``tags`` say where the
-    metrics and traces go in MLflow (not part of the cache key, nor is where it runs). Returns the evaluation's key
-    in the row log (``eval-<version>`` of the run: ``results``, what every attempt returns alike)."""
+    ``helpers`` lanes, (name, threads) each, as each comes free: ``tasks.training.eval_shards``); ``model`` and
+    ``tags`` say where the metrics and traces go in MLflow (not part of the cache key, nor is where it runs).
+    Returns the evaluation's key in the row log (``eval-<version>`` of the run: ``results``, what every attempt
+    returns alike)."""
     threads = setups.eval.engine.threads if lane else 0
     if setups.eval.env is not None:
         in_lane(lane, threads, "tasks.training.env_stages", "env_eval_stage", info.run_id, version, policy,
@@ -132,9 +133,9 @@ def eval_task(setups: StepSetups, info: RunInfo, version: int, policy: str, fina
         return f"{info.run_id}/eval-{version:06d}"
     setup, rolled, parts, lanes = setups.eval_setup(final), None, 1, ((lane, threads), *helpers) if lane else ()
     if len(lanes) > 1:
-        from tasks.training.eval_shards import PARTS_PER_LANE, roll_across
+        from tasks.training.eval_shards import part_count, roll_across
 
-        parts = len(lanes) * PARTS_PER_LANE
+        parts = part_count(len(lanes))
         rolled = roll_across([partial(in_lane, name, n) for name, n in lanes], policy, setup, parts)
     in_lane(lane, threads, "tasks.training.stages", "eval_stage", info.run_id, version, policy, info.mlflow_run_id,
             setup, model, tags, rolled, parts)

@@ -110,7 +110,8 @@ def setup(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def both(setup):
-    """(whole, in three parts pulled by two lanes): each the metrics of ``eval_stage`` and the joined trajectories of the parts."""
+    """(whole, in three parts pulled by two lanes): each the metrics of ``eval_stage`` and the joined trajectories of
+    the parts."""
     whole = eval_stage("whole", 1, MODEL, None, setup)
     calls = [lambda module, function, *args: getattr(eval_shards, function)(*args)] * 2
     rolled = eval_shards.roll_across(calls, MODEL, setup, parts=3)  # 9 and 5 prompts: parts of 3, 3, 3 and 2, 2, 1

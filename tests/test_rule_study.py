@@ -19,7 +19,8 @@ RECORDS = sorted((ROOT / "docs/generalisation/multicall_c_runs").glob("regime-mu
 
 # README's Part C table: row label -> ("contrast", registered contrast) or ("vs_dapo", arm − dapo_c1 paired by seed)
 README_ROWS = {
-    "interaction (primary): masked CLEANER − DAPO at calls + 3, minus the same at calls + 1": ("contrast", "interaction"),
+    "interaction (primary): masked CLEANER − DAPO at calls + 3, minus the same at calls + 1":
+        ("contrast", "interaction"),
     "masked CLEANER − DAPO, calls + 1": ("contrast", "masked_c1"),
     "masked CLEANER − DAPO, calls + 3": ("contrast", "masked_c3"),
     "purify but keep the cost − masked CLEANER, calls + 1": ("contrast", "keepcost_vs_masked"),
@@ -53,9 +54,11 @@ def test_the_contrast_helper_is_the_reports_own_pairing():
 
     for split in ("fresh", "usual"):
         f = {arm: finals(C, split, arm) for arm in ("dapo_c1", "mask_raw0_c1", "dapo_c3", "mask_raw0_c3")}
-        by_hand = [f["mask_raw0_c3"][s] - f["dapo_c3"][s] - f["mask_raw0_c1"][s] + f["dapo_c1"][s] for s in range(71, 77)]
+        by_hand = [f["mask_raw0_c3"][s] - f["dapo_c3"][s] - f["mask_raw0_c1"][s] + f["dapo_c1"][s]
+                   for s in range(71, 77)]
         assert CONTRASTS["interaction"]["outcome"][split]["values"] == pytest.approx(by_hand, abs=1e-12)
-        assert interval(paired(C, split, "mask_raw0_c1", "dapo_c1")) == interval(CONTRASTS["masked_c1"]["outcome"][split])
+        masked = CONTRASTS["masked_c1"]["outcome"][split]
+        assert interval(paired(C, split, "mask_raw0_c1", "dapo_c1")) == interval(masked)
     for arm in ("keepcost_c1", "adaptive_c1"):
         assert interval(paired(C, "fresh", arm, "dapo_c1")) == interval(C["fresh"]["paired"][arm]["internalisation"])
         assert interval(paired(C, "usual", arm, "dapo_c1")) == interval(C["paired_pass_at_1"][arm])
@@ -106,7 +109,8 @@ def rule_study_claims() -> list[str]:
     hacks = [train[arm]["counts"]["score/suspected_hacks/total"]["total"] for arm in C["compute"]]
     claims = [
         f"the importance ratio of the fix without/with the error context was below 0.5 in {appended:.0f} of "
-        f"{appended + replaced:.0f} rollbacks (append share {appended / (appended + replaced):.3f}; log-ratio quantiles, "
+        f"{appended + replaced:.0f} rollbacks (append share {appended / (appended + replaced):.3f}; "
+        "log-ratio quantiles, "
         f"mean over steps: {quantiles})",
         f"interaction +{medi['interaction']['first_call_success']['mean']:.3f}",
         f"`keepcost_c1` is above `mask_raw0_c1` on first-call success "
@@ -124,7 +128,8 @@ def rule_study_claims() -> list[str]:
         f"(`dapo_c3` − `dapo_c1`: {interval(paired(C, 'fresh', 'dapo_c3', 'dapo_c1'))} fresh, "
         f"{interval(paired(C, 'usual', 'dapo_c3', 'dapo_c1'))} usual)",
     ]
-    assert medi["interaction"]["p_correct_all_clean"]["ci95"][0] < 0 < medi["interaction"]["p_correct_all_clean"]["ci95"][1]
+    lo, hi = medi["interaction"]["p_correct_all_clean"]["ci95"]
+    assert lo < 0 < hi  # "not different in any contrast"
     assert all(r["saar_on"] == r["saar_off"] for arm in ("keepcost_c1", "adaptive_c1")
                for r in C["fresh"]["per_seed"][arm])  # "equal their SAAR-off ones in every seed"
     return claims

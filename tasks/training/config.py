@@ -108,9 +108,8 @@ class EvalConfig(OffFieldsOmitted):
     it is done and the run's end waits for all (``@best`` and the report read the same rows). With
     ``rollout.staleness`` ≥ 1 the run's last evaluation starts beside the one before it, its prompts in parts pulled
     by this lane and the rollout lane, idle by then, as each comes free (``tasks.training.eval_shards``: the same
-    figures). False: each evaluation runs in the
-    flow process and the steps wait for it, as before. Not part of any stage's key (the evaluation is the same
-    either way)."""
+    figures). False: each evaluation runs in the flow process and the steps wait for it, as before. Not part of any
+    stage's key (the evaluation is the same either way)."""
 
     def final(self) -> EvalConfig:
         """This config at the size of a run's last evaluation."""

@@ -16,7 +16,7 @@ float noise of another batch make-up (``tests/test_paired_eval.py``'s ``LP_NOISE
 reads. Checked token for token and figure for figure in ``tests/test_eval_shards.py``.
 
     rolled = roll_across([lane.call for lane in lanes], ckpt, setup)   # parts pulled as lanes come free
-    eval_stage(run_id, version, ckpt, mlrun, setup, rolled=rolled, parts=len(lanes) * PARTS_PER_LANE)
+    eval_stage(run_id, version, ckpt, mlrun, setup, rolled=rolled, parts=part_count(len(lanes)))
 """
 
 from __future__ import annotations
@@ -65,6 +65,11 @@ def join(parts: list[Rolled]) -> Rolled:
             for split in parts[0]}
 
 
+def part_count(lanes: int) -> int:
+    """How many parts an evaluation rolled out by ``lanes`` lanes is cut into."""
+    return lanes * PARTS_PER_LANE
+
+
 def free() -> None:
     """Nothing: called on a lane, it returns once the lane is free (its calls run one at a time), so a part is
     taken only by a lane ready to roll it."""
@@ -72,12 +77,12 @@ def free() -> None:
 
 def roll_across(calls: list[Callable[..., object]], ckpt: str, setup: EvalSetup,
                 parts: int | None = None) -> Rolled:
-    """The evaluation's trajectories rolled out in ``parts`` parts (``len(calls) * PARTS_PER_LANE`` by default) by
+    """The evaluation's trajectories rolled out in ``parts`` parts (``part_count(len(calls))`` by default) by
     ``len(calls)`` lanes at once, joined in order. ``calls[i]`` is lane i's ``call`` (bound to nothing else:
     ``calls[i](MODULE, "roll_part", ckpt, setup, j, parts)``); each lane, once free (``free``), takes the next part
     no lane took yet, until none is left. A part that fails raises after the parts in flight end; no part starts
     after it: no evaluation is graded from fewer prompts."""
-    of = parts or len(calls) * PARTS_PER_LANE
+    of = parts or part_count(len(calls))
     out: list[Rolled | None] = [None] * of
     taken, failed, lock = iter(range(of)), threading.Event(), threading.Lock()
 

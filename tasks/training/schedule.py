@@ -5,8 +5,9 @@ k): with k = 1 the rollout of step s + 1 runs while step s updates, sampled by v
 one after another (one rollout lane), at most k ahead of the trainer: rollout t is handed over once version t − k
 exists. The trainer (the calling thread) trains step s on rollout s's batch; its update makes version s + 1.
 With ``eval_beside`` an evaluation of version N is handed over and the steps go on (the evaluations run one after
-another too, but for the last: see below); the run's end waits for all. With k = 0 and no evaluation beside, everything runs in the calling
-thread in today's order (``submit`` is never called): rollout 0, train 0, log 0, evaluation 1, rollout 1, ...
+another too, but for the last: see below); the run's end waits for all. With k = 0 and no evaluation beside,
+everything runs in the calling thread in today's order (``submit`` is never called): rollout 0, train 0, log 0,
+evaluation 1, rollout 1, ...
 
 k = 1, three steps (``R`` rollout + score on the rollout lane, ``T`` mix + advantage + update, ``L`` log, in the
 calling thread; ``v`` the version sampled)::
@@ -188,8 +189,8 @@ def run_steps(steps: int, fns: StepFns, k: int = 0, submit: Callable | None = No
             timeline.perf[step] = perf
             stop = fns.log(step, perf)
             if fns.eval_due(step + 1):
-                evals.add(step + 1, fns.evaluate, step + 1, after=not eval_on_both_lanes(step + 1 == steps, k,
-                                                                                         eval_beside))
+                last = eval_on_both_lanes(step + 1 == steps, k, eval_beside)  # beside the one before it
+                evals.add(step + 1, fns.evaluate, step + 1, after=not last)
             if stop:
                 break
     finally:
