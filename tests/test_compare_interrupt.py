@@ -15,11 +15,13 @@ import flows.compare as compare
 
 
 def test_an_interrupted_compare_starts_no_queued_run(tmp_path, monkeypatch):
-    """As ``cleaner compare`` runs it: ``models.termination.watch`` armed (the CLI's ``install``), so a Ctrl-C that
-    lands in a finaliser (dropped by Python, under load) is sent again instead of lost (seen once in a loaded
-    ``make test``: "DID NOT RAISE")."""
+    """As ``cleaner compare`` runs it: Python's own Ctrl-C handler in place (a fresh process has it; a test run
+    before this one in the same worker may have left another) and ``models.termination.watch`` armed (the CLI's
+    ``install``), so a Ctrl-C dropped in a finaliser is sent again (this failed twice in a loaded ``make test``:
+    "DID NOT RAISE")."""
     from models.termination import watch
 
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     watch()
     started, first_running = [], threading.Event()
 
@@ -39,7 +41,10 @@ def test_an_interrupted_compare_starts_no_queued_run(tmp_path, monkeypatch):
 
     threading.Thread(target=interrupt_once_running, daemon=True).start()
     jobs = [("dapo", f"run-{i}", []) for i in range(3)]
-    with pytest.raises(KeyboardInterrupt):
-        compare.runs_task.fn("configs/tiny.yaml", jobs, "", str(tmp_path), 1)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            compare.runs_task.fn("configs/tiny.yaml", jobs, "", str(tmp_path), 1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     time.sleep(2.5)  # a queued run the executor still started would have begun by now
     assert started == ["run-0"]
